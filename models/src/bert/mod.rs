@@ -1,0 +1,11 @@
+//! BERT as a stack of PipeTransformer partition units.
+
+mod activation;
+mod config;
+mod model;
+mod units;
+
+pub use activation::{BertHidden, BertInput};
+pub use config::BertConfig;
+pub use model::{Bert, BertBlock};
+pub use units::{BertEmbeddings, BertHead, BertUnit, PostNormAttention, PostNormFeedForward};

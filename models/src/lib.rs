@@ -1,0 +1,18 @@
+//! ViT and BERT for Burn, written as stacks of PipeTransformer partition units.
+//!
+//! Each model is an ordinary Burn [`Module`](burn::module::Module) with its own
+//! `forward`, and implements [`burn_freeze::IntoLayerStack`]: it splits into
+//! the units PipeTransformer partitions (per block one attention unit and one
+//! MLP unit, so no cut crosses a residual connection) and is rebuilt from them.
+//!
+//! - [`vit`]: Vision Transformer with presets ViT-B/16 and a tiny one.
+//! - [`bert`]: BERT with presets BERT-base, MiniLM-L6-H384 and a tiny one.
+//! - [`synthetic`]: generated, learnable classification tasks for both, for
+//!   tests and for CPU runs without a dataset.
+
+pub mod bert;
+mod feed_forward;
+pub mod synthetic;
+pub mod vit;
+
+pub use feed_forward::FeedForward;

@@ -1,0 +1,9 @@
+//! Vision Transformer (ViT) as a stack of PipeTransformer partition units.
+
+mod config;
+mod model;
+mod units;
+
+pub use config::VitConfig;
+pub use model::{Vit, VitBlock};
+pub use units::{PatchEmbedding, PreNormAttention, PreNormMlp, VitHead, VitUnit};
