@@ -1,0 +1,66 @@
+//! The backend the examples run on, chosen by cargo feature.
+//!
+//! `cuda` wins over `tch`, which wins over `flex` (the default), so
+//! `--features cuda` works without `--no-default-features`.
+
+use burn::backend::Autodiff;
+use burn::tensor::Device;
+
+#[cfg(feature = "cuda")]
+mod chosen {
+    /// NVIDIA GPUs through CubeCL.
+    pub type Inner = burn::backend::Cuda;
+    /// Name printed in reports.
+    pub const NAME: &str = "cuda";
+
+    pub fn device(index: usize) -> burn::backend::cuda::CudaDevice {
+        burn::backend::cuda::CudaDevice::new(index)
+    }
+}
+
+#[cfg(all(feature = "tch", not(feature = "cuda")))]
+mod chosen {
+    use burn::backend::libtorch::LibTorchDevice;
+
+    /// LibTorch 2.9.
+    pub type Inner = burn::backend::LibTorch;
+    /// Name printed in reports.
+    pub const NAME: &str = "tch";
+
+    /// CUDA device `index`, or the CPU when `PIPETRANSFORMER_TCH_CPU` is set.
+    pub fn device(index: usize) -> LibTorchDevice {
+        if std::env::var_os("PIPETRANSFORMER_TCH_CPU").is_some() {
+            LibTorchDevice::Cpu
+        } else {
+            LibTorchDevice::Cuda(index)
+        }
+    }
+}
+
+#[cfg(all(feature = "flex", not(any(feature = "cuda", feature = "tch"))))]
+mod chosen {
+    /// Pure-Rust CPU backend.
+    pub type Inner = burn::backend::Flex;
+    /// Name printed in reports.
+    pub const NAME: &str = "flex (CPU)";
+
+    /// The CPU has one device; every index maps to it.
+    pub fn device(_index: usize) -> burn::backend::flex::FlexDevice {
+        Default::default()
+    }
+}
+
+#[cfg(not(any(feature = "flex", feature = "cuda", feature = "tch")))]
+compile_error!("enable one backend feature of `examples`: flex (default), cuda or tch");
+
+/// The backend that runs frozen units and evaluation.
+pub type Inner = chosen::Inner;
+/// The autodiff backend that trains.
+pub type Train = Autodiff<Inner>;
+/// Name of the chosen backend.
+pub const NAME: &str = chosen::NAME;
+
+/// Device number `index` of the chosen backend.
+pub fn device(index: usize) -> Device<Inner> {
+    chosen::device(index)
+}
