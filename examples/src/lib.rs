@@ -2,6 +2,7 @@
 //! cargo feature, and logging set-up.
 
 pub mod backend;
+pub mod bench;
 
 /// Sends `tracing` logs to stderr, filtered by `RUST_LOG` (default `info`).
 pub fn init_logging() {

@@ -1,0 +1,7 @@
+//! The benchmarks behind `--bin bench`, one file each, and their report writer.
+
+pub mod freeze;
+pub mod pipe;
+mod report;
+
+pub use report::{write_report, BenchError};

@@ -1,0 +1,40 @@
+//! Benchmarks: each prints a table with ratios against a baseline measured in
+//! the same run, and writes `target/bench/<name>.json`.
+//!
+//! ```text
+//! cargo run --release -p examples --bin bench -- pipe [--quick]
+//! cargo run --release -p examples --bin bench -- freeze [--quick]
+//! ```
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(about = "PipeTransformer benchmarks (ratios against a baseline from the same run)")]
+struct Args {
+    #[command(subcommand)]
+    bench: Bench,
+    /// Smaller sizes and fewer repetitions: finishes in under two minutes.
+    #[arg(long, global = true)]
+    quick: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Bench {
+    /// Pipeline schedules: step time, bubble fraction, channel overhead.
+    Pipe,
+    /// Frozen prefixes and the activation cache: step time and peak memory.
+    Freeze,
+}
+
+fn main() {
+    examples::init_logging();
+    let args = Args::parse();
+    let result = match args.bench {
+        Bench::Pipe => examples::bench::pipe::run(args.quick),
+        Bench::Freeze => examples::bench::freeze::run(args.quick),
+    };
+    if let Err(error) = result {
+        eprintln!("bench failed: {error}");
+        std::process::exit(1);
+    }
+}
