@@ -1,6 +1,6 @@
 //! A partition unit: the smallest piece of a model a pipeline may place on a stage.
 
-use burn::module::AutodiffModule;
+use burn::module::{AutodiffModule, ModuleDisplay};
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::activation::AutodiffActivation;
@@ -15,14 +15,14 @@ pub type InnerOf<B, A> = <A as AutodiffActivation<B>>::Inner;
 /// Its parameter count is [`Module::num_params`](burn::module::Module::num_params)
 /// and it moves between devices with
 /// [`Module::to_device`](burn::module::Module::to_device); both come with
-/// `#[derive(Module)]`.
+/// `#[derive(Module)]`, as does the `ModuleDisplay` bound.
 ///
 /// A unit written once for every backend implements both forwards with the
 /// same code:
 ///
 /// ```
 /// use burn::backend::{Autodiff, Flex};
-/// use burn::module::AutodiffModule;
+/// use burn::module::{AutodiffModule, ModuleDisplay};
 /// use burn::nn::{Linear, LinearConfig, Relu};
 /// use burn::prelude::*;
 /// use burn::tensor::backend::AutodiffBackend;
@@ -65,7 +65,9 @@ pub type InnerOf<B, A> = <A as AutodiffActivation<B>>::Inner;
 /// let frozen = <Block<B> as Unit<B>>::forward_inner(&block.valid(), x.inner());
 /// trained.inner().into_data().assert_eq(&frozen.into_data(), true);
 /// ```
-pub trait Unit<B: AutodiffBackend>: AutodiffModule<B> {
+pub trait Unit<B: AutodiffBackend>:
+    AutodiffModule<B, InnerModule: ModuleDisplay> + ModuleDisplay
+{
     /// What the unit takes.
     type Input: AutodiffActivation<B>;
     /// What the unit returns.

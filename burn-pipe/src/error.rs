@@ -1,0 +1,103 @@
+//! Errors of pipeline construction and of pipelined steps.
+
+use std::time::Duration;
+
+/// What went wrong building or running a pipeline.
+#[derive(Debug, thiserror::Error)]
+pub enum PipeError {
+    /// No stages asked for.
+    #[error("a pipeline needs at least one stage, got 0")]
+    NoStages,
+    /// More stages than units.
+    #[error("{stages} stages for a stack of {units} units: every stage needs at least one unit")]
+    TooManyStages {
+        /// Stages asked for.
+        stages: usize,
+        /// Units in the stack.
+        units: usize,
+    },
+    /// A balance that does not cover the stack exactly, or has an empty stage.
+    #[error("balance {balance:?} does not split {units} units into non-empty stages")]
+    BadBalance {
+        /// Units per stage, as given.
+        balance: Vec<usize>,
+        /// Units in the stack.
+        units: usize,
+    },
+    /// Not one device per stage.
+    #[error("{devices} devices given for {stages} stages: give exactly one device per stage")]
+    DeviceCount {
+        /// Devices given.
+        devices: usize,
+        /// Stages.
+        stages: usize,
+    },
+    /// Zero micro-batches asked for.
+    #[error("micro_batches must be at least 1, got 0")]
+    NoMicroBatches,
+    /// A mini-batch with fewer samples than micro-batches.
+    #[error("a batch of {batch} samples cannot be split into {micro_batches} micro-batches")]
+    BatchTooSmall {
+        /// Samples in the batch.
+        batch: usize,
+        /// Micro-batches asked for.
+        micro_batches: usize,
+    },
+    /// Input and targets of different batch sizes.
+    #[error("the input has {input} samples but the targets have {targets}")]
+    TargetsMismatch {
+        /// Samples in the input.
+        input: usize,
+        /// Samples in the targets.
+        targets: usize,
+    },
+    /// A stage panicked or failed while running a micro-batch.
+    #[error("stage {stage} failed in the {phase} pass of micro-batch {micro_batch}: {message}")]
+    StageFailed {
+        /// The failing stage.
+        stage: usize,
+        /// The micro-batch it was working on.
+        micro_batch: usize,
+        /// `"forward"` or `"backward"`.
+        phase: &'static str,
+        /// The panic message or error.
+        message: String,
+    },
+    /// A stage waited longer than the configured bound for a neighbour.
+    #[error("stage {stage} waited more than {waited:?} for the {phase} message of micro-batch {micro_batch} from stage {from}")]
+    Timeout {
+        /// The waiting stage.
+        stage: usize,
+        /// The stage it waited for.
+        from: usize,
+        /// The micro-batch it waited for.
+        micro_batch: usize,
+        /// `"forward"` or `"backward"`.
+        phase: &'static str,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// A neighbour stopped before sending what this stage needed (it failed:
+    /// its own error says why).
+    #[error("stage {stage} lost stage {from} while waiting for the {phase} message of micro-batch {micro_batch}")]
+    NeighbourGone {
+        /// The waiting stage.
+        stage: usize,
+        /// The stage that stopped.
+        from: usize,
+        /// The micro-batch it waited for.
+        micro_batch: usize,
+        /// `"forward"` or `"backward"`.
+        phase: &'static str,
+    },
+    /// Gradients of an earlier step wait for an optimizer step.
+    #[error("{0}: call `step` (or `clear_gradients`) first, gradients of an earlier pass are pending")]
+    GradientsPending(&'static str),
+}
+
+impl PipeError {
+    /// True for errors that only report another stage's failure.
+    pub(crate) fn is_secondary(&self) -> bool {
+        matches!(self, PipeError::NeighbourGone { .. })
+    }
+}

@@ -1,0 +1,257 @@
+//! AutoPipe's partitioning: unit costs, the exact contiguous partition, the
+//! paper's greedy balancer (for comparison), pipeline compression, and the
+//! default micro-batch count.
+
+use burn::module::Module;
+use burn::tensor::backend::AutodiffBackend;
+use burn_freeze::LayerStack;
+
+/// Parameter count of each unit of `stack`, as costs.
+pub fn unit_param_costs<B, F, M, L>(stack: &LayerStack<F, M, L>) -> Vec<f64>
+where
+    B: AutodiffBackend,
+    F: Module<B>,
+    M: Module<B>,
+    L: Module<B>,
+{
+    stack.unit_params::<B>().into_iter().map(|n| n as f64).collect()
+}
+
+/// Costs once the first `frozen` units are frozen: a frozen unit runs only
+/// its forward pass, so it costs `frozen_factor` of an active unit (about 1/3
+/// when cost is forward plus backward time; the paper discounts frozen
+/// layers' memory by 1/6), and nothing at all when its output is cached.
+///
+/// ```
+/// let costs = burn_pipe::freeze_aware_costs(&[3.0, 3.0, 3.0], 2, 1.0 / 3.0, false);
+/// assert_eq!(costs, vec![1.0, 1.0, 3.0]);
+/// let cached = burn_pipe::freeze_aware_costs(&[3.0, 3.0, 3.0], 2, 1.0 / 3.0, true);
+/// assert_eq!(cached, vec![0.0, 0.0, 3.0]);
+/// ```
+pub fn freeze_aware_costs(costs: &[f64], frozen: usize, frozen_factor: f64, cached: bool) -> Vec<f64> {
+    costs
+        .iter()
+        .enumerate()
+        .map(|(i, &cost)| match (i < frozen, cached) {
+            (false, _) => cost,
+            (true, true) => 0.0,
+            (true, false) => cost * frozen_factor,
+        })
+        .collect()
+}
+
+/// The largest stage cost of a balance.
+pub fn largest_stage(costs: &[f64], balance: &[usize]) -> f64 {
+    let mut start = 0;
+    balance
+        .iter()
+        .map(|&n| {
+            let sum: f64 = costs[start..start + n].iter().sum();
+            start += n;
+            sum
+        })
+        .fold(0.0, f64::max)
+}
+
+/// The contiguous partition of `costs` into `stages` non-empty stages that
+/// minimises the largest stage cost, found exactly by dynamic programming
+/// (`O(stages * n^2)`). Returns units per stage.
+///
+/// # Panics
+/// When `stages` is 0 or larger than `costs.len()`.
+///
+/// ```
+/// use burn_pipe::{balance_exact, largest_stage};
+///
+/// let costs = [2.0, 2.0, 3.0];
+/// let balance = balance_exact(&costs, 2);
+/// assert_eq!(balance, vec![2, 1]);
+/// assert_eq!(largest_stage(&costs, &balance), 4.0);
+/// ```
+pub fn balance_exact(costs: &[f64], stages: usize) -> Vec<usize> {
+    let n = costs.len();
+    assert!(
+        stages >= 1 && stages <= n,
+        "cannot split {n} units into {stages} non-empty stages"
+    );
+    let mut prefix = vec![0.0; n + 1];
+    for (i, c) in costs.iter().enumerate() {
+        prefix[i + 1] = prefix[i] + c;
+    }
+    let sum = |a: usize, b: usize| prefix[b] - prefix[a];
+    // best[j][i]: least largest-stage cost of the first i units in j stages;
+    // cut[j][i]: where the last of those j stages starts.
+    let mut best = vec![vec![f64::INFINITY; n + 1]; stages + 1];
+    let mut cut = vec![vec![0usize; n + 1]; stages + 1];
+    best[0][0] = 0.0;
+    for j in 1..=stages {
+        for i in j..=n - (stages - j) {
+            for p in (j - 1)..i {
+                let candidate = best[j - 1][p].max(sum(p, i));
+                if candidate < best[j][i] {
+                    best[j][i] = candidate;
+                    cut[j][i] = p;
+                }
+            }
+        }
+    }
+    let mut balance = vec![0; stages];
+    let mut end = n;
+    for j in (1..=stages).rev() {
+        let start = cut[j][end];
+        balance[j - 1] = end - start;
+        end = start;
+    }
+    balance
+}
+
+/// The paper prototype's greedy balancer, for comparison: fill each stage in
+/// order while it stays within the average stage cost (`total / stages`),
+/// leaving at least one unit for every later stage; the last stage takes the
+/// rest. Never better than [`balance_exact`].
+///
+/// # Panics
+/// When `stages` is 0 or larger than `costs.len()`.
+pub fn balance_greedy(costs: &[f64], stages: usize) -> Vec<usize> {
+    let n = costs.len();
+    assert!(
+        stages >= 1 && stages <= n,
+        "cannot split {n} units into {stages} non-empty stages"
+    );
+    let target = costs.iter().sum::<f64>() / stages as f64;
+    let mut balance = Vec::with_capacity(stages);
+    let mut next = 0;
+    for s in 0..stages - 1 {
+        let later_stages = stages - s - 1;
+        let mut sum = costs[next];
+        let mut units = 1;
+        while next + units < n - later_stages && sum + costs[next + units] <= target {
+            sum += costs[next + units];
+            units += 1;
+        }
+        balance.push(units);
+        next += units;
+    }
+    balance.push(n - next);
+    balance
+}
+
+/// AutoPipe's compression: starting from `stages`, halve the pipeline while
+/// the exact partition of `costs` into half as many stages keeps its largest
+/// stage within `initial_largest` (the largest stage before any freezing).
+///
+/// ```
+/// // Half the units frozen and cached: two stages do what four did.
+/// let before = [1.0; 8];
+/// let initial = burn_pipe::largest_stage(&before, &burn_pipe::balance_exact(&before, 4));
+/// let now = burn_pipe::freeze_aware_costs(&before, 4, 1.0 / 3.0, true);
+/// assert_eq!(burn_pipe::compress(&now, 4, initial), 2);
+/// ```
+pub fn compress(costs: &[f64], stages: usize, initial_largest: f64) -> usize {
+    let mut stages = stages;
+    while stages >= 2 {
+        let half = stages / 2;
+        if largest_stage(costs, &balance_exact(costs, half)) <= initial_largest {
+            stages = half;
+        } else {
+            break;
+        }
+    }
+    stages
+}
+
+/// The micro-batch count the paper found best for a pipeline of `stages`
+/// stages: 1 without a pipeline, else 16 (2K for K = 8, 4K for K = 4, 8K for
+/// K = 2), and 2K beyond 8 stages.
+pub fn default_micro_batches(stages: usize) -> usize {
+    match stages {
+        0 | 1 => 1,
+        k => (2 * k).max(16),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every contiguous partition of `n` units into `stages` stages.
+    fn all_balances(n: usize, stages: usize) -> Vec<Vec<usize>> {
+        if stages == 1 {
+            return vec![vec![n]];
+        }
+        (1..=n - (stages - 1))
+            .flat_map(|first| {
+                all_balances(n - first, stages - 1).into_iter().map(move |mut rest| {
+                    rest.insert(0, first);
+                    rest
+                })
+            })
+            .collect()
+    }
+
+    /// A small deterministic generator of cost vectors.
+    fn costs(seed: u64, n: usize) -> Vec<f64> {
+        let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                1.0 + ((state >> 33) % 100) as f64
+            })
+            .collect()
+    }
+
+    #[test]
+    fn exact_matches_brute_force_and_never_loses_to_greedy() {
+        let mut strictly_better = 0;
+        for seed in 0..60 {
+            for n in 1..10 {
+                let costs = costs(seed, n);
+                for stages in 1..=n {
+                    let exact = largest_stage(&costs, &balance_exact(&costs, stages));
+                    let optimum = all_balances(n, stages)
+                        .iter()
+                        .map(|b| largest_stage(&costs, b))
+                        .fold(f64::INFINITY, f64::min);
+                    assert_eq!(exact, optimum, "costs {costs:?}, {stages} stages");
+                    let greedy = balance_greedy(&costs, stages);
+                    assert_eq!(greedy.iter().sum::<usize>(), n);
+                    assert!(greedy.iter().all(|&u| u > 0));
+                    let greedy = largest_stage(&costs, &greedy);
+                    assert!(exact <= greedy);
+                    strictly_better += usize::from(exact < greedy);
+                }
+            }
+        }
+        assert!(strictly_better > 0);
+    }
+
+    #[test]
+    fn exact_beats_greedy_on_a_small_case() {
+        let costs = [2.0, 2.0, 3.0];
+        assert_eq!(balance_greedy(&costs, 2), vec![1, 2]);
+        assert_eq!(largest_stage(&costs, &balance_greedy(&costs, 2)), 5.0);
+        assert_eq!(largest_stage(&costs, &balance_exact(&costs, 2)), 4.0);
+    }
+
+    #[test]
+    fn compression_stops_when_the_largest_stage_would_grow() {
+        let costs = [1.0; 8];
+        let initial = largest_stage(&costs, &balance_exact(&costs, 8));
+        assert_eq!(compress(&costs, 8, initial), 8);
+        // Three quarters frozen and cached: 2 active units fit one stage of 1? No: 2 > 1.
+        let frozen = freeze_aware_costs(&costs, 6, 1.0 / 3.0, true);
+        assert_eq!(compress(&frozen, 8, initial), 2);
+        // Everything frozen and cached: one stage.
+        let all = freeze_aware_costs(&costs, 8, 1.0 / 3.0, true);
+        assert_eq!(compress(&all, 8, initial), 1);
+    }
+
+    #[test]
+    fn paper_micro_batch_choices() {
+        assert_eq!(default_micro_batches(1), 1);
+        assert_eq!(default_micro_batches(2), 16);
+        assert_eq!(default_micro_batches(4), 16);
+        assert_eq!(default_micro_batches(8), 16);
+        assert_eq!(default_micro_batches(16), 32);
+    }
+}

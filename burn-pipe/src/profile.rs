@@ -1,0 +1,100 @@
+//! Measuring each unit's forward and backward time on the real backend.
+
+use std::time::{Duration, Instant};
+
+use burn::tensor::backend::AutodiffBackend;
+use burn_freeze::{AutodiffActivation, Differentiable, LayerStack, Unit};
+
+/// Measured time of one unit for one batch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UnitProfile {
+    /// Forward pass.
+    pub forward: Duration,
+    /// Backward pass (gradients of the unit's input and parameters).
+    pub backward: Duration,
+}
+
+impl UnitProfile {
+    /// Cost of the unit in seconds: forward plus backward while it trains,
+    /// forward only once frozen, nothing once its output is cached.
+    pub fn cost(&self, frozen: bool, cached: bool) -> f64 {
+        match (frozen, cached) {
+            (false, _) => (self.forward + self.backward).as_secs_f64(),
+            (true, false) => self.forward.as_secs_f64(),
+            (true, true) => 0.0,
+        }
+    }
+}
+
+/// Times each unit's forward and backward pass on `input`, the fastest of
+/// `repeats` runs (at least 1), synchronising the device around each timing.
+pub fn profile_units<B, F, M, L>(
+    stack: &LayerStack<F, M, L>,
+    input: F::Input,
+    device: &B::Device,
+    repeats: usize,
+) -> Vec<UnitProfile>
+where
+    B: AutodiffBackend,
+    F: Unit<B>,
+    F::Output: Differentiable<B>,
+    M: Unit<B, Input = F::Output, Output = F::Output>,
+    L: Unit<B, Input = F::Output>,
+    L::Output: Differentiable<B>,
+{
+    let mut best: Vec<Option<UnitProfile>> = vec![None; stack.len()];
+    for _ in 0..repeats.max(1) {
+        let mut times = Vec::with_capacity(stack.len());
+        let (hidden, time) = time_unit::<B, _, _>(device, || stack.first().forward(input.clone()), None::<&F::Output>);
+        times.push(time);
+        let mut hidden = hidden;
+        for unit in stack.middle() {
+            let leaf = F::Output::from_inner(hidden.inner()).require_grad();
+            let (out, time) = time_unit::<B, _, _>(device, || unit.forward(leaf.clone()), Some(&leaf));
+            times.push(time);
+            hidden = out;
+        }
+        let leaf = F::Output::from_inner(hidden.inner()).require_grad();
+        let (_, time) = time_unit::<B, _, _>(device, || stack.last().forward(leaf.clone()), Some(&leaf));
+        times.push(time);
+        for (slot, time) in best.iter_mut().zip(times) {
+            *slot = Some(match *slot {
+                None => time,
+                Some(old) => UnitProfile {
+                    forward: old.forward.min(time.forward),
+                    backward: old.backward.min(time.backward),
+                },
+            });
+        }
+    }
+    best.into_iter().map(|p| p.expect("at least one repeat")).collect()
+}
+
+/// Runs `forward`, then a backward pass seeded with the output itself.
+fn time_unit<B, O, Run>(device: &B::Device, forward: Run, input: Option<&impl Differentiable<B>>) -> (O, UnitProfile)
+where
+    B: AutodiffBackend,
+    O: Differentiable<B>,
+    Run: FnOnce() -> O,
+{
+    B::sync(device).expect("device sync");
+    let start = Instant::now();
+    let output = forward();
+    B::sync(device).expect("device sync");
+    let forward_time = start.elapsed();
+    let seed = output.clone().inner();
+    let start = Instant::now();
+    let grads = output.seed(seed).backward();
+    if let Some(input) = input {
+        let _ = input.grad(&grads);
+    }
+    B::sync(device).expect("device sync");
+    let backward = start.elapsed();
+    (
+        output,
+        UnitProfile {
+            forward: forward_time,
+            backward,
+        },
+    )
+}
