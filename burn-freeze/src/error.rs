@@ -22,3 +22,91 @@ pub enum StackError {
         expected_description: String,
     },
 }
+
+/// A freeze-front request that does not fit the stack.
+///
+/// Nothing changes when one of these is returned: the stack keeps its front.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FreezeError {
+    /// The front asked for lies beyond the last unit.
+    #[error("cannot freeze {requested} units: the stack has only {len}")]
+    BeyondStack {
+        /// Units asked to be frozen.
+        requested: usize,
+        /// Units in the stack.
+        len: usize,
+    },
+    /// [`freeze_to`](crate::FreezableStack::freeze_to) was asked to move the
+    /// front down; only [`unfreeze_to`](crate::FreezableStack::unfreeze_to) does that.
+    #[error(
+        "the freeze front only moves up: {frozen} units are frozen, asked for {requested}; \
+         call unfreeze_to to move it down"
+    )]
+    WouldUnfreeze {
+        /// Units frozen now.
+        frozen: usize,
+        /// Units asked to be frozen.
+        requested: usize,
+    },
+    /// [`unfreeze_to`](crate::FreezableStack::unfreeze_to) was asked to move the front up.
+    #[error("unfreeze_to({requested}) would freeze more units ({frozen} are frozen); call freeze_to")]
+    WouldFreeze {
+        /// Units frozen now.
+        frozen: usize,
+        /// Units asked to stay frozen.
+        requested: usize,
+    },
+    /// A layer number beyond the [`LayerMap`](crate::LayerMap).
+    #[error("layer front {requested} is beyond the {layers} layers of the layer map")]
+    LayerBeyondMap {
+        /// Layers asked to be frozen.
+        requested: usize,
+        /// Layers in the map.
+        layers: usize,
+    },
+    /// A [`LayerMap`](crate::LayerMap) that names units the stack does not have.
+    #[error("the layer map covers units up to {map_end}, the stack has {len}")]
+    MapBeyondStack {
+        /// One past the last unit the map names.
+        map_end: usize,
+        /// Units in the stack.
+        len: usize,
+    },
+}
+
+/// An AutoCache request that cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// The spill directory cannot be created or written.
+    #[error("the cache directory {path} is not writable: {source}")]
+    UnwritableDirectory {
+        /// The directory given.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A sample id came back with an activation of another shape than the one cached for it.
+    #[error(
+        "sample {sample} was cached with shapes {cached:?} but now has shapes {found:?}; \
+         sample ids must name the same sample every time"
+    )]
+    ShapeMismatch {
+        /// The sample id.
+        sample: u64,
+        /// Shapes of the tensors cached for it.
+        cached: Vec<Vec<usize>>,
+        /// Shapes seen now.
+        found: Vec<Vec<usize>>,
+    },
+    /// The batch and its sample ids differ in length.
+    #[error("the batch holds {batch} samples but {ids} sample ids were given")]
+    IdCount {
+        /// Samples in the batch.
+        batch: usize,
+        /// Ids given.
+        ids: usize,
+    },
+    /// The same sample id appears twice in one batch.
+    #[error("sample id {0} appears twice in one batch")]
+    DuplicateId(u64),
+}

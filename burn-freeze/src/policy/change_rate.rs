@@ -1,0 +1,152 @@
+//! The gradient-change rule of AutoFreeze (Liu et al. 2021), as carried by
+//! PipeTransformer's released code, evaluated every N steps.
+
+use burn::config::Config;
+use serde::{Deserialize, Serialize};
+
+use super::{FreezePolicy, FreezeState, GradNorm};
+
+/// How the change rates and the threshold turn into a front.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChangeRateReading {
+    /// Liu et al.'s intent, the default: a layer whose gradient has stopped
+    /// changing has converged, so freeze the longest prefix of active layers
+    /// whose rate is strictly below the threshold.
+    ConvergedPrefix,
+    /// What PipeTransformer's released code does: freeze through the first
+    /// active layer whose rate is at or above the threshold.
+    ReleasedCode,
+}
+
+/// Settings of [`ChangeRate`].
+#[derive(Config, Debug)]
+pub struct ChangeRateConfig {
+    /// Steps between evaluations.
+    #[config(default = 100)]
+    pub every_steps: usize,
+    /// Percentile of the active layers' change rates used as threshold.
+    #[config(default = 50.0)]
+    pub percentile: f64,
+    /// How rates and threshold become a front.
+    #[config(default = "ChangeRateReading::ConvergedPrefix")]
+    pub reading: ChangeRateReading,
+}
+
+/// The `p`-th percentile of `values` with linear interpolation between
+/// closest ranks (NumPy's default); `None` for no values.
+///
+/// ```
+/// use burn_freeze::percentile;
+/// assert_eq!(percentile(&[3.0, 1.0, 2.0], 50.0), Some(2.0));
+/// assert_eq!(percentile(&[1.0, 2.0], 50.0), Some(1.5));
+/// ```
+pub fn percentile(values: &[f64], p: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = (p / 100.0).clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
+    let (low, high) = (rank.floor() as usize, rank.ceil() as usize);
+    Some(sorted[low] + (sorted[high] - sorted[low]) * (rank - low as f64))
+}
+
+/// The front picked from the change rates of the active layers
+/// (`rates[i]` is layer `frozen + i`'s) with the given percentile threshold.
+///
+/// With the rates from the released code's log (12 layers, 5 frozen):
+///
+/// ```
+/// use burn_freeze::{change_rate_front, ChangeRateReading};
+///
+/// let rates = [0.064, 0.045, 0.025, 0.021, 0.024, 0.027, 0.0245]; // layers 5..11
+/// // Threshold: the median, 0.025. Layer 5 still changes fast (6.4%), so the
+/// // converged-prefix reading freezes nothing more; the released code's
+/// // reading freezes through layer 5.
+/// assert_eq!(change_rate_front(5, &rates, 50.0, ChangeRateReading::ConvergedPrefix), 5);
+/// assert_eq!(change_rate_front(5, &rates, 50.0, ChangeRateReading::ReleasedCode), 6);
+/// ```
+pub fn change_rate_front(frozen: usize, rates: &[f64], pct: f64, reading: ChangeRateReading) -> usize {
+    let Some(threshold) = percentile(rates, pct) else {
+        return frozen;
+    };
+    match reading {
+        ChangeRateReading::ConvergedPrefix => {
+            frozen + rates.iter().take_while(|&&rate| rate < threshold).count()
+        }
+        ChangeRateReading::ReleasedCode => match rates.iter().position(|&rate| rate >= threshold) {
+            Some(i) => frozen + i + 1,
+            None => frozen,
+        },
+    }
+}
+
+/// Evaluates every `every_steps` steps: per-layer gradient L1 norms are summed
+/// between evaluations; the change rate of layer `l` is `|prev - cur| / prev`;
+/// the threshold is a percentile of the active layers' rates (see
+/// [`ChangeRateReading`] for how the front follows). The first evaluation
+/// only records `prev`.
+///
+/// ```
+/// use burn_freeze::{ChangeRate, ChangeRateConfig, FreezePolicy, FreezeState, GradNorm};
+///
+/// let mut rule = ChangeRate::new(ChangeRateConfig::new().with_every_steps(1));
+/// let mut state = FreezeState { frozen_layers: 0, num_layers: 4, epoch: 0, step: 1 };
+/// let norms = |v: [f64; 4]| v.map(|l1| Some(GradNorm { l1, l2: l1 })).to_vec();
+/// assert_eq!(rule.after_step(state, &norms([1.0, 1.0, 1.0, 1.0])), None); // first: records only
+/// state.step = 2;
+/// // Rates 0.01, 0.02, 0.5, 0.4: median 0.21; layers 0 and 1 have settled.
+/// assert_eq!(rule.after_step(state, &norms([0.99, 0.98, 0.5, 0.6])), Some(2));
+/// ```
+#[derive(Debug, Clone)]
+pub struct ChangeRate {
+    config: ChangeRateConfig,
+    current: Vec<f64>,
+    previous: Option<Vec<f64>>,
+    steps: usize,
+}
+
+impl ChangeRate {
+    /// The rule with `config`.
+    ///
+    /// # Panics
+    /// When `every_steps` is 0.
+    pub fn new(config: ChangeRateConfig) -> Self {
+        assert!(config.every_steps > 0, "ChangeRate: every_steps must be at least 1");
+        Self {
+            config,
+            current: Vec::new(),
+            previous: None,
+            steps: 0,
+        }
+    }
+}
+
+impl FreezePolicy for ChangeRate {
+    fn after_step(&mut self, state: FreezeState, norms: &[Option<GradNorm>]) -> Option<usize> {
+        if self.current.len() < norms.len() {
+            self.current.resize(norms.len(), 0.0);
+        }
+        for (sum, norm) in self.current.iter_mut().zip(norms) {
+            *sum += norm.map_or(0.0, |n| n.l1);
+        }
+        self.steps += 1;
+        if self.steps % self.config.every_steps != 0 {
+            return None;
+        }
+        let current = std::mem::take(&mut self.current);
+        let previous = self.previous.replace(current.clone())?;
+        let frozen = state.frozen_layers;
+        // Rates of the active layers that have statistics at both evaluations,
+        // stopping at the first that does not.
+        let rates: Vec<f64> = (frozen..state.num_layers)
+            .map_while(|l| {
+                let (prev, cur) = (*previous.get(l)?, *current.get(l)?);
+                (prev > 0.0).then(|| (prev - cur).abs() / prev)
+            })
+            .collect();
+        let front = change_rate_front(frozen, &rates, self.config.percentile, self.config.reading);
+        tracing::debug!(?rates, frozen, front, "ChangeRate evaluated");
+        (front > frozen).then_some(front)
+    }
+}

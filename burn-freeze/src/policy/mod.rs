@@ -1,0 +1,59 @@
+//! AutoFreeze: when to move the freeze front, and how far.
+//!
+//! Every policy implements [`FreezePolicy`] and decides in *layers* (see
+//! [`LayerMap`]); [`AutoFreeze`] feeds a policy the per-layer gradient norms of
+//! each step and moves a [`FreezableStack`](crate::FreezableStack)'s front.
+//!
+//! - [`AlphaArgmin`]: the paper's rule, once per epoch.
+//! - [`ChangeRate`]: the gradient-change rule of Liu et al., every N steps.
+//! - [`FixedSchedule`]: a fixed list of fronts per epoch, or the alpha closed form.
+
+mod auto;
+mod change_rate;
+mod paper;
+mod schedule;
+pub(crate) mod stats;
+
+pub use auto::AutoFreeze;
+pub use change_rate::{change_rate_front, percentile, ChangeRate, ChangeRateConfig, ChangeRateReading};
+pub use paper::{AlphaArgmin, AlphaArgminConfig};
+pub use schedule::{alpha_front, FixedSchedule};
+pub use stats::{unit_grad_norm, GradNorm, LayerMap};
+
+/// Where training stands when a policy is asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreezeState {
+    /// Layers frozen now.
+    pub frozen_layers: usize,
+    /// Layers in the model.
+    pub num_layers: usize,
+    /// Epochs finished so far (0 during the first epoch).
+    pub epoch: usize,
+    /// Training steps taken so far, this one included.
+    pub step: usize,
+}
+
+/// A rule that decides how many layers are frozen.
+///
+/// A policy returns a new layer front, or `None` to keep the current one. A
+/// front below the current one is ignored (the front only moves up) and one
+/// beyond the model is clamped to it.
+pub trait FreezePolicy {
+    /// After every training step, with that step's per-layer gradient norms
+    /// (`None` for frozen layers).
+    fn after_step(&mut self, state: FreezeState, norms: &[Option<GradNorm>]) -> Option<usize> {
+        let _ = (state, norms);
+        None
+    }
+
+    /// At the end of every epoch.
+    fn after_epoch(&mut self, state: FreezeState) -> Option<usize> {
+        let _ = state;
+        None
+    }
+}
+
+/// `ceil(x)` that ignores floating-point noise just above an integer.
+pub(crate) fn ceil_tolerant(x: f64) -> usize {
+    (x - 1e-9).ceil().max(0.0) as usize
+}

@@ -1,0 +1,198 @@
+//! Per-unit and per-layer gradient statistics, read from the gradients a
+//! training step already computed (no extra backward pass).
+//!
+//! A *unit* is a partition unit of the stack. A *layer* is what AutoFreeze
+//! counts: in the paper a transformer block, i.e. its attention unit and its
+//! MLP unit. A [`LayerMap`] says which units make each layer and turns a
+//! layer front into a unit front; the policies work on layers.
+
+use std::ops::Range;
+
+use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::error::FreezeError;
+
+/// Norms of a gradient (of one unit or one layer, one step).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct GradNorm {
+    /// Sum of absolute values (L1 norm), used by the change-rate rule.
+    pub l1: f64,
+    /// Euclidean (L2) norm, used by the paper's rule.
+    pub l2: f64,
+}
+
+impl GradNorm {
+    /// Combines the norms of disjoint parameter sets.
+    pub fn combine(self, other: GradNorm) -> GradNorm {
+        GradNorm {
+            l1: self.l1 + other.l1,
+            l2: (self.l2 * self.l2 + other.l2 * other.l2).sqrt(),
+        }
+    }
+}
+
+struct NormVisitor<'a> {
+    grads: &'a GradientsParams,
+    l1: f64,
+    sq: f64,
+    found: bool,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for NormVisitor<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(grad) = self.grads.get::<B::InnerBackend, D>(param.id) {
+            let l1 = grad.clone().abs().sum().into_scalar().elem::<f64>();
+            let sq = grad.powi_scalar(2).sum().into_scalar().elem::<f64>();
+            self.l1 += l1;
+            self.sq += sq;
+            self.found = true;
+        }
+    }
+}
+
+/// Norms of the gradients of `module`'s parameters in `grads`; `None` when
+/// none of them has a gradient.
+pub fn unit_grad_norm<B: AutodiffBackend, U: AutodiffModule<B>>(
+    module: &U,
+    grads: &GradientsParams,
+) -> Option<GradNorm> {
+    let mut visitor = NormVisitor {
+        grads,
+        l1: 0.0,
+        sq: 0.0,
+        found: false,
+    };
+    module.visit(&mut visitor);
+    visitor.found.then(|| GradNorm {
+        l1: visitor.l1,
+        l2: visitor.sq.sqrt(),
+    })
+}
+
+/// Which units make each layer, for a stack of `units` units.
+///
+/// Freezing `f` layers freezes units `0..end of layer f-1`, so whatever lies
+/// before the first layer (an embedding) freezes with layer 0; freezing 0
+/// layers freezes nothing. Units after the last layer (final norm, head)
+/// never freeze through a layer front.
+///
+/// ```
+/// use burn_freeze::LayerMap;
+///
+/// // ViT with 12 blocks: embedding, (attention, MLP) x 12, norm, head = 27 units.
+/// let map = LayerMap::uniform(1, 2, 12, 27).unwrap();
+/// assert_eq!(map.num_layers(), 12);
+/// assert_eq!(map.unit_front(0), 0);
+/// assert_eq!(map.unit_front(1), 3);   // embedding + block 0
+/// assert_eq!(map.unit_front(12), 25); // all blocks; norm and head train
+/// assert_eq!(map.units_of(2), 5..7);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerMap {
+    layers: Vec<Range<usize>>,
+    units: usize,
+}
+
+impl LayerMap {
+    /// Layers of `per_layer` consecutive units each, the first starting at unit
+    /// `offset`, in a stack of `units` units.
+    pub fn uniform(
+        offset: usize,
+        per_layer: usize,
+        layers: usize,
+        units: usize,
+    ) -> Result<Self, FreezeError> {
+        Self::new(
+            (0..layers)
+                .map(|l| offset + per_layer * l..offset + per_layer * (l + 1))
+                .collect(),
+            units,
+        )
+    }
+
+    /// Every unit its own layer: layer fronts are unit fronts.
+    pub fn per_unit(units: usize) -> Self {
+        Self {
+            layers: (0..units).map(|u| u..u + 1).collect(),
+            units,
+        }
+    }
+
+    /// Layers given as unit ranges, in order, in a stack of `units` units.
+    ///
+    /// # Panics
+    /// When the ranges are empty, overlap or are out of order.
+    pub fn new(layers: Vec<Range<usize>>, units: usize) -> Result<Self, FreezeError> {
+        for pair in layers.windows(2) {
+            assert!(pair[0].end <= pair[1].start, "layer ranges overlap or are out of order");
+        }
+        assert!(layers.iter().all(|r| r.start < r.end), "a layer has no unit");
+        let map_end = layers.last().map_or(0, |r| r.end);
+        if map_end > units {
+            return Err(FreezeError::MapBeyondStack { map_end, len: units });
+        }
+        Ok(Self { layers, units })
+    }
+
+    /// Number of layers.
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Number of units in the stack.
+    pub fn num_units(&self) -> usize {
+        self.units
+    }
+
+    /// Units of layer `layer`.
+    pub fn units_of(&self, layer: usize) -> Range<usize> {
+        self.layers[layer].clone()
+    }
+
+    /// The unit front that freezes `layers` layers.
+    ///
+    /// # Panics
+    /// When `layers` exceeds [`num_layers`](Self::num_layers); see
+    /// [`try_unit_front`](Self::try_unit_front).
+    pub fn unit_front(&self, layers: usize) -> usize {
+        self.try_unit_front(layers).expect("layer front beyond the map")
+    }
+
+    /// The unit front that freezes `layers` layers, or an error beyond the map.
+    pub fn try_unit_front(&self, layers: usize) -> Result<usize, FreezeError> {
+        match layers {
+            0 => Ok(0),
+            l if l <= self.layers.len() => Ok(self.layers[l - 1].end),
+            l => Err(FreezeError::LayerBeyondMap {
+                requested: l,
+                layers: self.layers.len(),
+            }),
+        }
+    }
+
+    /// How many whole layers a unit front freezes.
+    pub fn layer_front(&self, unit_front: usize) -> usize {
+        self.layers.iter().take_while(|r| r.end <= unit_front).count()
+    }
+
+    /// Per-layer norms from per-unit norms (as from
+    /// [`FreezableStack::unit_gradient_norms`](crate::FreezableStack::unit_gradient_norms)):
+    /// a layer's norm combines its units'; `None` when none of them has one.
+    pub fn layer_norms(&self, unit_norms: &[Option<GradNorm>]) -> Vec<Option<GradNorm>> {
+        self.layers
+            .iter()
+            .map(|range| {
+                unit_norms
+                    .get(range.clone())
+                    .unwrap_or(&[])
+                    .iter()
+                    .flatten()
+                    .copied()
+                    .reduce(GradNorm::combine)
+            })
+            .collect()
+    }
+}
