@@ -497,12 +497,13 @@ impl<F, M, L> LayerStack<F, M, L> {
 /// Keeps only the optimizer state of parameters still in `module`: after the
 /// front moves up, the state of newly frozen parameters is dropped.
 ///
-/// Works with Burn's optimizers, whose record is a map from parameter id to state.
-pub fn retain_optimizer_state<O, Mo, B, R>(optim: O, module: &Mo) -> O
+/// Works with Burn's optimizers (`OptimizerAdaptor`), whose record is a map
+/// from parameter id to state.
+pub fn retain_optimizer_state<O, Mo, B, R, S>(optim: O, module: &Mo) -> O
 where
     B: AutodiffBackend,
     Mo: AutodiffModule<B>,
-    O: burn::optim::Optimizer<Mo, B, Record = std::collections::HashMap<burn::module::ParamId, R>>,
+    O: burn::optim::Optimizer<Mo, B, Record = hashbrown::HashMap<burn::module::ParamId, R, S>>,
 {
     let keep: std::collections::HashSet<_> =
         burn::module::list_param_ids(module).into_iter().collect();
