@@ -9,10 +9,18 @@
 //! - [`bert`]: BERT with presets BERT-base, MiniLM-L6-H384 and a tiny one.
 //! - [`synthetic`]: generated, learnable classification tasks for both, for
 //!   tests and for CPU runs without a dataset.
+//! - [`pretrained`]: Hugging Face BERT and timm / Hugging Face ViT
+//!   checkpoints (safetensors) loaded into these models, through burn-store.
+//! - [`tokenizer`]: WordPiece tokenization from a checkpoint's `tokenizer.json`.
+//! - [`sst`]: the Stanford Sentiment Treebank as an SST-2 Burn `Dataset`, and
+//!   its batcher.
 
 pub mod bert;
 mod feed_forward;
+pub mod pretrained;
+pub mod sst;
 pub mod synthetic;
+pub mod tokenizer;
 pub mod vit;
 
 pub use feed_forward::FeedForward;

@@ -3,6 +3,7 @@
 use burn::prelude::*;
 
 use super::model::Bert;
+use super::pooling::BertPooling;
 
 /// Configuration of a BERT sequence classifier.
 ///
@@ -45,6 +46,10 @@ pub struct BertConfig {
     /// Epsilon of every layer norm.
     #[config(default = 1e-12)]
     pub layer_norm_eps: f64,
+    /// How the head summarises the sequence: BERT's [CLS] pooler (default) or
+    /// the mean over real tokens.
+    #[config(default = "BertPooling::Cls")]
+    pub pooling: BertPooling,
 }
 
 impl BertConfig {

@@ -3,9 +3,11 @@
 mod activation;
 mod config;
 mod model;
+mod pooling;
 mod units;
 
 pub use activation::{BertHidden, BertInput};
 pub use config::BertConfig;
 pub use model::{Bert, BertBlock};
+pub use pooling::{l2_normalize, BertPooling};
 pub use units::{BertEmbeddings, BertHead, BertUnit, PostNormAttention, PostNormFeedForward};

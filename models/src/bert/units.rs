@@ -12,6 +12,7 @@ use burn_freeze::{InnerOf, Unit};
 
 use super::activation::{BertHidden, BertInput};
 use super::config::BertConfig;
+use super::pooling::BertPooling;
 use crate::feed_forward::FeedForward;
 
 fn layer_norm<B: Backend>(config: &BertConfig, device: &B::Device) -> LayerNorm<B> {
@@ -135,15 +136,18 @@ impl<B: Backend> PostNormFeedForward<B> {
     }
 }
 
-/// Last unit: the pooler (`tanh` of a linear map of the first token's state)
-/// and a linear classifier. `[batch, seq, hidden] -> [batch, classes]`.
+/// Last unit: the pooler (`tanh` of a linear map of the first token's state,
+/// or the mean over real tokens, see [`BertPooling`]) and a linear
+/// classifier. `[batch, seq, hidden] -> [batch, classes]`.
 #[derive(Module, Debug)]
 pub struct BertHead<B: Backend> {
-    /// Pooler projection.
+    /// Pooler projection (used with [`BertPooling::Cls`]).
     pub pooler: Linear<B>,
     /// Classifier on the pooled state.
     pub classifier: Linear<B>,
     dropout: Dropout,
+    #[module(skip)]
+    pooling: BertPooling,
 }
 
 impl<B: Backend> BertHead<B> {
@@ -152,14 +156,26 @@ impl<B: Backend> BertHead<B> {
             pooler: LinearConfig::new(config.hidden, config.hidden).init(device),
             classifier: LinearConfig::new(config.hidden, config.num_classes).init(device),
             dropout: DropoutConfig::new(config.dropout).init(),
+            pooling: config.pooling,
         }
     }
 
-    /// The pooled first-token state, `[batch, hidden]`.
+    /// How this head pools.
+    pub fn pooling(&self) -> BertPooling {
+        self.pooling
+    }
+
+    /// The pooled state, `[batch, hidden]`: the pooler on the first token's
+    /// state, or the mean over the real tokens.
     pub fn pool(&self, x: &BertHidden<B>) -> Tensor<B, 2> {
-        let [batch, _, hidden] = x.states.dims();
-        let first = x.states.clone().narrow(1, 0, 1).reshape([batch, hidden]);
-        self.pooler.forward(first).tanh()
+        match self.pooling {
+            BertPooling::Cls => {
+                let [batch, _, hidden] = x.states.dims();
+                let first = x.states.clone().narrow(1, 0, 1).reshape([batch, hidden]);
+                self.pooler.forward(first).tanh()
+            }
+            BertPooling::Mean => x.mean_pool(),
+        }
     }
 
     /// Class logits.
