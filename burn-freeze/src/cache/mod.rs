@@ -286,7 +286,7 @@ impl<B: Backend, H: Cacheable<B>> ActivationCache<B, H> {
 
     /// Caches `value`, the output of the first `front` units for `sample`,
     /// whose input had `input_shapes` (batch dimension 1). Entries of the
-    /// sample at lower fronts are dropped once this one is stored.
+    /// sample at lower fronts are superseded and dropped.
     ///
     /// Fails only on a shape mismatch, changing nothing. When both tiers are
     /// full or the write fails, the value is not cached and a warning is logged.
@@ -304,10 +304,15 @@ impl<B: Backend, H: Cacheable<B>> ActivationCache<B, H> {
             output: value.shapes(),
         });
         let key = CacheKey::new(sample, front);
-        // Replace an older copy of the same entry wherever it lives.
-        self.memory.remove(&key);
-        if let Some(disk) = self.disk.as_mut() {
-            disk.remove(&key);
+        // The new entry supersedes the sample's entries at lower fronts (and an
+        // older copy of itself): free their room first.
+        let superseded: Vec<usize> = self
+            .fronts
+            .get(&sample)
+            .map(|fronts| fronts.range(..=front).copied().collect())
+            .unwrap_or_default();
+        for old in superseded {
+            self.remove(CacheKey::new(sample, old));
         }
         let bytes = value.num_bytes();
         let stored = match self.memory.insert(key, value, bytes) {
@@ -316,17 +321,9 @@ impl<B: Backend, H: Cacheable<B>> ActivationCache<B, H> {
         };
         if stored {
             self.warned_full = false;
-            let fronts = self.fronts.entry(sample).or_default();
-            fronts.insert(front);
-            let older: Vec<usize> = fronts.range(..front).copied().collect();
-            for old in older {
-                self.remove(CacheKey::new(sample, old));
-            }
+            self.fronts.entry(sample).or_default().insert(front);
         } else {
             self.stats.not_cached += 1;
-            if let Some(fronts) = self.fronts.get_mut(&sample) {
-                fronts.remove(&front);
-            }
         }
         Ok(())
     }
