@@ -189,7 +189,7 @@ where
             let last = self.active.2.take().expect("last unit is active");
             self.frozen.last = Some(freeze::<B, L>(last));
         }
-        tracing::info!(from = frozen, to = front, units = self.len, "freeze front moved up");
+        tracing::debug!(from = frozen, to = front, units = self.len, "freeze front moved up");
         Ok(())
     }
 
@@ -225,7 +225,7 @@ where
         if let Some(cache) = self.cache.as_mut() {
             cache.invalidate_above(front);
         }
-        tracing::info!(from = frozen, to = front, "freeze front moved down (explicit unfreeze)");
+        tracing::debug!(from = frozen, to = front, "freeze front moved down (explicit unfreeze)");
         Ok(())
     }
 

@@ -1,5 +1,6 @@
 //! The benchmarks behind `--bin bench`, one file each, and their report writer.
 
+pub mod alloc;
 pub mod freeze;
 pub mod pipe;
 mod report;

@@ -8,6 +8,10 @@
 
 use clap::{Parser, Subcommand};
 
+/// Counts heap bytes, for the peak-memory columns.
+#[global_allocator]
+static ALLOC: examples::bench::alloc::CountingAlloc = examples::bench::alloc::CountingAlloc;
+
 #[derive(Debug, Parser)]
 #[command(about = "PipeTransformer benchmarks (ratios against a baseline from the same run)")]
 struct Args {
