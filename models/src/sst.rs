@@ -143,6 +143,12 @@ impl SstDataset {
     }
 }
 
+impl From<Vec<SstItem>> for SstDataset {
+    fn from(items: Vec<SstItem>) -> Self {
+        Self { items }
+    }
+}
+
 impl Dataset<SstItem> for SstDataset {
     fn get(&self, index: usize) -> Option<SstItem> {
         self.items.get(index).cloned()
