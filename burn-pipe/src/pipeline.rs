@@ -208,7 +208,7 @@ where
             .zip(devices)
             .zip(ranges(balance))
             .map(|((module, device), units)| Stage {
-                module: Some(module.to_device(&device)),
+                module: Some(module.fork(&device)),
                 optimizer: make_optimizer(),
                 device,
                 units,
@@ -488,7 +488,7 @@ where
             .zip(devices)
             .zip(ranges(balance))
             .map(|((module, device), units)| {
-                let module = module.to_device(&device);
+                let module = module.fork(&device);
                 let own: HashMap<ParamId, R> = list_param_ids(&module)
                     .into_iter()
                     .filter_map(|id| records.remove(&id).map(|record| (id, record)))
