@@ -80,6 +80,14 @@ impl<Be: AutodiffBackend<InnerBackend = Inner>> ModuleVisitor<Be> for MaxGrad<'_
     }
 }
 
+/// Initialises every lazily initialised parameter of `module` in place, so
+/// its clones share one set of values (an uninitialised parameter draws its
+/// values when first read, separately in each clone).
+pub fn materialize<Be: Backend, Mo: Module<Be>>(module: Mo) -> Mo {
+    Weights::of(&module);
+    module
+}
+
 /// Collects every float parameter's value, keyed by id.
 #[derive(Default)]
 pub struct Weights(pub Vec<(ParamId, Vec<f32>, Vec<usize>)>);
@@ -191,15 +199,16 @@ pub fn user_stack(inputs: usize, width: usize, blocks: usize, classes: usize) ->
     let device = Default::default();
     let mut middle = Vec::new();
     for i in 0..blocks {
-        middle.push(Block::Residual(LinearConfig::new(width, width).init(&device)));
+        middle.push(materialize(Block::Residual(LinearConfig::new(width, width).init(&device))));
         if i == 0 {
             middle.push(Block::Tanh(burn::nn::Tanh::new()));
         }
     }
+    // Materialised, so that clones of the stack hold the same weights.
     LayerStack::new(
-        Project { linear: LinearConfig::new(inputs, width).init(&device) },
+        materialize(Project { linear: LinearConfig::new(inputs, width).init(&device) }),
         middle,
-        Classify { linear: LinearConfig::new(width, classes).init(&device) },
+        materialize(Classify { linear: LinearConfig::new(width, classes).init(&device) }),
     )
 }
 
