@@ -208,7 +208,7 @@ where
             .zip(devices)
             .zip(ranges(balance))
             .map(|((module, device), units)| Stage {
-                module: Some(module.to_device(&device)),
+                module: Some(module.fork(&device)),
                 optimizer: make_optimizer(),
                 device,
                 units,
@@ -462,6 +462,9 @@ where
     /// state. Training continues exactly as if the pipeline had always had
     /// this shape.
     ///
+    /// Optimizer state is keyed by parameter id (true of every Burn optimizer
+    /// through `OptimizerAdaptor`), so each unit's state follows it.
+    ///
     /// Fails, changing nothing, on a bad balance or device list, or when
     /// gradients are pending.
     pub fn repartition<R>(
@@ -470,14 +473,14 @@ where
         devices: Vec<B::Device>,
     ) -> Result<(), PipeError>
     where
-        O: Optimizer<StageModule<B, F, M, L>, B, Record = HashMap<ParamId, R>>,
+        O::Record: IntoIterator<Item = (ParamId, R)> + FromIterator<(ParamId, R)>,
     {
         if self.stages.iter().any(|s| s.pending.is_some()) {
             return Err(PipeError::GradientsPending("repartition"));
         }
         let units = self.stages.last().map_or(0, |s| s.units.end);
         validate(balance, units, devices.len(), &self.config)?;
-        let mut records = HashMap::new();
+        let mut records: HashMap<ParamId, R> = HashMap::new();
         let mut modules = Vec::with_capacity(self.stages.len());
         for stage in self.stages.drain(..) {
             records.extend(stage.optimizer.to_record());
@@ -488,8 +491,8 @@ where
             .zip(devices)
             .zip(ranges(balance))
             .map(|((module, device), units)| {
-                let module = module.to_device(&device);
-                let own: HashMap<ParamId, R> = list_param_ids(&module)
+                let module = module.fork(&device);
+                let own: O::Record = list_param_ids(&module)
                     .into_iter()
                     .filter_map(|id| records.remove(&id).map(|record| (id, record)))
                     .collect();

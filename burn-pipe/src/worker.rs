@@ -56,12 +56,21 @@ pub(crate) struct StageReport {
     pub messages: usize,
 }
 
-/// A micro-batch between its forward and its backward pass.
-enum Saved<B: AutodiffBackend, H> {
-    /// A stage before the last: its input leaf (none on stage 0) and output.
-    Hidden { input: Option<H>, output: H },
-    /// The last stage: its input leaf (none when it is also stage 0) and the weighted loss.
-    Loss { input: Option<H>, loss: Tensor<B, 1> },
+/// What a micro-batch's backward pass needs from its forward pass.
+struct Saved<B: AutodiffBackend, S, H> {
+    /// The stage's parameters as fresh leaves of this micro-batch's graph
+    /// (same ids, shared storage), so no two live graphs share a node: Burn's
+    /// autodiff frees what one backward pass consumed.
+    params: S,
+    /// The input leaf (none on stage 0, whose input is data).
+    input: Option<H>,
+    /// The stage output, or the weighted loss on the last stage.
+    result: SavedResult<B, H>,
+}
+
+enum SavedResult<B: AutodiffBackend, H> {
+    Hidden(H),
+    Loss(Tensor<B, 1>),
 }
 
 /// Runs `job` on `module`, turning a panic into [`PipeError::StageFailed`]
@@ -185,7 +194,7 @@ where
     } = job;
     let mut inputs = inputs.into_iter();
     let mut targets = targets.into_iter();
-    let mut saved: VecDeque<Saved<B, F::Output>> = VecDeque::new();
+    let mut saved: VecDeque<Saved<B, StageModule<B, F, M, L>, F::Output>> = VecDeque::new();
     let mut accumulator = GradientsAccumulator::<StageModule<B, F, M, L>>::new();
     let mut report = StageReport {
         grads: GradientsParams::new(),
@@ -212,38 +221,39 @@ where
                     }
                 };
                 let start = Instant::now();
-                let entry = match module.forward(stage_input) {
+                let params = module.clone().fork(&device);
+                let result = match params.forward(stage_input) {
                     StageOutput::Hidden(output) => {
                         let to_next = links.to_next.as_ref().expect("a stage without the last unit has a next stage");
                         let message = (n, output.clone().inner());
                         report.busy += start.elapsed();
                         send::<B, F::Output>(to_next, message, stage, stage + 1, "forward")?;
                         report.messages += 1;
-                        Saved::Hidden { input: input_leaf, output }
+                        SavedResult::Hidden(output)
                     }
                     StageOutput::Output(output) => {
                         let (target, weight) = targets.next().expect("one target per micro-batch");
                         let loss = loss_fn(output, target.to_device(&device)).mul_scalar(weight);
                         report.busy += start.elapsed();
                         report.losses.push(loss.clone().into_scalar().elem::<f32>());
-                        Saved::Loss { input: input_leaf, loss }
+                        SavedResult::Loss(loss)
                     }
                 };
-                saved.push_back(entry);
+                saved.push_back(Saved { params, input: input_leaf, result });
                 report.peak_saved = report.peak_saved.max(saved.len());
             }
             Op::Backward(n) => {
-                let entry = saved.pop_front().expect("forward before backward");
-                let (input, mut grads, start) = match entry {
-                    Saved::Loss { input, loss } => {
+                let Saved { params, input, result } = saved.pop_front().expect("forward before backward");
+                let (mut grads, start) = match result {
+                    SavedResult::Loss(loss) => {
                         let start = Instant::now();
-                        (input, loss.backward(), start)
+                        (loss.backward(), start)
                     }
-                    Saved::Hidden { input, output } => {
+                    SavedResult::Hidden(output) => {
                         let receiver = links.grads_from_next.as_ref().expect("a stage before the last has a next stage");
                         let grad = receive::<B, F::Output>(receiver, timeout, stage, stage + 1, n, "backward")?;
                         let start = Instant::now();
-                        (input, output.seed(grad.to_device(&device)).backward(), start)
+                        (output.seed(grad.to_device(&device)).backward(), start)
                     }
                 };
                 let upstream = input.map(|input| {
@@ -251,7 +261,7 @@ where
                         panic!("stage {stage}'s output does not depend on its input")
                     })
                 });
-                let stage_grads = GradientsParams::from_module(&mut grads, module);
+                let stage_grads = GradientsParams::from_module(&mut grads, &params);
                 accumulator.accumulate(module, stage_grads);
                 report.busy += start.elapsed();
                 if let (Some(grad), Some(sender)) = (upstream, &links.grads_to_previous) {

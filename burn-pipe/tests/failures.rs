@@ -1,0 +1,172 @@
+//! Failures end the step with an error naming the stage and micro-batch, in
+//! bounded time, with every worker stopped and no state lost; bad
+//! configurations are refused at construction.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::{Linear, LinearConfig};
+use burn::optim::SgdConfig;
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use burn_freeze::{InnerOf, IntoLayerStack, LayerStack, Unit};
+use burn_pipe::{PipeError, Pipeline, PipelineConfig};
+use common::{user_batch, user_stack, Classify, Project, B};
+use models::vit::VitConfig;
+
+/// A middle unit that misbehaves on micro-batches of exactly `trip` samples:
+/// it panics, or stalls for `stall_ms` before going on.
+#[derive(Module, Debug)]
+pub struct Tripwire<B: Backend> {
+    linear: Linear<B>,
+    trip: usize,
+    stall_ms: u64,
+}
+
+impl<B: Backend> Tripwire<B> {
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        if x.dims()[0] == self.trip {
+            if self.stall_ms == 0 {
+                panic!("tripwire hit by a micro-batch of {} samples", self.trip);
+            }
+            std::thread::sleep(Duration::from_millis(self.stall_ms));
+        }
+        self.linear.forward(x)
+    }
+}
+
+impl<B: AutodiffBackend> Unit<B> for Tripwire<B> {
+    type Input = Tensor<B, 2>;
+    type Output = Tensor<B, 2>;
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        Tripwire::forward(self, x)
+    }
+    fn forward_inner(unit: &Tripwire<B::InnerBackend>, x: InnerOf<B, Tensor<B, 2>>) -> InnerOf<B, Tensor<B, 2>> {
+        unit.forward(x)
+    }
+}
+
+fn tripwire_stack(trip: usize, stall_ms: u64) -> LayerStack<Project<B>, Tripwire<B>, Classify<B>> {
+    let device = Default::default();
+    let (first, _, last) = user_stack(4, 8, 1, 2).into_parts();
+    let wire = |trip| Tripwire { linear: LinearConfig::new(8, 8).init(&device), trip, stall_ms };
+    // Units: project, wire (never trips), wire (trips), classify.
+    LayerStack::new(first, vec![wire(usize::MAX), wire(trip)], last)
+}
+
+#[test]
+fn a_panicking_stage_is_named_with_its_micro_batch_and_loses_nothing() {
+    let device = Default::default();
+    let config = PipelineConfig::new().with_micro_batches(Some(4));
+    // Batch 10 in 4 micro-batches: 3, 3, 2, 2. Micro-batch 2 is the first of 2.
+    let mut pipeline =
+        Pipeline::new(tripwire_stack(2, 0), &[1, 1, 1, 1], vec![device; 4], config, || SgdConfig::new().init())
+            .unwrap();
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let (x, labels) = user_batch(3, 10, 4, 2);
+    let start = Instant::now();
+    let error = pipeline
+        .forward_backward(x, labels, |logits, t| loss_fn.forward(logits, t))
+        .unwrap_err();
+    match &error {
+        PipeError::StageFailed { stage, micro_batch, phase, message } => {
+            assert_eq!((*stage, *micro_batch, *phase), (2, 2, "forward"));
+            assert!(message.contains("tripwire hit"), "{message}");
+        }
+        other => panic!("expected StageFailed, got {other:?}"),
+    }
+    assert!(error.to_string().contains("stage 2"), "{error}");
+    assert!(start.elapsed() < Duration::from_secs(30));
+    assert!(pipeline.gradients(0).is_none(), "a failed pass keeps no gradient");
+
+    // Every unit is still there: a batch that does not trip trains normally.
+    let (x, labels) = user_batch(4, 12, 4, 2);
+    let report = pipeline
+        .train_step(x, labels, |logits, t| loss_fn.forward(logits, t), 0.1)
+        .unwrap();
+    assert!(report.loss.is_finite());
+    assert_eq!(pipeline.into_stack().len(), 4);
+}
+
+#[test]
+fn a_stalled_stage_times_out_instead_of_hanging() {
+    let device = Default::default();
+    let config = PipelineConfig::new().with_micro_batches(Some(4)).with_timeout_ms(50);
+    let mut pipeline =
+        Pipeline::new(tripwire_stack(2, 1_000), &[1, 1, 1, 1], vec![device; 4], config, || SgdConfig::new().init())
+            .unwrap();
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let (x, labels) = user_batch(3, 10, 4, 2);
+    let error = pipeline
+        .forward_backward(x, labels, |logits, t| loss_fn.forward(logits, t))
+        .unwrap_err();
+    // Stage 2 stalls on micro-batch 2; its neighbours give up waiting on it
+    // (stage 3 for that forward, stage 1 for an earlier backward).
+    assert!(matches!(error, PipeError::Timeout { from: 2, .. }), "{error:?}");
+    assert!(error.to_string().contains("from stage 2"), "{error}");
+}
+
+#[test]
+fn bad_configurations_are_refused_at_construction() {
+    let device = Default::default();
+    let stack = || VitConfig::tiny(2).init::<B>(&device).into_layer_stack();
+    let sgd = || SgdConfig::new().init();
+    let config = PipelineConfig::new();
+
+    let error = Pipeline::new(stack(), &[], vec![], config.clone(), sgd).err().unwrap();
+    assert!(matches!(error, PipeError::NoStages));
+    let error = Pipeline::balanced(stack(), vec![], config.clone(), sgd).err().unwrap();
+    assert!(matches!(error, PipeError::NoStages));
+    let error = Pipeline::balanced(stack(), vec![device; 8], config.clone(), sgd).err().unwrap();
+    assert!(matches!(error, PipeError::TooManyStages { stages: 8, units: 7 }), "{error}");
+    let error = Pipeline::new(stack(), &[1; 8], vec![device; 8], config.clone(), sgd).err().unwrap();
+    assert!(matches!(error, PipeError::TooManyStages { stages: 8, units: 7 }));
+    let error = Pipeline::new(stack(), &[4, 4], vec![device; 2], config.clone(), sgd).err().unwrap();
+    assert!(matches!(error, PipeError::BadBalance { .. }), "{error}");
+    let error = Pipeline::new(stack(), &[3, 4], vec![device; 3], config.clone(), sgd).err().unwrap();
+    assert!(matches!(error, PipeError::DeviceCount { devices: 3, stages: 2 }));
+    assert!(error.to_string().contains("3 devices given for 2 stages"));
+    let zero = config.clone().with_micro_batches(Some(0));
+    let error = Pipeline::new(stack(), &[3, 4], vec![device; 2], zero, sgd).err().unwrap();
+    assert!(matches!(error, PipeError::NoMicroBatches));
+
+    // A batch smaller than M and mismatched targets fail before any worker starts.
+    let eight = config.with_micro_batches(Some(8));
+    let mut pipeline = Pipeline::new(stack(), &[3, 4], vec![device; 2], eight, sgd).unwrap();
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let images = Tensor::<B, 4>::zeros([4, 3, 16, 16], &device);
+    let labels = Tensor::<B, 1, Int>::zeros([4], &device);
+    let error = pipeline
+        .forward_backward(images.clone(), labels, |l, t| loss_fn.forward(l, t))
+        .unwrap_err();
+    assert!(matches!(error, PipeError::BatchTooSmall { batch: 4, micro_batches: 8 }));
+    let error = pipeline
+        .forward_backward(images, Tensor::<B, 1, Int>::zeros([5], &device), |l, t| loss_fn.forward(l, t))
+        .unwrap_err();
+    assert!(matches!(error, PipeError::TargetsMismatch { input: 4, targets: 5 }));
+}
+
+#[test]
+fn a_stage_with_no_trainable_parameter_works() {
+    // The user stack's units: project, residual, tanh (no parameter), classify.
+    let device = Default::default();
+    let stack = user_stack(4, 8, 1, 2);
+    assert_eq!(stack.unit_params::<B>()[2], 0);
+    let mut pipeline = Pipeline::new(stack, &[2, 1, 1], vec![device; 3], PipelineConfig::new().with_micro_batches(Some(3)), || {
+        SgdConfig::new().init()
+    })
+    .unwrap();
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let mut losses = Vec::new();
+    for step in 0..3 {
+        let (x, labels) = user_batch(5, 9, 4, 2);
+        let report = pipeline
+            .train_step(x, labels, |l, t| loss_fn.forward(l, t), 0.5)
+            .unwrap();
+        losses.push(report.loss);
+        assert_eq!(pipeline.gradients(1).map(|g| g.len()), None, "step {step}: gradients applied");
+    }
+    assert!(losses[2] < losses[0], "{losses:?}");
+}
