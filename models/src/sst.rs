@@ -297,7 +297,7 @@ pub struct SstBatch<B: Backend> {
 /// let items = vec![SstItem { text: "good good".into(), label: 1 }, SstItem { text: "bad".into(), label: 0 }];
 /// let batch: SstBatch<Flex> = batcher.batch(items, &Default::default());
 /// assert_eq!(batch.input.tokens.dims(), [2, 4]);
-/// assert_eq!(batch.labels.into_data().to_vec::<i64>().unwrap(), vec![1, 0]);
+/// assert_eq!(batch.labels.into_data().iter::<i64>().collect::<Vec<_>>(), vec![1, 0]);
 /// # Ok::<(), models::tokenizer::TokenizerError>(())
 /// ```
 #[derive(Debug, Clone)]
