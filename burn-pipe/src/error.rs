@@ -90,6 +90,16 @@ pub enum PipeError {
         /// `"forward"` or `"backward"`.
         phase: &'static str,
     },
+    /// A freeze front that would unfreeze units or freeze the last unit.
+    #[error("cannot move the freeze front to {requested}: it is at {front}, only moves up, and stays below the last of {units} units")]
+    BadFront {
+        /// Front asked for.
+        requested: usize,
+        /// Current front.
+        front: usize,
+        /// Units in the stack.
+        units: usize,
+    },
     /// Gradients of an earlier step wait for an optimizer step.
     #[error("{0}: call `step` (or `clear_gradients`) first, gradients of an earlier pass are pending")]
     GradientsPending(&'static str),

@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use burn::module::{list_param_ids, Module, ParamId};
+use burn::module::{list_param_ids, ParamId};
 use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
@@ -17,7 +17,7 @@ use crate::error::PipeError;
 use crate::microbatch::micro_batch_sizes;
 use crate::partition::{balance_exact, unit_param_costs};
 use crate::schedule::stage_ops;
-use crate::stage::{ranges, StageModule};
+use crate::stage::{join, ranges, split, StageModule, StageUnits};
 use crate::worker::{run_stage, Job, Links, StageReport};
 
 /// What one pipelined forward-backward pass measured.
@@ -51,13 +51,14 @@ impl StepReport {
     }
 }
 
-/// One stage: its units as one module, its optimizer, its device.
-struct Stage<B: AutodiffBackend, F: Module<B>, M: Module<B>, L: Module<B>, O> {
-    /// `None` only while the module is inside a worker or an optimizer step.
-    module: Option<StageModule<B, F, M, L>>,
+/// One stage: its units, its optimizer, its device.
+struct Stage<B: AutodiffBackend, F: Unit<B>, M: Unit<B>, L: Unit<B>, O> {
+    /// `None` only while the units are inside a worker or an optimizer step.
+    units: Option<StageUnits<B, F, M, L>>,
     optimizer: O,
     device: B::Device,
-    units: Range<usize>,
+    /// The units this stage holds.
+    range: Range<usize>,
     /// Gradients accumulated since the last optimizer step.
     pending: Option<GradientsParams>,
 }
@@ -95,8 +96,10 @@ struct Stage<B: AutodiffBackend, F: Module<B>, M: Module<B>, L: Module<B>, O> {
 /// assert!(report.loss > 0.0);
 /// # Ok::<(), burn_pipe::PipeError>(())
 /// ```
-pub struct Pipeline<B: AutodiffBackend, F: Module<B>, M: Module<B>, L: Module<B>, O> {
+pub struct Pipeline<B: AutodiffBackend, F: Unit<B>, M: Unit<B>, L: Unit<B>, O> {
     stages: Vec<Stage<B, F, M, L, O>>,
+    /// Units `0..front` are frozen.
+    front: usize,
     config: PipelineConfig,
     make_optimizer: Box<dyn Fn() -> O + Send + Sync>,
 }
@@ -135,50 +138,6 @@ fn validate(
     Ok(())
 }
 
-/// Cuts a stack into stage modules of `balance[s]` units each (validated).
-fn split<B: Backend, F: Module<B>, M: Module<B>, L: Module<B>>(
-    stack: LayerStack<F, M, L>,
-    balance: &[usize],
-) -> Vec<StageModule<B, F, M, L>> {
-    let stages = balance.len();
-    let (first, middle, last) = stack.into_parts();
-    let mut first = Some(first);
-    let mut last = Some(last);
-    let mut middle = middle.into_iter();
-    balance
-        .iter()
-        .enumerate()
-        .map(|(s, &units)| {
-            let ends = usize::from(s == 0) + usize::from(s + 1 == stages);
-            let own_middle = middle.by_ref().take(units - ends).collect();
-            StageModule::new(
-                if s == 0 { first.take() } else { None },
-                own_middle,
-                if s + 1 == stages { last.take() } else { None },
-            )
-        })
-        .collect()
-}
-
-/// Joins stage modules, in order, back into a stack.
-fn join<B: Backend, F: Module<B>, M: Module<B>, L: Module<B>>(
-    modules: Vec<StageModule<B, F, M, L>>,
-) -> LayerStack<F, M, L> {
-    let mut first = None;
-    let mut last = None;
-    let mut middle = Vec::new();
-    for module in modules {
-        first = first.or(module.first);
-        middle.extend(module.middle);
-        last = module.last.or(last);
-    }
-    LayerStack::new(
-        first.expect("stage 0 holds the first unit"),
-        middle,
-        last.expect("the last stage holds the last unit"),
-    )
-}
-
 impl<B, F, M, L, O> Pipeline<B, F, M, L, O>
 where
     B: AutodiffBackend,
@@ -203,20 +162,21 @@ where
         make_optimizer: impl Fn() -> O + Send + Sync + 'static,
     ) -> Result<Self, PipeError> {
         validate(balance, stack.len(), devices.len(), &config)?;
-        let stages = split(stack, balance)
+        let stages = split(stack, balance, 0)
             .into_iter()
             .zip(devices)
             .zip(ranges(balance))
-            .map(|((module, device), units)| Stage {
-                module: Some(module.fork(&device)),
+            .map(|((units, device), range)| Stage {
+                units: Some(units.fork(&device)),
                 optimizer: make_optimizer(),
                 device,
-                units,
+                range,
                 pending: None,
             })
             .collect();
         Ok(Self {
             stages,
+            front: 0,
             config,
             make_optimizer: Box::new(make_optimizer),
         })
@@ -251,7 +211,17 @@ where
 
     /// Units per stage.
     pub fn balance(&self) -> Vec<usize> {
-        self.stages.iter().map(|s| s.units.len()).collect()
+        self.stages.iter().map(|s| s.range.len()).collect()
+    }
+
+    /// Number of units, frozen or not.
+    pub fn num_units(&self) -> usize {
+        self.stages.last().map_or(0, |s| s.range.end)
+    }
+
+    /// The freeze front: units `0..front()` are frozen.
+    pub fn front(&self) -> usize {
+        self.front
     }
 
     /// The configuration.
@@ -264,10 +234,11 @@ where
     /// # Panics
     /// When `stage >= num_stages()`.
     pub fn stage(&self, stage: usize) -> &StageModule<B, F, M, L> {
-        self.stages[stage]
-            .module
+        &self.stages[stage]
+            .units
             .as_ref()
-            .expect("a stage module is present between calls")
+            .expect("a stage's units are present between calls")
+            .trainable
     }
 
     /// Gradients stage `stage` accumulated since the last optimizer step, if any.
@@ -340,19 +311,30 @@ where
         let start = Instant::now();
         let loss = &loss;
 
-        let outcomes: Vec<(StageModule<B, F, M, L>, Result<StageReport, PipeError>)> =
+        let front = self.front;
+        let outcomes: Vec<(StageUnits<B, F, M, L>, Result<StageReport, PipeError>)> =
             thread::scope(|scope| {
                 let handles: Vec<_> = self
                     .stages
                     .iter_mut()
                     .enumerate()
                     .map(|(s, stage)| {
-                        let module = stage.module.take().expect("module present between calls");
+                        let units = stage.units.take().expect("units present between calls");
+                        // Gradients cross the boundary before stage s when the
+                        // unit before it trains; frozen units form a prefix.
+                        let grads_upstream = s > 0 && stage.range.start > front;
+                        let grads_downstream = stage.range.end > front;
                         let links = Links {
                             from_previous: (s > 0).then(|| forward_rx[s - 1].take()).flatten(),
                             to_next: forward_tx.get_mut(s).and_then(Option::take),
-                            grads_from_next: backward_rx.get_mut(s).and_then(Option::take),
-                            grads_to_previous: (s > 0).then(|| backward_tx[s - 1].take()).flatten(),
+                            grads_from_next: backward_rx
+                                .get_mut(s)
+                                .and_then(Option::take)
+                                .filter(|_| grads_downstream),
+                            grads_to_previous: (s > 0)
+                                .then(|| backward_tx[s - 1].take())
+                                .flatten()
+                                .filter(|_| grads_upstream),
                         };
                         let job = Job {
                             stage: s,
@@ -361,12 +343,13 @@ where
                             timeout,
                             inputs: if s == 0 { inputs.take().unwrap_or_default() } else { Vec::new() },
                             targets: if s + 1 == stages { targets.take().unwrap_or_default() } else { Vec::new() },
+                            grads_upstream,
                         };
                         thread::Builder::new()
                             .name(format!("burn-pipe stage {s}"))
                             .spawn_scoped(scope, move || {
-                                let result = run_stage(&module, job, links, loss);
-                                (module, result)
+                                let result = run_stage(&units, job, links, loss);
+                                (units, result)
                             })
                             .expect("spawning a stage worker thread")
                     })
@@ -376,7 +359,7 @@ where
                     .map(|handle| {
                         handle
                             .join()
-                            .expect("stage workers catch their panics and return their module")
+                            .expect("stage workers catch their panics and return their units")
                     })
                     .collect()
             });
@@ -384,8 +367,8 @@ where
         let wall = start.elapsed();
         let mut reports = Vec::with_capacity(stages);
         let mut errors = Vec::new();
-        for (stage, (module, result)) in self.stages.iter_mut().zip(outcomes) {
-            stage.module = Some(module);
+        for (stage, (units, result)) in self.stages.iter_mut().zip(outcomes) {
+            stage.units = Some(units);
             match result {
                 Ok(report) => reports.push(report),
                 Err(error) => errors.push(error),
@@ -414,7 +397,7 @@ where
             stage.pending = Some(match stage.pending.take() {
                 None => stage_report.grads,
                 Some(pending) => {
-                    let module = stage.module.as_ref().expect("module present");
+                    let module = &stage.units.as_ref().expect("units present").trainable;
                     let mut accumulator = GradientsAccumulator::new();
                     accumulator.accumulate(module, pending);
                     accumulator.accumulate(module, stage_report.grads);
@@ -433,8 +416,9 @@ where
             for stage in &mut self.stages {
                 let Some(grads) = stage.pending.take() else { continue };
                 scope.spawn(move || {
-                    let module = stage.module.take().expect("module present");
-                    stage.module = Some(stage.optimizer.step(lr, module, grads));
+                    let units = stage.units.as_mut().expect("units present");
+                    let module = std::mem::replace(&mut units.trainable, StageModule::new(None, Vec::new(), None));
+                    units.trainable = stage.optimizer.step(lr, module, grads);
                 });
             }
         });
@@ -478,29 +462,25 @@ where
         if self.stages.iter().any(|s| s.pending.is_some()) {
             return Err(PipeError::GradientsPending("repartition"));
         }
-        let units = self.stages.last().map_or(0, |s| s.units.end);
-        validate(balance, units, devices.len(), &self.config)?;
+        validate(balance, self.num_units(), devices.len(), &self.config)?;
         let mut records: HashMap<ParamId, R> = HashMap::new();
-        let mut modules = Vec::with_capacity(self.stages.len());
+        let mut all_units = Vec::with_capacity(self.stages.len());
         for stage in self.stages.drain(..) {
             records.extend(stage.optimizer.to_record());
-            modules.push(stage.module.expect("module present"));
+            all_units.push(stage.units.expect("units present"));
         }
-        self.stages = split(join(modules), balance)
+        self.stages = split(join(all_units), balance, self.front)
             .into_iter()
             .zip(devices)
             .zip(ranges(balance))
-            .map(|((module, device), units)| {
-                let module = module.fork(&device);
-                let own: O::Record = list_param_ids(&module)
-                    .into_iter()
-                    .filter_map(|id| records.remove(&id).map(|record| (id, record)))
-                    .collect();
+            .map(|((units, device), range)| {
+                let units = units.fork(&device);
+                let optimizer = optimizer_for(&self.make_optimizer, &mut records, &units.trainable);
                 Stage {
-                    module: Some(module),
-                    optimizer: (self.make_optimizer)().load_record(own),
+                    units: Some(units),
+                    optimizer,
                     device,
-                    units,
+                    range,
                     pending: None,
                 }
             })
@@ -509,14 +489,73 @@ where
         Ok(())
     }
 
+    /// Freezes units `0..front`: they move to the inner backend on the stage
+    /// that holds them, run forward only, and lose their optimizer state. The
+    /// front only moves up, and the last unit always trains.
+    ///
+    /// Fails, changing nothing, when `front` is below the current front or
+    /// reaches the last unit, or when gradients are pending.
+    pub fn freeze_to<R>(&mut self, front: usize) -> Result<(), PipeError>
+    where
+        O::Record: IntoIterator<Item = (ParamId, R)> + FromIterator<(ParamId, R)>,
+    {
+        if self.stages.iter().any(|s| s.pending.is_some()) {
+            return Err(PipeError::GradientsPending("freeze_to"));
+        }
+        let units = self.num_units();
+        if front < self.front || front >= units {
+            return Err(PipeError::BadFront {
+                requested: front,
+                front: self.front,
+                units,
+            });
+        }
+        for stage in &mut self.stages {
+            let stage_units = stage.units.as_mut().expect("units present");
+            let first_trainable = stage.range.start + stage_units.frozen.len();
+            let count = front.min(stage.range.end).saturating_sub(first_trainable);
+            if count == 0 {
+                continue;
+            }
+            stage_units.freeze_next(count);
+            let mut records: HashMap<ParamId, R> = stage.optimizer.to_record().into_iter().collect();
+            stage.optimizer = optimizer_for(&self.make_optimizer, &mut records, &stage_units.trainable);
+        }
+        tracing::info!(from = self.front, to = front, "pipeline freeze front moved up");
+        self.front = front;
+        Ok(())
+    }
+
     /// Takes the pipeline apart into its layer stack (units stay on their
-    /// stages' devices).
+    /// stages' devices; frozen units train again).
     pub fn into_stack(self) -> LayerStack<F, M, L> {
         join(
             self.stages
                 .into_iter()
-                .map(|s| s.module.expect("module present"))
+                .map(|s| s.units.expect("units present"))
                 .collect(),
         )
     }
+}
+
+/// A fresh optimizer holding the state, taken from `records`, of `module`'s parameters.
+fn optimizer_for<B, F, M, L, O, R>(
+    make: &(dyn Fn() -> O + Send + Sync),
+    records: &mut HashMap<ParamId, R>,
+    module: &StageModule<B, F, M, L>,
+) -> O
+where
+    B: AutodiffBackend,
+    F: Unit<B>,
+    F::Output: Differentiable<B>,
+    M: Unit<B, Input = F::Output, Output = F::Output>,
+    L: Unit<B, Input = F::Output>,
+    O: Optimizer<StageModule<B, F, M, L>, B>,
+    O::Record: FromIterator<(ParamId, R)>,
+{
+    let own: O::Record = list_param_ids(module)
+        .into_iter()
+        .filter_map(|id| records.remove(&id).map(|record| (id, record)))
+        .collect();
+    make().load_record(own)
 }

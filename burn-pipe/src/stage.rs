@@ -6,9 +6,10 @@ use std::ops::Range;
 use burn::module::Module;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use burn_freeze::{Differentiable, Unit};
+use burn_freeze::{Differentiable, InnerOf, LayerStack, Unit};
 
-/// The units of one stage, as one Burn module so that one optimizer serves it.
+/// The trainable units of one stage, as one Burn module so that one optimizer
+/// serves it (frozen units are kept apart, on the inner backend).
 ///
 /// Stage 0 holds the stack's first unit, the last stage its last unit; every
 /// stage may hold middle units. Unit numbers follow
@@ -46,12 +47,12 @@ impl<B: Backend, F: Module<B>, M: Module<B>, L: Module<B>> StageModule<B, F, M, 
         }
     }
 
-    /// Number of units on this stage.
+    /// Number of trainable units on this stage.
     pub fn len(&self) -> usize {
         usize::from(self.first.is_some()) + self.middle.len() + usize::from(self.last.is_some())
     }
 
-    /// Always false: a stage holds at least one unit.
+    /// True when every unit of the stage is frozen.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -65,7 +66,7 @@ where
     M: Unit<B, Input = F::Output, Output = F::Output>,
     L: Unit<B, Input = F::Output>,
 {
-    /// Runs the stage's units on the autodiff backend.
+    /// Runs the stage's trainable units on the autodiff backend.
     pub(crate) fn forward(
         &self,
         input: StageInput<F::Input, F::Output>,
@@ -74,16 +75,102 @@ where
             (StageInput::Input(input), Some(first)) => first.forward(input),
             (StageInput::Hidden(hidden), None) => hidden,
             (StageInput::Input(_), None) => {
-                unreachable!("the pipeline feeds the model input to stage 0 only")
+                unreachable!("the model input reaches the first unit only")
             }
             (StageInput::Hidden(_), Some(_)) => {
-                unreachable!("stage 0 always receives the model input")
+                unreachable!("the first unit always receives the model input")
             }
         };
         let hidden = self.middle.iter().fold(hidden, |h, unit| unit.forward(h));
         match &self.last {
             Some(last) => StageOutput::Output(last.forward(hidden)),
             None => StageOutput::Hidden(hidden),
+        }
+    }
+}
+
+/// A stage's frozen units, on the inner backend: no gradient, no optimizer
+/// state, no graph. Frozen units form a prefix of the stack, and the last
+/// unit is never frozen.
+pub(crate) struct FrozenPart<B: AutodiffBackend, F: Unit<B>, M: Unit<B>> {
+    first: Option<F::InnerModule>,
+    middle: Vec<M::InnerModule>,
+}
+
+impl<B, F, M> FrozenPart<B, F, M>
+where
+    B: AutodiffBackend,
+    F: Unit<B>,
+    M: Unit<B, Input = F::Output, Output = F::Output>,
+{
+    fn empty() -> Self {
+        Self {
+            first: None,
+            middle: Vec::new(),
+        }
+    }
+
+    /// Number of frozen units.
+    pub(crate) fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.middle.len()
+    }
+
+    /// Runs the frozen units on an inner-backend input; without frozen units
+    /// the input passes through unchanged.
+    pub(crate) fn forward(
+        &self,
+        input: StageInput<InnerOf<B, F::Input>, InnerOf<B, F::Output>>,
+    ) -> StageInput<InnerOf<B, F::Input>, InnerOf<B, F::Output>> {
+        if self.len() == 0 {
+            return input;
+        }
+        let hidden = match (input, &self.first) {
+            (StageInput::Input(input), Some(first)) => F::forward_inner(first, input),
+            (StageInput::Hidden(hidden), None) => hidden,
+            _ => unreachable!("the model input reaches the first unit only"),
+        };
+        StageInput::Hidden(
+            self.middle
+                .iter()
+                .fold(hidden, |h, unit| M::forward_inner(unit, h)),
+        )
+    }
+}
+
+/// Every unit of one stage: its frozen prefix, then its trainable units.
+pub(crate) struct StageUnits<B: AutodiffBackend, F: Unit<B>, M: Unit<B>, L: Unit<B>> {
+    pub frozen: FrozenPart<B, F, M>,
+    pub trainable: StageModule<B, F, M, L>,
+}
+
+impl<B, F, M, L> StageUnits<B, F, M, L>
+where
+    B: AutodiffBackend,
+    F: Unit<B>,
+    M: Unit<B, Input = F::Output, Output = F::Output>,
+    L: Unit<B, Input = F::Output>,
+{
+    /// Freezes the next `count` trainable units of the stage (never its last unit).
+    pub(crate) fn freeze_next(&mut self, count: usize) {
+        let mut count = count;
+        if count > 0 {
+            if let Some(first) = self.trainable.first.take() {
+                self.frozen.first = Some(first.valid());
+                count -= 1;
+            }
+        }
+        let moved: Vec<M> = self.trainable.middle.drain(..count).collect();
+        self.frozen.middle.extend(moved.iter().map(|unit| unit.valid()));
+    }
+
+    /// Moves the stage's units to `device`; trainable ones stay trainable leaves.
+    pub(crate) fn fork(self, device: &B::Device) -> Self {
+        Self {
+            frozen: FrozenPart {
+                first: self.frozen.first.map(|u| u.to_device(device)),
+                middle: self.frozen.middle.into_iter().map(|u| u.to_device(device)).collect(),
+            },
+            trainable: self.trainable.fork(device),
         }
     }
 }
@@ -101,3 +188,75 @@ pub(crate) fn ranges(balance: &[usize]) -> Vec<Range<usize>> {
         .collect()
 }
 
+/// Cuts a stack into stages of `balance[s]` units each (already validated),
+/// freezing units `0..front` (`front < stack.len()`).
+pub(crate) fn split<B, F, M, L>(
+    stack: LayerStack<F, M, L>,
+    balance: &[usize],
+    front: usize,
+) -> Vec<StageUnits<B, F, M, L>>
+where
+    B: AutodiffBackend,
+    F: Unit<B>,
+    M: Unit<B, Input = F::Output, Output = F::Output>,
+    L: Unit<B, Input = F::Output>,
+{
+    let len = stack.len();
+    let (first, middle, last) = stack.into_parts();
+    let mut first = Some(first);
+    let mut last = Some(last);
+    let mut middle = middle.into_iter();
+    ranges(balance)
+        .into_iter()
+        .map(|range| {
+            let mut frozen = FrozenPart::empty();
+            let mut trainable = StageModule::new(None, Vec::new(), None);
+            for index in range {
+                if index == 0 {
+                    let unit = first.take().expect("unit 0 is placed once");
+                    if index < front {
+                        frozen.first = Some(unit.valid());
+                    } else {
+                        trainable.first = Some(unit);
+                    }
+                } else if index == len - 1 {
+                    trainable.last = last.take();
+                } else {
+                    let unit = middle.next().expect("a middle unit per index");
+                    if index < front {
+                        frozen.middle.push(unit.valid());
+                    } else {
+                        trainable.middle.push(unit);
+                    }
+                }
+            }
+            StageUnits { frozen, trainable }
+        })
+        .collect()
+}
+
+/// Joins stages, in order, back into a stack; frozen units train again.
+pub(crate) fn join<B, F, M, L>(stages: Vec<StageUnits<B, F, M, L>>) -> LayerStack<F, M, L>
+where
+    B: AutodiffBackend,
+    F: Unit<B>,
+    M: Unit<B, Input = F::Output, Output = F::Output>,
+    L: Unit<B, Input = F::Output>,
+{
+    let mut first = None;
+    let mut last = None;
+    let mut middle = Vec::new();
+    for StageUnits { frozen, trainable } in stages {
+        first = first
+            .or(frozen.first.map(F::from_inner))
+            .or(trainable.first);
+        middle.extend(frozen.middle.into_iter().map(M::from_inner));
+        middle.extend(trainable.middle);
+        last = trainable.last.or(last);
+    }
+    LayerStack::new(
+        first.expect("stage 0 holds the first unit"),
+        middle,
+        last.expect("the last stage holds the last unit"),
+    )
+}

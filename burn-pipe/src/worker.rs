@@ -15,7 +15,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::error::PipeError;
 use crate::schedule::Op;
-use crate::stage::{StageInput, StageModule, StageOutput};
+use crate::stage::{StageInput, StageModule, StageOutput, StageUnits};
 
 /// A message between neighbouring stages: a micro-batch number and an
 /// activation (forward) or its gradient (backward), on the inner backend.
@@ -41,6 +41,9 @@ pub(crate) struct Job<B: AutodiffBackend, F: Unit<B>, T> {
     /// Micro-batches of the targets with each one's weight in the mean loss
     /// (last stage only).
     pub targets: Vec<(T, f32)>,
+    /// Whether the previous stage trains, so this stage's input needs a
+    /// gradient to send back.
+    pub grads_upstream: bool,
 }
 
 /// What a stage reports after its share of a step.
@@ -73,10 +76,10 @@ enum SavedResult<B: AutodiffBackend, H> {
     Loss(Tensor<B, 1>),
 }
 
-/// Runs `job` on `module`, turning a panic into [`PipeError::StageFailed`]
+/// Runs `job` on `units`, turning a panic into [`PipeError::StageFailed`]
 /// naming the stage and micro-batch.
 pub(crate) fn run_stage<B, F, M, L, T, LossFn>(
-    module: &StageModule<B, F, M, L>,
+    units: &StageUnits<B, F, M, L>,
     job: Job<B, F, T>,
     links: Links<B, F::Output>,
     loss_fn: &LossFn,
@@ -93,7 +96,7 @@ where
     let stage = job.stage;
     let current = Cell::new(Op::Forward(0));
     let result = catch_unwind(AssertUnwindSafe(|| {
-        run_ops(module, job, links, loss_fn, &current)
+        run_ops(units, job, links, loss_fn, &current)
     }));
     result.unwrap_or_else(|panic| {
         let (micro_batch, phase) = match current.get() {
@@ -169,7 +172,7 @@ fn send<B: AutodiffBackend, H: AutodiffActivation<B>>(
 }
 
 fn run_ops<B, F, M, L, T, LossFn>(
-    module: &StageModule<B, F, M, L>,
+    units: &StageUnits<B, F, M, L>,
     job: Job<B, F, T>,
     links: Links<B, F::Output>,
     loss_fn: &LossFn,
@@ -191,7 +194,9 @@ where
         timeout,
         inputs,
         targets,
+        grads_upstream,
     } = job;
+    let module = &units.trainable;
     let mut inputs = inputs.into_iter();
     let mut targets = targets.into_iter();
     let mut saved: VecDeque<Saved<B, StageModule<B, F, M, L>, F::Output>> = VecDeque::new();
@@ -207,20 +212,36 @@ where
     for op in ops {
         current.set(op);
         match op {
+            // A stage whose units are all frozen has no backward pass.
+            Op::Backward(_) if module.is_empty() => {}
             Op::Forward(n) => {
-                let (stage_input, input_leaf) = match &links.from_previous {
-                    None => {
-                        let input = inputs.next().expect("one input per micro-batch");
-                        let input = F::Input::from_inner(input.to_device(&device));
-                        (StageInput::Input(input), None)
-                    }
+                let input = match &links.from_previous {
+                    None => StageInput::Input(inputs.next().expect("one input per micro-batch").to_device(&device)),
                     Some(receiver) => {
                         let hidden = receive::<B, F::Output>(receiver, timeout, stage, stage - 1, n, "forward")?;
-                        let hidden = F::Output::from_inner(hidden.to_device(&device)).require_grad();
-                        (StageInput::Hidden(hidden.clone()), Some(hidden))
+                        StageInput::Hidden(hidden.to_device(&device))
                     }
                 };
                 let start = Instant::now();
+                let input = units.frozen.forward(input);
+                if module.is_empty() {
+                    let StageInput::Hidden(hidden) = input else {
+                        unreachable!("a stage of frozen units holds at least one unit")
+                    };
+                    let to_next = links.to_next.as_ref().expect("the last unit is never frozen");
+                    report.busy += start.elapsed();
+                    send::<B, F::Output>(to_next, (n, hidden), stage, stage + 1, "forward")?;
+                    report.messages += 1;
+                    continue;
+                }
+                let (stage_input, input_leaf) = match input {
+                    StageInput::Input(input) => (StageInput::Input(F::Input::from_inner(input)), None),
+                    StageInput::Hidden(hidden) if grads_upstream => {
+                        let leaf = F::Output::from_inner(hidden).require_grad();
+                        (StageInput::Hidden(leaf.clone()), Some(leaf))
+                    }
+                    StageInput::Hidden(hidden) => (StageInput::Hidden(F::Output::from_inner(hidden)), None),
+                };
                 let params = module.clone().fork(&device);
                 let result = match params.forward(stage_input) {
                     StageOutput::Hidden(output) => {

@@ -1,0 +1,116 @@
+//! Frozen units in a pipeline: forward only, on the inner backend, no
+//! optimizer state; a stage of frozen units works; gradients of the
+//! trainable units equal those of plain training with the same frozen prefix.
+
+mod common;
+
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::{AdamConfig, SgdConfig};
+use burn_freeze::{FreezableStack, IntoLayerStack};
+use burn_pipe::{PipeError, Pipeline, PipelineConfig, Schedule};
+use common::{materialize, CompareGrads, MaxGrad, Weights, B};
+use models::synthetic::BandImages;
+use models::vit::{Vit, VitConfig};
+
+#[test]
+fn frozen_prefix_gradients_equal_plain_frozen_training() {
+    let device = Default::default();
+    let vit = materialize(VitConfig::tiny(4).init::<B>(&device));
+    let (images, labels) = BandImages::new(4, 3, 16, 8).batch::<B>(0, 10, &device);
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    for front in [1, 3, 6] {
+        // Plain: burn-freeze's frozen stack on one thread.
+        let mut plain = FreezableStack::new(vit.clone().into_layer_stack());
+        plain.freeze_to(front).unwrap();
+        let loss = loss_fn.forward(plain.forward(images.clone()), labels.clone());
+        let plain_loss = loss.clone().into_scalar();
+        let plain_grads = plain.gradients(loss.backward());
+        let mut max = MaxGrad { grads: &plain_grads, max: 0.0 };
+        burn::module::Module::visit(plain.active(), &mut max);
+
+        for (balance, m, schedule) in [
+            (vec![7], 3, Schedule::GPipe),
+            (vec![2, 2, 3], 4, Schedule::OneFOneB),
+            (vec![4, 1, 2], 5, Schedule::GPipe),
+            (vec![1, 1, 1, 1, 1, 1, 1], 2, Schedule::OneFOneB),
+        ] {
+            let stages = balance.len();
+            let config = PipelineConfig::new().with_schedule(schedule).with_micro_batches(Some(m));
+            let mut pipeline = Pipeline::new(vit.clone().into_layer_stack(), &balance, vec![device; stages], config, || {
+                SgdConfig::new().init()
+            })
+            .unwrap();
+            pipeline.freeze_to(front).unwrap();
+            let report = pipeline
+                .forward_backward(images.clone(), labels.clone(), |l, t| loss_fn.forward(l, t))
+                .unwrap();
+            let what = format!("front {front}, {balance:?}, M={m}, {schedule:?}");
+            assert!((report.loss - plain_loss).abs() <= 1e-5 * plain_loss.max(1.0), "{what}");
+            let mut trainable_units = 0;
+            for s in 0..stages {
+                trainable_units += pipeline.stage(s).len();
+                let Some(grads) = pipeline.gradients(s) else {
+                    assert!(pipeline.stage(s).is_empty(), "{what}: stage {s} trains but has no gradient");
+                    continue;
+                };
+                let mut compare = CompareGrads::new(grads, &plain_grads, 1e-6 * max.max);
+                burn::module::Module::visit(pipeline.stage(s), &mut compare);
+                assert!(compare.missing.is_empty() && compare.not_zero.is_empty(), "{what}: stage {s}");
+                assert!(compare.worst <= 1e-5, "{what}: stage {s} differs by {}", compare.worst);
+            }
+            assert_eq!(trainable_units, 7 - front, "{what}");
+        }
+    }
+}
+
+#[test]
+fn a_stage_of_frozen_units_trains_with_the_rest_and_its_weights_never_move() {
+    let device = Default::default();
+    let vit = materialize(VitConfig::tiny(4).init::<B>(&device));
+    let task = BandImages::new(4, 3, 16, 4);
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let config = PipelineConfig::new().with_micro_batches(Some(4));
+    let mut pipeline =
+        Pipeline::new(vit.clone().into_layer_stack(), &[3, 2, 2], vec![device; 3], config, || AdamConfig::new().init())
+            .unwrap();
+    pipeline.freeze_to(3).unwrap();
+    assert!(pipeline.stage(0).is_empty());
+    let mut losses = Vec::new();
+    for step in 0..15 {
+        let (images, labels) = task.batch::<B>(step, 16, &device);
+        let report = pipeline
+            .train_step(images, labels, |l, t| loss_fn.forward(l, t), 5e-3)
+            .unwrap();
+        assert_eq!(report.peak_saved[0], 0, "a frozen stage keeps no graph");
+        losses.push(report.loss);
+    }
+    assert!(losses[14] < losses[0], "{losses:?}");
+    let trained = Vit::from_layer_stack(pipeline.into_stack()).unwrap();
+    let before = Weights::of(&vit.embedding);
+    let after = Weights::of(&trained.embedding);
+    assert_eq!(after.relative_diff(&before), 0.0, "frozen embedding moved");
+    assert_eq!(
+        Weights::of(&trained.blocks[0].attention).relative_diff(&Weights::of(&vit.blocks[0].attention)),
+        0.0
+    );
+    assert!(Weights::of(&trained.head).relative_diff(&Weights::of(&vit.head)) > 1e-4, "head did not train");
+}
+
+#[test]
+fn the_freeze_front_only_moves_up_and_never_takes_the_last_unit() {
+    let device = Default::default();
+    let vit = VitConfig::tiny(4).init::<B>(&device);
+    let mut pipeline = Pipeline::new(vit.into_layer_stack(), &[3, 4], vec![device; 2], PipelineConfig::new(), || {
+        AdamConfig::new().init()
+    })
+    .unwrap();
+    pipeline.freeze_to(4).unwrap();
+    assert!(matches!(pipeline.freeze_to(2), Err(PipeError::BadFront { requested: 2, front: 4, units: 7 })));
+    assert!(matches!(pipeline.freeze_to(7), Err(PipeError::BadFront { .. })));
+    assert_eq!(pipeline.front(), 4);
+    // Repartitioning keeps frozen units frozen.
+    pipeline.repartition(&[5, 2], vec![device; 2]).unwrap();
+    assert_eq!(pipeline.front(), 4);
+    assert_eq!(pipeline.stage(0).len(), 1);
+    assert_eq!(pipeline.stage(1).len(), 2);
+}
