@@ -105,10 +105,15 @@ pub fn balance_exact(costs: &[f64], stages: usize) -> Vec<usize> {
     balance
 }
 
-/// The paper prototype's greedy balancer, for comparison: fill each stage in
-/// order while it stays within the average stage cost (`total / stages`),
-/// leaving at least one unit for every later stage; the last stage takes the
-/// rest. Never better than [`balance_exact`].
+/// The greedy balancer of the paper's released prototype, for comparison.
+///
+/// Stage by stage, it aims at the mean cost of what is left per remaining
+/// stage, plus a slack of the variance of the remaining unit costs divided
+/// by the remaining stages, and takes units while the stage stays below that
+/// aim. Here every stage takes at least one unit and leaves one for each
+/// later stage (the prototype can leave a stage empty); the prototype also
+/// puts every frozen unit on the first stage, which callers express through
+/// [`freeze_aware_costs`]. Never better than [`balance_exact`].
 ///
 /// # Panics
 /// When `stages` is 0 or larger than `costs.len()`.
@@ -118,14 +123,18 @@ pub fn balance_greedy(costs: &[f64], stages: usize) -> Vec<usize> {
         stages >= 1 && stages <= n,
         "cannot split {n} units into {stages} non-empty stages"
     );
-    let target = costs.iter().sum::<f64>() / stages as f64;
     let mut balance = Vec::with_capacity(stages);
     let mut next = 0;
     for s in 0..stages - 1 {
-        let later_stages = stages - s - 1;
+        let left = stages - s;
+        let rest = &costs[next..];
+        let mean = rest.iter().sum::<f64>() / rest.len() as f64;
+        let variance = rest.iter().map(|c| (c - mean).powi(2)).sum::<f64>() / rest.len() as f64;
+        let aim = rest.iter().sum::<f64>() / left as f64 + variance / left as f64;
+        let later_stages = left - 1;
         let mut sum = costs[next];
         let mut units = 1;
-        while next + units < n - later_stages && sum + costs[next + units] <= target {
+        while next + units < n - later_stages && sum + costs[next + units] < aim {
             sum += costs[next + units];
             units += 1;
         }
