@@ -106,8 +106,57 @@ pub enum PipeError {
 }
 
 impl PipeError {
-    /// True for errors that only report another stage's failure.
-    pub(crate) fn is_secondary(&self) -> bool {
-        matches!(self, PipeError::NeighbourGone { .. })
+    /// The error that explains the others, from the errors of one pass in
+    /// stage order: a stage that failed by itself first; then a stage that
+    /// timed out waiting for a stage that was not itself waiting (timeouts
+    /// cascade upstream, and the stalled stage is the one at the end of the
+    /// chain); then any timeout; then a lost neighbour.
+    pub(crate) fn root_cause(mut errors: Vec<PipeError>) -> Option<PipeError> {
+        let waiting: Vec<usize> = errors
+            .iter()
+            .filter_map(|e| match e {
+                PipeError::Timeout { stage, .. } => Some(*stage),
+                _ => None,
+            })
+            .collect();
+        let rank = |e: &PipeError| match e {
+            PipeError::Timeout { from, .. } if !waiting.contains(from) => 1,
+            PipeError::Timeout { .. } => 2,
+            PipeError::NeighbourGone { .. } => 3,
+            _ => 0,
+        };
+        let best = (0..errors.len()).min_by_key(|&i| (rank(&errors[i]), i))?;
+        Some(errors.swap_remove(best))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timeout(stage: usize, from: usize) -> PipeError {
+        PipeError::Timeout {
+            stage,
+            from,
+            micro_batch: 0,
+            phase: "forward",
+            waited: Duration::from_millis(1),
+        }
+    }
+
+    #[test]
+    fn the_stalled_stage_is_found_at_the_end_of_a_timeout_chain() {
+        // Stage 2 stalls: 3 and 1 wait on it, 0 waits on 1.
+        let errors = vec![timeout(0, 1), timeout(1, 2), timeout(3, 2)];
+        assert!(matches!(PipeError::root_cause(errors), Some(PipeError::Timeout { stage: 1, from: 2, .. })));
+    }
+
+    #[test]
+    fn a_failed_stage_explains_everything_else() {
+        let gone = PipeError::NeighbourGone { stage: 0, from: 1, micro_batch: 0, phase: "backward" };
+        let failed = PipeError::StageFailed { stage: 1, micro_batch: 0, phase: "forward", message: "boom".into() };
+        let errors = vec![gone, timeout(2, 1), failed];
+        assert!(matches!(PipeError::root_cause(errors), Some(PipeError::StageFailed { stage: 1, .. })));
+        assert!(PipeError::root_cause(Vec::new()).is_none());
     }
 }

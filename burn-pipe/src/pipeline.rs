@@ -374,9 +374,7 @@ where
                 Err(error) => errors.push(error),
             }
         }
-        if !errors.is_empty() {
-            let first_cause = errors.iter().position(|e| !e.is_secondary()).unwrap_or(0);
-            let error = errors.swap_remove(first_cause);
+        if let Some(error) = PipeError::root_cause(errors) {
             tracing::warn!(%error, "pipelined pass failed; no gradient kept");
             return Err(error);
         }

@@ -93,9 +93,11 @@ fn a_panicking_stage_is_named_with_its_micro_batch_and_loses_nothing() {
 #[test]
 fn a_stalled_stage_times_out_instead_of_hanging() {
     let device = Default::default();
-    let config = PipelineConfig::new().with_micro_batches(Some(4)).with_timeout_ms(50);
+    // Far apart, so that a loaded machine cannot make a healthy stage miss
+    // the bound: stage 2 stalls 2.5 s, every wait is bounded by 0.4 s.
+    let config = PipelineConfig::new().with_micro_batches(Some(4)).with_timeout_ms(400);
     let mut pipeline =
-        Pipeline::new(tripwire_stack(2, 1_000), &[1, 1, 1, 1], vec![device; 4], config, || SgdConfig::new().init())
+        Pipeline::new(tripwire_stack(2, 2_500), &[1, 1, 1, 1], vec![device; 4], config, || SgdConfig::new().init())
             .unwrap();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let (x, labels) = user_batch(3, 10, 4, 2);
@@ -103,7 +105,8 @@ fn a_stalled_stage_times_out_instead_of_hanging() {
         .forward_backward(x, labels, |logits, t| loss_fn.forward(logits, t))
         .unwrap_err();
     // Stage 2 stalls on micro-batch 2; its neighbours give up waiting on it
-    // (stage 3 for that forward, stage 1 for an earlier backward).
+    // (stage 3 for that forward, stage 1 for a backward), and stage 0 on
+    // stage 1: the error reported is the one that names the stalled stage.
     assert!(matches!(error, PipeError::Timeout { from: 2, .. }), "{error:?}");
     assert!(error.to_string().contains("from stage 2"), "{error}");
 }
