@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod elastic;
 
 /// Sends `tracing` logs to stderr, filtered by `RUST_LOG` (default `info`).
 pub fn init_logging() {

@@ -3,6 +3,8 @@
 //! ```text
 //! cargo run --release -p examples --bin train            # tiny ViT, generated images
 //! cargo run --release -p examples --bin train -- --model bert --epochs 3
+//! # a 4-stage pipeline whose frozen prefix grows each epoch (alpha = 1/3)
+//! cargo run --release -p examples --bin train -- --stages 4 --freeze-alpha 0.33
 //! ```
 
 use std::time::Instant;
@@ -12,7 +14,9 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use clap::{Parser, ValueEnum};
+use burn_freeze::IntoLayerStack;
 use examples::backend::{self, Train};
+use examples::elastic::{train_elastic, ElasticRun};
 use indicatif::{ProgressBar, ProgressStyle};
 use models::bert::{Bert, BertConfig};
 use models::synthetic::{BandImages, MajorityTokens};
@@ -50,6 +54,17 @@ struct Args {
     /// Number of classes (ViT only; BERT's task has 2).
     #[arg(long, default_value_t = 4)]
     classes: usize,
+    /// Pipeline stages (one device each; on CPU they share the one device).
+    /// With more than 1, or with --freeze-alpha, training runs as a pipeline.
+    #[arg(long, default_value_t = 1)]
+    stages: usize,
+    /// Micro-batches per step in a pipeline (default: the paper's choice for K).
+    #[arg(long)]
+    micro_batches: Option<usize>,
+    /// Freeze layers with the alpha schedule, once per epoch, compressing the
+    /// pipeline as the active part shrinks.
+    #[arg(long)]
+    freeze_alpha: Option<f64>,
 }
 
 /// A model and its generated task, behind one interface for the loop below.
@@ -105,9 +120,59 @@ impl Job {
     }
 }
 
+/// Trains through `examples::elastic` (a pipeline, optionally freezing) and
+/// prints the held-out accuracy of the result.
+fn main_pipelined(args: &Args) -> Result<(), examples::elastic::ElasticError> {
+    let device = backend::device(0);
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let loss = |logits, labels| loss_fn.forward(logits, labels);
+    let run = |layers| ElasticRun {
+        stages: args.stages,
+        micro_batches: args.micro_batches,
+        freeze_alpha: args.freeze_alpha,
+        layers,
+        epochs: args.epochs,
+        steps: args.steps,
+        lr: args.lr,
+    };
+    println!(
+        "training tiny {:?} on {} as a pipeline of {} stages{}",
+        args.model,
+        backend::NAME,
+        args.stages,
+        args.freeze_alpha
+            .map_or(String::new(), |a| format!(", freezing with alpha {a}"))
+    );
+    let job = match args.model {
+        ModelKind::Vit => {
+            let config = VitConfig::tiny(args.classes).with_layers(4);
+            let task = BandImages::new(args.classes, 3, 16, args.seed);
+            let stack = config.init::<Train>(&device).into_layer_stack();
+            let trained = train_elastic(stack, &run(config.layers), |i| task.batch(i, args.batch_size, &device), loss)?;
+            Job::Vit(Vit::from_layer_stack(trained).expect("the pipeline returns every unit"), task)
+        }
+        ModelKind::Bert => {
+            let config = BertConfig::tiny(2).with_layers(4);
+            let task = MajorityTokens::new(64, 5, 15, args.seed);
+            let stack = config.init::<Train>(&device).into_layer_stack();
+            let trained = train_elastic(stack, &run(config.layers), |i| task.batch(i, args.batch_size, &device), loss)?;
+            Job::Bert(Bert::from_layer_stack(trained).expect("the pipeline returns every unit"), task)
+        }
+    };
+    println!("held-out accuracy {:.1}%", 100.0 * job.accuracy(256, &device));
+    Ok(())
+}
+
 fn main() {
     examples::init_logging();
     let args = Args::parse();
+    if args.stages != 1 || args.freeze_alpha.is_some() {
+        if let Err(error) = main_pipelined(&args) {
+            eprintln!("training failed: {error}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let device = backend::device(0);
     let mut job = match args.model {
         ModelKind::Vit => Job::Vit(
