@@ -6,7 +6,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, Optimizer};
 use burn_freeze::{ActivationCache, CacheConfig, FreezableStack, IntoLayerStack, LayerMap, StackOf};
 use common::{graph_depth, B};
-use models::bert::BertConfig;
+use models::bert::{Bert, BertConfig};
 use models::synthetic::{BandImages, MajorityTokens};
 use models::vit::{Vit, VitConfig};
 
@@ -79,6 +79,47 @@ fn vit_training_with_the_cache_gives_the_same_losses() {
         ActivationCache::new(CacheConfig::new(12 * per_sample).with_spill_dir(Some(dir.path().into()))).unwrap(),
     );
     let losses = train_vit(&mut cached, true);
+    for (step, (a, b)) in losses.iter().zip(&expected).enumerate() {
+        assert!((a - b).abs() <= 1e-5, "step {step}: cached {a}, plain {b}");
+    }
+    let stats = cached.cache().unwrap().stats();
+    assert!(stats.hits > 0 && stats.partial_hits > 0 && stats.disk_entries > 0, "{stats:?}");
+}
+
+#[test]
+fn bert_training_with_the_cache_gives_the_same_losses() {
+    let device = Default::default();
+    let task = MajorityTokens::new(64, 5, 15, 4);
+    let stack: StackOf<B, Bert<B>> = BertConfig::tiny(2).init::<B>(&device).into_layer_stack();
+    let _ = stack.forward(task.batch::<B>(0, 1, &device).0);
+    let run = |stack: &mut FreezableStack<_, _, _, _>, cached: bool| {
+        let loss_fn = CrossEntropyLossConfig::new().init(&device);
+        let mut optim = AdamConfig::new().init();
+        let mut losses = Vec::new();
+        for (epoch, front) in [0, 1, 3, 3].into_iter().enumerate() {
+            stack.freeze_to(front).unwrap();
+            for b in 0..3 {
+                let index = (b + epoch) % 3;
+                let (input, labels) = task.batch::<B>(index, 8, &device);
+                let ids: Vec<u64> = (0..8).map(|i| (index * 8 + i) as u64).collect();
+                let logits = if cached { stack.forward_cached(&ids, input).unwrap() } else { stack.forward(input) };
+                let loss = loss_fn.forward(logits, labels);
+                losses.push(loss.clone().into_scalar());
+                let grads = stack.gradients(loss.backward());
+                stack.map_active(|a| optim.step(1e-3, a, grads));
+            }
+        }
+        losses
+    };
+    let expected = run(&mut FreezableStack::new(stack.clone()), false);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cached = FreezableStack::new(stack);
+    // Room in memory for a few samples only: the rest, padding masks
+    // included, goes through files on disk.
+    cached.attach_cache(
+        ActivationCache::new(CacheConfig::new(6 * 17 * 32 * 4).with_spill_dir(Some(dir.path().into()))).unwrap(),
+    );
+    let losses = run(&mut cached, true);
     for (step, (a, b)) in losses.iter().zip(&expected).enumerate() {
         assert!((a - b).abs() <= 1e-5, "step {step}: cached {a}, plain {b}");
     }

@@ -2,7 +2,7 @@
 
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use burn_freeze::{Activation, AutodiffActivation, Differentiable};
+use burn_freeze::{Activation, AutodiffActivation, Cacheable, Differentiable};
 
 /// A batch of token sequences: BERT's input, and its first unit's.
 #[derive(Debug, Clone)]
@@ -198,5 +198,72 @@ impl<B: AutodiffBackend> Differentiable<B> for BertHidden<B> {
 
     fn seed(&self, grad: Self::Inner) -> Tensor<B, 1> {
         self.states.seed(grad.states)
+    }
+}
+
+/// Cached as its two tensors: the hidden states, then the padding mask.
+impl<B: Backend> Cacheable<B> for BertHidden<B> {
+    fn shapes(&self) -> Vec<Vec<usize>> {
+        vec![self.states.dims().to_vec(), self.padding.dims().to_vec()]
+    }
+
+    fn num_bytes(&self) -> usize {
+        self.states.num_bytes() + self.padding.num_bytes()
+    }
+
+    fn to_data_parts(&self) -> Vec<TensorData> {
+        vec![self.states.to_data(), self.padding.to_data()]
+    }
+
+    fn from_data(parts: Vec<TensorData>, device: &B::Device) -> Self {
+        let [states, padding]: [TensorData; 2] = parts
+            .try_into()
+            .unwrap_or_else(|parts: Vec<TensorData>| {
+                panic!("BERT's hidden state is rebuilt from 2 parts, got {}", parts.len())
+            });
+        Self {
+            states: Cacheable::from_data(vec![states], device),
+            padding: Cacheable::from_data(vec![padding], device),
+        }
+    }
+
+    fn device(&self) -> B::Device {
+        self.states.device()
+    }
+}
+
+/// Cached as its three tensors: tokens, token types, then the padding mask.
+impl<B: Backend> Cacheable<B> for BertInput<B> {
+    fn shapes(&self) -> Vec<Vec<usize>> {
+        vec![
+            self.tokens.dims().to_vec(),
+            self.token_types.dims().to_vec(),
+            self.padding.dims().to_vec(),
+        ]
+    }
+
+    fn num_bytes(&self) -> usize {
+        self.tokens.num_bytes() + self.token_types.num_bytes() + self.padding.num_bytes()
+    }
+
+    fn to_data_parts(&self) -> Vec<TensorData> {
+        vec![self.tokens.to_data(), self.token_types.to_data(), self.padding.to_data()]
+    }
+
+    fn from_data(parts: Vec<TensorData>, device: &B::Device) -> Self {
+        let [tokens, token_types, padding]: [TensorData; 3] = parts
+            .try_into()
+            .unwrap_or_else(|parts: Vec<TensorData>| {
+                panic!("a BERT input is rebuilt from 3 parts, got {}", parts.len())
+            });
+        Self {
+            tokens: Cacheable::from_data(vec![tokens], device),
+            token_types: Cacheable::from_data(vec![token_types], device),
+            padding: Cacheable::from_data(vec![padding], device),
+        }
+    }
+
+    fn device(&self) -> B::Device {
+        self.tokens.device()
     }
 }
