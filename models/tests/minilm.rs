@@ -95,7 +95,7 @@ fn minilm_embeddings_match_the_reference() {
         let cls = &first[i * width..i * width + row.hidden_first_token.len()];
         worst_hidden = worst_hidden.max(max_abs_diff(cls, &row.hidden_first_token));
     }
-    assert!(worst_hidden <= 1e-3, "[CLS] hidden state differs by {worst_hidden:e}");
+    assert!(worst_hidden <= 1e-4, "[CLS] hidden state differs by {worst_hidden:e}");
     println!(
         "all-MiniLM-L6-v2: {} sentences, ids identical, max |embedding - reference| = {worst_embedding:.3e}, \
          max |[CLS] hidden - reference| = {worst_hidden:.3e}",

