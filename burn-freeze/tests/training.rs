@@ -96,5 +96,9 @@ fn frozen_training_matches_plain_training_without_frozen_gradients() {
     for (step, (a, b)) in losses.iter().zip(&expected).enumerate() {
         assert!((a - b).abs() <= 1e-5, "step {step}: frozen {a}, plain {b}");
     }
-    assert!(losses[STEPS - 1] < losses[0], "training did not lower the loss: {losses:?}");
+    let mean = |s: &[f32]| s.iter().sum::<f32>() / s.len() as f32;
+    assert!(
+        mean(&losses[STEPS - 5..]) < mean(&losses[..5]),
+        "training did not lower the loss: {losses:?}"
+    );
 }
