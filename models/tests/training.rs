@@ -51,7 +51,7 @@ fn tiny_bert_learns_the_majority_task() {
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let mut optim = AdamConfig::new().init();
     let mut losses = Vec::new();
-    for step in 0..200 {
+    for step in 0..400 {
         let (input, labels) = task.batch::<B>(step, 32, &device);
         let loss = loss_fn.forward(bert.forward(input), labels);
         losses.push(loss.clone().into_scalar());
