@@ -94,7 +94,7 @@ fn sequential(stack: &Stack, images: &Tensor<Train, 4>, labels: &Tensor<Train, 1
             let _ = GradientsParams::from_module(&mut grads, stack.last());
             offset += n;
         }
-        Inner::sync(&device).map_err(|e| format!("{e:?}")).expect("device sync");
+        Inner::sync(&device).expect("device sync");
         if rep > 0 {
             times.push(start.elapsed().as_secs_f64());
         }
