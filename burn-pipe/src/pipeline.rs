@@ -9,7 +9,7 @@ use burn::module::{list_param_ids, ParamId};
 use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use burn_freeze::{Activation, AutodiffActivation, Differentiable, LayerStack, Unit};
+use burn_freeze::{Activation, AutodiffActivation, Differentiable, InnerOf, LayerStack, Unit};
 use crossbeam_channel::unbounded;
 
 use crate::config::PipelineConfig;
@@ -17,7 +17,7 @@ use crate::error::PipeError;
 use crate::microbatch::micro_batch_sizes;
 use crate::partition::{balance_exact, unit_param_costs};
 use crate::schedule::stage_ops;
-use crate::stage::{join, ranges, split, StageModule, StageUnits};
+use crate::stage::{join, ranges, split, StageInput, StageModule, StageOutput, StageUnits};
 use crate::worker::{run_stage, Job, Links, StageReport};
 
 /// What one pipelined forward-backward pass measured.
@@ -420,6 +420,30 @@ where
                 });
             }
         });
+    }
+
+    /// The model's output for `input`, for evaluation: every unit runs on the
+    /// inner backend (no graph, dropout off), stage after stage on the
+    /// calling thread, the activation moving to each stage's device.
+    pub fn forward_inner(&self, input: InnerOf<B, F::Input>) -> InnerOf<B, L::Output> {
+        let mut value: StageInput<_, InnerOf<B, F::Output>> = StageInput::Input(input);
+        for stage in &self.stages {
+            let units = stage.units.as_ref().expect("units present between calls");
+            let moved = match value {
+                StageInput::Input(input) => StageInput::Input(input.to_device(&stage.device)),
+                StageInput::Hidden(hidden) => StageInput::Hidden(hidden.to_device(&stage.device)),
+            };
+            let after_frozen = units.frozen.forward(moved);
+            if units.trainable.is_empty() {
+                value = after_frozen;
+                continue;
+            }
+            match units.trainable.forward_inner(after_frozen) {
+                StageOutput::Hidden(hidden) => value = StageInput::Hidden(hidden),
+                StageOutput::Output(output) => return output,
+            }
+        }
+        unreachable!("the last stage holds the last unit")
     }
 
     /// [`forward_backward`](Pipeline::forward_backward) then [`step`](Pipeline::step).

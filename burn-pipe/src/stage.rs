@@ -89,6 +89,35 @@ where
     }
 }
 
+impl<B, F, M, L> StageModule<B, F, M, L>
+where
+    B: AutodiffBackend,
+    F: Unit<B>,
+    M: Unit<B, Input = F::Output, Output = F::Output>,
+    L: Unit<B, Input = F::Output>,
+{
+    /// Runs the stage's trainable units on the inner backend: no graph,
+    /// dropout off (evaluation).
+    pub(crate) fn forward_inner(
+        &self,
+        input: StageInput<InnerOf<B, F::Input>, InnerOf<B, F::Output>>,
+    ) -> StageOutput<InnerOf<B, F::Output>, InnerOf<B, L::Output>> {
+        let hidden = match (input, &self.first) {
+            (StageInput::Input(input), Some(first)) => F::forward_inner(&first.valid(), input),
+            (StageInput::Hidden(hidden), None) => hidden,
+            _ => unreachable!("the model input reaches the first unit only"),
+        };
+        let hidden = self
+            .middle
+            .iter()
+            .fold(hidden, |h, unit| M::forward_inner(&unit.valid(), h));
+        match &self.last {
+            Some(last) => StageOutput::Output(L::forward_inner(&last.valid(), hidden)),
+            None => StageOutput::Hidden(hidden),
+        }
+    }
+}
+
 /// A stage's frozen units, on the inner backend: no gradient, no optimizer
 /// state, no graph. Frozen units form a prefix of the stack, and the last
 /// unit is never frozen.

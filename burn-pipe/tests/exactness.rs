@@ -155,3 +155,27 @@ fn merge<Mo: AutodiffModule<B>>(into: &mut GradientsParams, mut from: GradientsP
     }
     module.visit(&mut Move { into, from: &mut from });
 }
+
+#[test]
+fn evaluation_forward_equals_the_model_forward() {
+    let device = Default::default();
+    let vit = common::materialize(VitConfig::tiny(4).init::<B>(&device));
+    let (images, _) = BandImages::new(4, 3, 16, 7).batch::<B>(0, 6, &device);
+    let expected = vit.valid().forward(images.clone().inner());
+    for (balance, front) in [(vec![7], 0), (vec![2, 3, 2], 0), (vec![3, 2, 2], 3), (vec![1, 1, 5], 4)] {
+        let mut pipeline = Pipeline::new(
+            vit.clone().into_layer_stack(),
+            &balance,
+            vec![device; balance.len()],
+            PipelineConfig::new(),
+            || SgdConfig::new().init(),
+        )
+        .unwrap();
+        pipeline.freeze_to(front).unwrap();
+        let actual = pipeline.forward_inner(images.clone().inner());
+        assert!(
+            common::relative_diff(actual, expected.clone()) <= TOLERANCE,
+            "{balance:?} front {front}"
+        );
+    }
+}

@@ -9,7 +9,9 @@ use std::time::Instant;
 
 use burn::optim::AdamConfig;
 use burn::prelude::*;
-use burn_freeze::{alpha_front, Activation, Differentiable, FreezeError, LayerMap, LayerStack, Unit};
+use burn_freeze::{
+    alpha_front, Activation, AutodiffActivation, Differentiable, FreezeError, LayerMap, LayerStack, Unit,
+};
 use burn_pipe::{
     balance_exact, compress, freeze_aware_costs, largest_stage, unit_param_costs, PipeError,
     Pipeline, PipelineConfig,
@@ -51,19 +53,20 @@ pub enum ElasticError {
 const FROZEN_COST: f64 = 1.0 / 3.0;
 
 /// Trains `stack` as a pipeline under the loop above, printing one line per
-/// epoch, and returns the trained stack. `batch(step)` gives the input and
-/// labels of global step `step`.
+/// epoch with the accuracy on `held_out`, and returns the trained stack.
+/// `batch(step)` gives the input and labels of global step `step`.
 pub fn train_elastic<F, M, L>(
     stack: LayerStack<F, M, L>,
     run: &ElasticRun,
     batch: impl Fn(usize) -> (F::Input, Tensor<Train, 1, Int>),
+    held_out: (F::Input, Tensor<Train, 1, Int>),
     loss: impl Fn(L::Output, Tensor<Train, 1, Int>) -> Tensor<Train, 1> + Sync,
 ) -> Result<LayerStack<F, M, L>, ElasticError>
 where
     F: Unit<Train>,
     F::Output: Differentiable<Train>,
     M: Unit<Train, Input = F::Output, Output = F::Output>,
-    L: Unit<Train, Input = F::Output>,
+    L: Unit<Train, Input = F::Output, Output = Tensor<Train, 2>>,
     F::Input: Activation<Train>,
 {
     let units = stack.len();
@@ -99,9 +102,13 @@ where
             total += report.loss;
             bubble += report.bubble_fraction();
         }
+        let (input, labels) = held_out.clone();
+        let predicted = pipeline.forward_inner(input.inner()).argmax(1).flatten::<1>(0, 1);
+        let correct = predicted.equal(labels.inner()).int().sum().into_scalar().elem::<i64>();
         println!(
-            "epoch {epoch}: mean loss {:.4}, frozen units {}/{units}, K={} {:?}, M={}, bubble {:.2}, {:.2}s",
+            "epoch {epoch}: mean loss {:.4}, held-out accuracy {:.1}%, frozen units {}/{units}, K={} {:?}, M={}, bubble {:.2}, {:.2}s",
             total / run.steps as f32,
+            100.0 * correct as f64 / held_out.1.dims()[0] as f64,
             pipeline.front(),
             pipeline.num_stages(),
             pipeline.balance(),

@@ -148,14 +148,16 @@ fn main_pipelined(args: &Args) -> Result<(), examples::elastic::ElasticError> {
             let config = VitConfig::tiny(args.classes).with_layers(4);
             let task = BandImages::new(args.classes, 3, 16, args.seed);
             let stack = config.init::<Train>(&device).into_layer_stack();
-            let trained = train_elastic(stack, &run(config.layers), |i| task.batch(i, args.batch_size, &device), loss)?;
+            let held_out = task.batch(usize::MAX / 2, 256, &device);
+            let trained = train_elastic(stack, &run(config.layers), |i| task.batch(i, args.batch_size, &device), held_out, loss)?;
             Job::Vit(Vit::from_layer_stack(trained).expect("the pipeline returns every unit"), task)
         }
         ModelKind::Bert => {
             let config = BertConfig::tiny(2).with_layers(4);
             let task = MajorityTokens::new(64, 5, 15, args.seed);
             let stack = config.init::<Train>(&device).into_layer_stack();
-            let trained = train_elastic(stack, &run(config.layers), |i| task.batch(i, args.batch_size, &device), loss)?;
+            let held_out = task.batch(usize::MAX / 2, 256, &device);
+            let trained = train_elastic(stack, &run(config.layers), |i| task.batch(i, args.batch_size, &device), held_out, loss)?;
             Job::Bert(Bert::from_layer_stack(trained).expect("the pipeline returns every unit"), task)
         }
     };
