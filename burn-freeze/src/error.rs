@@ -49,7 +49,9 @@ pub enum FreezeError {
         requested: usize,
     },
     /// [`unfreeze_to`](crate::FreezableStack::unfreeze_to) was asked to move the front up.
-    #[error("unfreeze_to({requested}) would freeze more units ({frozen} are frozen); call freeze_to")]
+    #[error(
+        "unfreeze_to({requested}) would freeze more units ({frozen} are frozen); call freeze_to"
+    )]
     WouldFreeze {
         /// Units frozen now.
         frozen: usize,

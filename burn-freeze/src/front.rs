@@ -10,8 +10,8 @@ use burn::tensor::backend::AutodiffBackend;
 use crate::activation::{Activation, AutodiffActivation};
 use crate::cache::{ActivationCache, Cacheable};
 use crate::error::{CacheError, FreezeError};
-use crate::frozen::{freeze, thaw, FrozenUnits};
-use crate::policy::stats::{unit_grad_norm, GradNorm};
+use crate::frozen::{FrozenUnits, freeze, thaw};
+use crate::policy::stats::{GradNorm, unit_grad_norm};
 use crate::stack::LayerStack;
 use crate::unit::{InnerOf, Unit};
 
@@ -142,9 +142,13 @@ where
     pub fn map_active(&mut self, f: impl FnOnce(ActiveUnits<F, M, L>) -> ActiveUnits<F, M, L>) {
         let counts = |a: &ActiveUnits<F, M, L>| (a.0.is_some(), a.1.len(), a.2.is_some());
         let before = counts(&self.active);
-        let active = std::mem::replace(&mut self.active, (None, Vec::new(), None));
+        let active = std::mem::take(&mut self.active);
         self.active = f(active);
-        assert_eq!(before, counts(&self.active), "map_active must keep every unit");
+        assert_eq!(
+            before,
+            counts(&self.active),
+            "map_active must keep every unit"
+        );
     }
 
     /// Gradients of the trainable parameters only, from a step's backward pass.
@@ -189,7 +193,12 @@ where
             let last = self.active.2.take().expect("last unit is active");
             self.frozen.last = Some(freeze::<B, L>(last));
         }
-        tracing::debug!(from = frozen, to = front, units = self.len, "freeze front moved up");
+        tracing::debug!(
+            from = frozen,
+            to = front,
+            units = self.len,
+            "freeze front moved up"
+        );
         Ok(())
     }
 
@@ -210,22 +219,21 @@ where
             self.active.2 = Some(thaw::<B, L>(last));
         }
         let keep = front.saturating_sub(1).min(self.frozen.middle.len());
-        let thawed: Vec<M> = self
-            .frozen
-            .middle
-            .drain(keep..)
-            .map(thaw::<B, M>)
-            .collect();
+        let thawed: Vec<M> = self.frozen.middle.drain(keep..).map(thaw::<B, M>).collect();
         self.active.1.splice(0..0, thawed);
-        if front == 0 {
-            if let Some(first) = self.frozen.first.take() {
-                self.active.0 = Some(thaw::<B, F>(first));
-            }
+        if front == 0
+            && let Some(first) = self.frozen.first.take()
+        {
+            self.active.0 = Some(thaw::<B, F>(first));
         }
         if let Some(cache) = self.cache.as_mut() {
             cache.invalidate_above(front);
         }
-        tracing::debug!(from = frozen, to = front, "freeze front moved down (explicit unfreeze)");
+        tracing::debug!(
+            from = frozen,
+            to = front,
+            "freeze front moved down (explicit unfreeze)"
+        );
         Ok(())
     }
 
@@ -233,11 +241,7 @@ where
     pub fn into_layer_stack(mut self) -> LayerStack<F, M, L> {
         self.unfreeze_to(0).expect("0 is never above the front");
         let (first, middle, last) = self.active;
-        LayerStack::new(
-            first.expect("first unit"),
-            middle,
-            last.expect("last unit"),
-        )
+        LayerStack::new(first.expect("first unit"), middle, last.expect("last unit"))
     }
 
     /// Runs the stack: frozen units on the inner backend (no graph), their
@@ -269,7 +273,11 @@ where
             .1
             .iter()
             .fold(hidden, |hidden, unit| unit.forward(hidden));
-        self.active.2.as_ref().expect("last unit is active").forward(hidden)
+        self.active
+            .2
+            .as_ref()
+            .expect("last unit is active")
+            .forward(hidden)
     }
 
     /// Gradient norms of each unit's parameters in `grads` (from
@@ -280,7 +288,12 @@ where
         if let Some(first) = &self.active.0 {
             norms.push(unit_grad_norm::<B, _>(first, grads));
         }
-        norms.extend(self.active.1.iter().map(|u| unit_grad_norm::<B, _>(u, grads)));
+        norms.extend(
+            self.active
+                .1
+                .iter()
+                .map(|u| unit_grad_norm::<B, _>(u, grads)),
+        );
         if let Some(last) = &self.active.2 {
             norms.push(unit_grad_norm::<B, _>(last, grads));
         }
@@ -330,7 +343,11 @@ where
     ///
     /// Fails, changing nothing, when `ids` does not match the batch (count or
     /// duplicates) or a sample id comes back with inputs of another shape.
-    pub fn forward_cached(&mut self, ids: &[u64], input: F::Input) -> Result<L::Output, CacheError> {
+    pub fn forward_cached(
+        &mut self,
+        ids: &[u64],
+        input: F::Input,
+    ) -> Result<L::Output, CacheError> {
         let batch = input.batch_size();
         if ids.len() != batch {
             return Err(CacheError::IdCount {
@@ -392,8 +409,8 @@ where
         for (start, members) in groups {
             let sizes = vec![1; members.len()];
             let result = if start == 0 {
-                let singles = singles
-                    .get_or_insert_with(|| input.clone().split_batch(&vec![1; ids.len()]));
+                let singles =
+                    singles.get_or_insert_with(|| input.clone().split_batch(&vec![1; ids.len()]));
                 let rows = members.iter().map(|(i, _)| singles[*i].clone()).collect();
                 self.frozen
                     .run_from_input(Activation::cat_batch(rows), cached_units)
@@ -418,14 +435,14 @@ where
             .map(|(_, v)| v.shapes())
             .or_else(|| outputs.iter().flatten().next().map(|v| v.shapes()));
         for (i, value) in outputs.iter().enumerate() {
-            if let (Some(value), Some(reference)) = (value, &reference) {
-                if &value.shapes() != reference {
-                    return Err(CacheError::ShapeMismatch {
-                        sample: ids[i],
-                        cached: value.shapes(),
-                        found: reference.clone(),
-                    });
-                }
+            if let (Some(value), Some(reference)) = (value, &reference)
+                && &value.shapes() != reference
+            {
+                return Err(CacheError::ShapeMismatch {
+                    sample: ids[i],
+                    cached: value.shapes(),
+                    found: reference.clone(),
+                });
             }
         }
         for (i, value) in computed {
@@ -433,7 +450,10 @@ where
             outputs[i] = Some(value);
         }
         Ok(Activation::cat_batch(
-            outputs.into_iter().map(|v| v.expect("every sample served")).collect(),
+            outputs
+                .into_iter()
+                .map(|v| v.expect("every sample served"))
+                .collect(),
         ))
     }
 }

@@ -98,11 +98,7 @@ where
     ///
     /// # Panics
     /// When unit `to - 1` is not frozen or `to` is 0.
-    pub fn run_from_input(
-        &self,
-        input: InnerOf<B, F::Input>,
-        to: usize,
-    ) -> InnerOf<B, F::Output> {
+    pub fn run_from_input(&self, input: InnerOf<B, F::Input>, to: usize) -> InnerOf<B, F::Output> {
         assert!(to >= 1, "run_from_input needs at least one unit");
         let first = self
             .first
@@ -123,7 +119,10 @@ where
         from: usize,
         to: usize,
     ) -> InnerOf<B, F::Output> {
-        assert!(from >= 1 && from <= to, "run_hidden: bad unit range {from}..{to}");
+        assert!(
+            from >= 1 && from <= to,
+            "run_hidden: bad unit range {from}..{to}"
+        );
         assert!(
             to - 1 <= self.middle.len(),
             "run_hidden: unit {} is not frozen",
@@ -139,7 +138,10 @@ where
     /// # Panics
     /// When the last unit is not frozen.
     pub fn run_last(&self, hidden: InnerOf<B, F::Output>) -> InnerOf<B, L::Output> {
-        let last = self.last.as_ref().expect("run_last: the last unit is not frozen");
+        let last = self
+            .last
+            .as_ref()
+            .expect("run_last: the last unit is not frozen");
         L::forward_inner(last, hidden)
     }
 }

@@ -36,12 +36,12 @@ mod unit;
 pub use activation::{Activation, AutodiffActivation, Differentiable};
 pub use cache::{ActivationCache, CacheConfig, CacheKey, CacheStats, Cacheable};
 pub use error::{CacheError, FreezeError, StackError};
-pub use front::{retain_optimizer_state, ActiveUnits, FreezableStack, StackCache};
+pub use front::{ActiveUnits, FreezableStack, StackCache, retain_optimizer_state};
 pub use frozen::FrozenUnits;
 pub use policy::{
-    alpha_front, change_rate_front, percentile, unit_grad_norm, AlphaArgmin, AlphaArgminConfig,
-    AutoFreeze, ChangeRate, ChangeRateConfig, ChangeRateReading, FixedSchedule, FreezePolicy,
-    FreezeState, GradNorm, LayerMap,
+    AlphaArgmin, AlphaArgminConfig, AutoFreeze, ChangeRate, ChangeRateConfig, ChangeRateReading,
+    FixedSchedule, FreezePolicy, FreezeState, GradNorm, LayerMap, alpha_front, change_rate_front,
+    percentile, unit_grad_norm,
 };
 pub use stack::{Hidden, IntoLayerStack, LayerStack, StackOf};
 pub use unit::{InnerOf, Unit};

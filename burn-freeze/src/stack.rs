@@ -186,8 +186,7 @@ pub trait IntoLayerStack<B: AutodiffBackend>: Sized {
 }
 
 /// The hidden activation type of a model's layer stack.
-pub type Hidden<B, Model> =
-    <<Model as IntoLayerStack<B>>::First as Unit<B>>::Output;
+pub type Hidden<B, Model> = <<Model as IntoLayerStack<B>>::First as Unit<B>>::Output;
 
 /// The layer stack type of a model.
 pub type StackOf<B, Model> = LayerStack<

@@ -82,7 +82,12 @@ fn only_newly_frozen_units_run_when_the_front_grows() {
     let mut stack = FreezableStack::new(stack(5, 0.0, 21));
     stack.attach_cache(ActivationCache::new(CacheConfig::new(1 << 30)).unwrap());
     let counts = |stack: &FreezableStack<B, Embed<B>, Block<B>, Head<B>>| -> Vec<usize> {
-        stack.frozen().middle().iter().map(|u| u.inner_samples()).collect()
+        stack
+            .frozen()
+            .middle()
+            .iter()
+            .map(|u| u.inner_samples())
+            .collect()
     };
     let ids: Vec<u64> = (0..8).collect();
     let (x, _) = batch(&ids, 4);
@@ -109,8 +114,10 @@ fn spilled_entries_are_real_files_removed_when_done() {
     // Room for 5 samples in memory; the rest spills.
     let per_sample = 4 * HIDDEN * 4;
     stack.attach_cache(
-        ActivationCache::new(CacheConfig::new(5 * per_sample).with_spill_dir(Some(dir.path().into())))
-            .unwrap(),
+        ActivationCache::new(
+            CacheConfig::new(5 * per_sample).with_spill_dir(Some(dir.path().into())),
+        )
+        .unwrap(),
     );
     let losses = train(&mut stack, &FRONTS, true);
     assert_same_losses(&losses, &expected);
@@ -120,7 +127,10 @@ fn spilled_entries_are_real_files_removed_when_done() {
     assert_eq!(stats.disk_entries, SAMPLES as usize - 5);
     let spill = cache.spill_dir().unwrap().to_path_buf();
     assert!(spill.starts_with(dir.path()));
-    assert_eq!(std::fs::read_dir(&spill).unwrap().count(), stats.disk_entries);
+    assert_eq!(
+        std::fs::read_dir(&spill).unwrap().count(),
+        stats.disk_entries
+    );
     drop(cache);
     assert!(!spill.exists());
     assert!(dir.path().exists(), "the user's directory itself stays");
@@ -144,7 +154,10 @@ fn exhausted_budgets_and_failed_writes_fall_back_to_recomputing() {
     );
     assert_same_losses(&train(&mut stack, &FRONTS, true), &expected);
     let stats = stack.cache().unwrap().stats();
-    assert!(stats.disk_entries >= 1 && stats.disk_bytes <= 3 * 400, "{stats:?}");
+    assert!(
+        stats.disk_entries >= 1 && stats.disk_bytes <= 3 * 400,
+        "{stats:?}"
+    );
     assert!(stats.not_cached > 0, "{stats:?}");
 
     // The spill directory vanishes mid-run (as on a full or lost disk).
@@ -156,7 +169,10 @@ fn exhausted_budgets_and_failed_writes_fall_back_to_recomputing() {
     std::fs::remove_dir_all(stack.cache().unwrap().spill_dir().unwrap()).unwrap();
     assert_same_losses(&train(&mut stack, &FRONTS, true), &expected);
     let stats = stack.cache().unwrap().stats();
-    assert!(stats.disk_errors > 0 && stats.disk_entries == 0, "{stats:?}");
+    assert!(
+        stats.disk_errors > 0 && stats.disk_entries == 0,
+        "{stats:?}"
+    );
 }
 
 #[test]
@@ -184,5 +200,8 @@ fn an_explicit_unfreeze_drops_what_it_must() {
     stack.freeze_to(5).unwrap();
     let cached = stack.forward_cached(&ids, x.clone()).unwrap();
     let plain = stack.forward(x);
-    cached.inner().into_data().assert_approx_eq::<f32>(&plain.inner().into_data(), Default::default());
+    cached
+        .inner()
+        .into_data()
+        .assert_approx_eq::<f32>(&plain.inner().into_data(), Default::default());
 }

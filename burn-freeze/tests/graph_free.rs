@@ -3,15 +3,17 @@
 
 mod common;
 
-use burn::module::{list_param_ids, AutodiffModule, Module};
+use burn::module::{AutodiffModule, Module, list_param_ids};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
-use burn_freeze::{retain_optimizer_state, ActiveUnits, FreezableStack, Unit};
+use burn_freeze::{ActiveUnits, FreezableStack, Unit, retain_optimizer_state};
 use common::*;
 
 fn loss(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> Tensor<B, 1> {
-    CrossEntropyLossConfig::new().init(&Default::default()).forward(logits, labels)
+    CrossEntropyLossConfig::new()
+        .init(&Default::default())
+        .forward(logits, labels)
 }
 
 #[test]
@@ -41,14 +43,21 @@ fn a_frozen_prefix_adds_nothing_to_the_graph() {
             // Each unfrozen unit adds steps: the frozen step is strictly shallower.
             let full = stack.clone().into_layer_stack();
             let unfrozen = graph_depth(loss(full.forward(x.clone()), y.clone()));
-            assert!(depth < unfrozen, "{frozen} frozen: depth {depth}, unfrozen {unfrozen}");
+            assert!(
+                depth < unfrozen,
+                "{frozen} frozen: depth {depth}, unfrozen {unfrozen}"
+            );
             // Burn's no_grad() on the same units still records their steps.
             let (first, middle, last) = full.into_parts();
             let first = first.no_grad();
-            let middle: Vec<_> = middle.into_iter().enumerate()
+            let middle: Vec<_> = middle
+                .into_iter()
+                .enumerate()
                 .map(|(i, u)| if i + 1 < frozen { u.no_grad() } else { u })
                 .collect();
-            let h = middle.iter().fold(first.forward(x.clone()), |h, u| u.forward(h));
+            let h = middle
+                .iter()
+                .fold(first.forward(x.clone()), |h, u| u.forward(h));
             let no_grad = graph_depth(loss(last.forward(h), y.clone()));
             assert!(no_grad > depth, "no_grad {no_grad} vs frozen {depth}");
         }
@@ -72,14 +81,23 @@ fn frozen_parameters_get_no_gradient_and_no_optimizer_state() {
 
     // Control: unfrozen, unit 1 gets a gradient.
     let mut raw = loss(original.forward(x.clone()), y.clone()).backward();
-    assert!(GradientsParams::from_module(&mut raw, &reference.middle()[0]).len() > 0);
+    assert!(!GradientsParams::from_module(&mut raw, &reference.middle()[0]).is_empty());
 
     let mut stack = FreezableStack::new(original);
     stack.freeze_to(3).unwrap(); // units 0, 1, 2
     let mut raw = loss(stack.forward(x.clone()), y.clone()).backward();
-    assert_eq!(GradientsParams::from_module(&mut raw, reference.first()).len(), 0);
-    assert_eq!(GradientsParams::from_module(&mut raw, &reference.middle()[0]).len(), 0);
-    assert_eq!(GradientsParams::from_module(&mut raw, &reference.middle()[1]).len(), 0);
+    assert_eq!(
+        GradientsParams::from_module(&mut raw, reference.first()).len(),
+        0
+    );
+    assert_eq!(
+        GradientsParams::from_module(&mut raw, &reference.middle()[0]).len(),
+        0
+    );
+    assert_eq!(
+        GradientsParams::from_module(&mut raw, &reference.middle()[1]).len(),
+        0
+    );
     let grads = stack.gradients(raw);
     assert_eq!(grads.len(), list_param_ids(stack.active()).len());
 
@@ -109,21 +127,31 @@ fn dropout_is_off_in_frozen_units() {
     let (x, _) = batch(&(0..16).collect::<Vec<_>>(), 8);
     let layers = stack(3, 0.5, 4);
     // Dropout-free reference: the whole stack on the inner backend.
-    let inner = layers.clone().map(|u| u.valid(), |u| u.valid(), |u| u.valid());
+    let inner = layers
+        .clone()
+        .map(|u| u.valid(), |u| u.valid(), |u| u.valid());
     let xi = x.clone().inner();
-    let h = inner.middle().iter().fold(inner.first().run(xi), |h, u| u.run(h));
+    let h = inner
+        .middle()
+        .iter()
+        .fold(inner.first().run(xi), |h, u| u.run(h));
     let expected = inner.last().run(h);
 
     // Trained (unfrozen), dropout is on: the output differs.
     let trained = layers.forward(x.clone()).inner();
-    assert!(!trained.clone().all_close(expected.clone(), Some(1e-4), Some(1e-4)));
+    assert!(
+        !trained
+            .clone()
+            .all_close(expected.clone(), Some(1e-4), Some(1e-4))
+    );
 
     // Frozen whole, twice: deterministic and equal to the dropout-free output.
     let mut stack = FreezableStack::new(layers);
     stack.freeze_to(stack.len()).unwrap();
     for _ in 0..2 {
         let out = stack.forward(x.clone()).inner();
-        out.into_data().assert_eq(&expected.clone().into_data(), true);
+        out.into_data()
+            .assert_eq(&expected.clone().into_data(), true);
     }
 }
 
@@ -139,6 +167,6 @@ fn unfreezing_makes_units_train_again() {
     assert!(stack.is_frozen(1) && !stack.is_frozen(2));
     let grads = stack.gradients(loss(stack.forward(x), y).backward());
     assert_eq!(grads.len(), list_param_ids(stack.active()).len());
-    assert!(grads.len() > 0 && grads.len() < all);
+    assert!(!grads.is_empty() && grads.len() < all);
     assert_eq!(stack.into_layer_stack().len(), 6);
 }

@@ -4,8 +4,10 @@ mod common;
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, Optimizer};
-use burn_freeze::{ActivationCache, CacheConfig, FreezableStack, IntoLayerStack, LayerMap, StackOf};
-use common::{graph_depth, B};
+use burn_freeze::{
+    ActivationCache, CacheConfig, FreezableStack, IntoLayerStack, LayerMap, StackOf,
+};
+use common::{B, graph_depth};
 use models::bert::{Bert, BertConfig};
 use models::synthetic::{BandImages, MajorityTokens};
 use models::vit::{Vit, VitConfig};
@@ -22,9 +24,15 @@ fn vit_frozen_blocks_give_the_same_output_with_a_shallower_graph() {
     let mut frozen = FreezableStack::new(stack);
     frozen.freeze_to(map.unit_front(config.layers)).unwrap(); // embedding + all blocks
     let out = frozen.forward(images);
-    out.clone().inner().into_data().assert_approx_eq::<f32>(&full.inner().into_data(), Default::default());
+    out.clone()
+        .inner()
+        .into_data()
+        .assert_approx_eq::<f32>(&full.inner().into_data(), Default::default());
     let depth = graph_depth(out);
-    assert!(depth < full_depth / 4, "frozen depth {depth}, unfrozen {full_depth}");
+    assert!(
+        depth < full_depth / 4,
+        "frozen depth {depth}, unfrozen {full_depth}"
+    );
 }
 
 #[test]
@@ -37,11 +45,22 @@ fn bert_frozen_blocks_give_the_same_output() {
     let mut frozen = FreezableStack::new(stack);
     frozen.freeze_to(3).unwrap();
     let out = frozen.forward(input);
-    out.clone().inner().into_data().assert_approx_eq::<f32>(&full.clone().inner().into_data(), Default::default());
+    out.clone()
+        .inner()
+        .into_data()
+        .assert_approx_eq::<f32>(&full.clone().inner().into_data(), Default::default());
     assert!(graph_depth(out) < graph_depth(full));
 }
 
-fn train_vit(stack: &mut FreezableStack<B, <Vit<B> as IntoLayerStack<B>>::First, <Vit<B> as IntoLayerStack<B>>::Middle, <Vit<B> as IntoLayerStack<B>>::Last>, cached: bool) -> Vec<f32> {
+fn train_vit(
+    stack: &mut FreezableStack<
+        B,
+        <Vit<B> as IntoLayerStack<B>>::First,
+        <Vit<B> as IntoLayerStack<B>>::Middle,
+        <Vit<B> as IntoLayerStack<B>>::Last,
+    >,
+    cached: bool,
+) -> Vec<f32> {
     let device = Default::default();
     let task = BandImages::new(4, 3, 16, 3);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
@@ -53,7 +72,11 @@ fn train_vit(stack: &mut FreezableStack<B, <Vit<B> as IntoLayerStack<B>>::First,
             let index = (b + epoch) % 3;
             let (images, labels) = task.batch::<B>(index, 8, &device);
             let ids: Vec<u64> = (0..8).map(|i| (index * 8 + i) as u64).collect();
-            let logits = if cached { stack.forward_cached(&ids, images).unwrap() } else { stack.forward(images) };
+            let logits = if cached {
+                stack.forward_cached(&ids, images).unwrap()
+            } else {
+                stack.forward(images)
+            };
             let loss = loss_fn.forward(logits, labels);
             losses.push(loss.clone().into_scalar());
             let grads = stack.gradients(loss.backward());
@@ -76,14 +99,20 @@ fn vit_training_with_the_cache_gives_the_same_losses() {
     // Memory for half the samples; the rest spills to disk.
     let per_sample = 17 * 32 * 4;
     cached.attach_cache(
-        ActivationCache::new(CacheConfig::new(12 * per_sample).with_spill_dir(Some(dir.path().into()))).unwrap(),
+        ActivationCache::new(
+            CacheConfig::new(12 * per_sample).with_spill_dir(Some(dir.path().into())),
+        )
+        .unwrap(),
     );
     let losses = train_vit(&mut cached, true);
     for (step, (a, b)) in losses.iter().zip(&expected).enumerate() {
         assert!((a - b).abs() <= 1e-5, "step {step}: cached {a}, plain {b}");
     }
     let stats = cached.cache().unwrap().stats();
-    assert!(stats.hits > 0 && stats.partial_hits > 0 && stats.disk_entries > 0, "{stats:?}");
+    assert!(
+        stats.hits > 0 && stats.partial_hits > 0 && stats.disk_entries > 0,
+        "{stats:?}"
+    );
 }
 
 #[test]
@@ -102,7 +131,11 @@ fn bert_training_with_the_cache_gives_the_same_losses() {
                 let index = (b + epoch) % 3;
                 let (input, labels) = task.batch::<B>(index, 8, &device);
                 let ids: Vec<u64> = (0..8).map(|i| (index * 8 + i) as u64).collect();
-                let logits = if cached { stack.forward_cached(&ids, input).unwrap() } else { stack.forward(input) };
+                let logits = if cached {
+                    stack.forward_cached(&ids, input).unwrap()
+                } else {
+                    stack.forward(input)
+                };
                 let loss = loss_fn.forward(logits, labels);
                 losses.push(loss.clone().into_scalar());
                 let grads = stack.gradients(loss.backward());
@@ -117,12 +150,18 @@ fn bert_training_with_the_cache_gives_the_same_losses() {
     // Room in memory for a few samples only: the rest, padding masks
     // included, goes through files on disk.
     cached.attach_cache(
-        ActivationCache::new(CacheConfig::new(6 * 17 * 32 * 4).with_spill_dir(Some(dir.path().into()))).unwrap(),
+        ActivationCache::new(
+            CacheConfig::new(6 * 17 * 32 * 4).with_spill_dir(Some(dir.path().into())),
+        )
+        .unwrap(),
     );
     let losses = run(&mut cached, true);
     for (step, (a, b)) in losses.iter().zip(&expected).enumerate() {
         assert!((a - b).abs() <= 1e-5, "step {step}: cached {a}, plain {b}");
     }
     let stats = cached.cache().unwrap().stats();
-    assert!(stats.hits > 0 && stats.partial_hits > 0 && stats.disk_entries > 0, "{stats:?}");
+    assert!(
+        stats.hits > 0 && stats.partial_hits > 0 && stats.disk_entries > 0,
+        "{stats:?}"
+    );
 }

@@ -5,14 +5,19 @@ mod common;
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn_freeze::{
-    alpha_front, change_rate_front, percentile, AlphaArgmin, AlphaArgminConfig, AutoFreeze,
-    ChangeRate, ChangeRateConfig, ChangeRateReading, FixedSchedule, FreezableStack, FreezePolicy,
-    FreezeState, GradNorm, LayerMap,
+    AlphaArgmin, AlphaArgminConfig, AutoFreeze, ChangeRate, ChangeRateConfig, ChangeRateReading,
+    FixedSchedule, FreezableStack, FreezePolicy, FreezeState, GradNorm, LayerMap, alpha_front,
+    change_rate_front, percentile,
 };
 use common::*;
 
 fn state(frozen: usize, layers: usize, epoch: usize) -> FreezeState {
-    FreezeState { frozen_layers: frozen, num_layers: layers, epoch, step: 0 }
+    FreezeState {
+        frozen_layers: frozen,
+        num_layers: layers,
+        epoch,
+        step: 0,
+    }
 }
 
 #[test]
@@ -34,14 +39,19 @@ fn fixed_schedule_drives_the_front_epoch_by_epoch() {
     }
     assert_eq!(fronts, [0, 4, 7, 9, 10, 11, 11, 12, 12, 12]);
     let explicit = FixedSchedule::Fronts(vec![0, 2, 5]);
-    assert_eq!((0..5).map(|t| explicit.front(t)).collect::<Vec<_>>(), [0, 2, 5, 5, 5]);
+    assert_eq!(
+        (0..5).map(|t| explicit.front(t)).collect::<Vec<_>>(),
+        [0, 2, 5, 5, 5]
+    );
 }
 
 #[test]
 fn paper_rule_takes_the_smaller_of_alpha_bound_and_argmin() {
     let rule = AlphaArgmin::new(AlphaArgminConfig::new().with_alpha(1.0 / 3.0));
     let norms = |min_at: usize| -> Vec<Option<f64>> {
-        (0..12).map(|l| Some(if l == min_at { 0.5 } else { 1.0 + l as f64 })).collect()
+        (0..12)
+            .map(|l| Some(if l == min_at { 0.5 } else { 1.0 + l as f64 }))
+            .collect()
     };
     // Smallest gradient deep in the stack: the alpha bound limits the step.
     assert_eq!(rule.decide(0, 12, &norms(11)), 4);
@@ -78,13 +88,25 @@ fn change_rate_rule_on_the_released_logs_numbers() {
     let rates = [0.064, 0.045, 0.025, 0.021, 0.024, 0.027, 0.0245];
     let median = percentile(&rates, 50.0).unwrap();
     assert!((median - 0.025).abs() < 1e-12, "median {median}");
-    assert_eq!(change_rate_front(5, &rates, 50.0, ChangeRateReading::ConvergedPrefix), 5);
-    assert_eq!(change_rate_front(5, &rates, 50.0, ChangeRateReading::ReleasedCode), 6);
+    assert_eq!(
+        change_rate_front(5, &rates, 50.0, ChangeRateReading::ConvergedPrefix),
+        5
+    );
+    assert_eq!(
+        change_rate_front(5, &rates, 50.0, ChangeRateReading::ReleasedCode),
+        6
+    );
     // Where the front of the active layers has settled, the converged-prefix
     // reading freezes exactly that prefix.
     let settled = [0.001, 0.002, 0.03, 0.004, 0.05, 0.06, 0.07];
-    assert_eq!(change_rate_front(5, &settled, 50.0, ChangeRateReading::ConvergedPrefix), 7);
-    assert_eq!(change_rate_front(5, &settled, 50.0, ChangeRateReading::ReleasedCode), 8);
+    assert_eq!(
+        change_rate_front(5, &settled, 50.0, ChangeRateReading::ConvergedPrefix),
+        7
+    );
+    assert_eq!(
+        change_rate_front(5, &settled, 50.0, ChangeRateReading::ReleasedCode),
+        8
+    );
 }
 
 #[test]
@@ -104,7 +126,9 @@ fn gradient_norms_come_from_the_steps_own_gradients() {
     let (x, y) = batch(&(0..8).collect::<Vec<_>>(), 4);
     let mut stack = FreezableStack::new(stack(4, 0.0, 9));
     stack.freeze_to(2).unwrap();
-    let loss = CrossEntropyLossConfig::new().init(&Default::default()).forward(stack.forward(x), y);
+    let loss = CrossEntropyLossConfig::new()
+        .init(&Default::default())
+        .forward(stack.forward(x), y);
     let grads = stack.gradients(loss.backward());
     let norms = stack.unit_gradient_norms(&grads);
     assert_eq!(norms.len(), 6);
@@ -112,12 +136,20 @@ fn gradient_norms_come_from_the_steps_own_gradients() {
     // Unit 2 is middle unit 1: its weight and bias gradients, by hand.
     let unit = &stack.active().1[0];
     let gw = grads.get::<Inner, 2>(unit.linear.weight.id).unwrap();
-    let gb = grads.get::<Inner, 1>(unit.linear.bias.as_ref().unwrap().id).unwrap();
+    let gb = grads
+        .get::<Inner, 1>(unit.linear.bias.as_ref().unwrap().id)
+        .unwrap();
     let l1 = gw.clone().abs().sum().into_scalar() + gb.clone().abs().sum().into_scalar();
     let l2 = (gw.powi_scalar(2).sum().into_scalar() + gb.powi_scalar(2).sum().into_scalar()).sqrt();
     let n = norms[2].unwrap();
-    assert!((n.l1 - l1 as f64).abs() < 1e-5 * n.l1.max(1.0), "{n:?} vs {l1}");
-    assert!((n.l2 - l2 as f64).abs() < 1e-5 * n.l2.max(1.0), "{n:?} vs {l2}");
+    assert!(
+        (n.l1 - l1 as f64).abs() < 1e-5 * n.l1.max(1.0),
+        "{n:?} vs {l1}"
+    );
+    assert!(
+        (n.l2 - l2 as f64).abs() < 1e-5 * n.l2.max(1.0),
+        "{n:?} vs {l2}"
+    );
     assert!(norms[2..].iter().all(|n| n.is_some_and(|n| n.l2 > 0.0)));
 
     // Layers of two units: a layer's L2 combines its units' norms.

@@ -35,16 +35,29 @@ fn frozen_weights_are_bit_identical_after_many_steps() {
         let grads = stack.gradients(loss.backward());
         stack.map_active(|a| optim.step(1e-2, a, grads));
     }
-    assert!(bit_identical(&frozen_before.0, &weights::<Inner, _>(stack.frozen().first().unwrap())));
-    assert!(bit_identical(&frozen_before.1, &weights::<Inner, _>(&stack.frozen().middle().to_vec())));
+    assert!(bit_identical(
+        &frozen_before.0,
+        &weights::<Inner, _>(stack.frozen().first().unwrap())
+    ));
+    assert!(bit_identical(
+        &frozen_before.1,
+        &weights::<Inner, _>(&stack.frozen().middle().to_vec())
+    ));
     let active_after = weights::<B, _>(stack.active());
     assert_eq!(active_before.len(), active_after.len());
     for (before, after) in active_before.iter().zip(&active_after) {
-        assert_ne!(before.as_bytes(), after.as_bytes(), "a trainable weight did not move");
+        assert_ne!(
+            before.as_bytes(),
+            after.as_bytes(),
+            "a trainable weight did not move"
+        );
     }
     // Unfrozen again, the weights are the ones frozen.
     let full = stack.into_layer_stack();
-    assert!(bit_identical(&frozen_before.0, &weights::<B, _>(full.first())));
+    assert!(bit_identical(
+        &frozen_before.0,
+        &weights::<B, _>(full.first())
+    ));
 }
 
 /// The same model trained as a plain Burn module (the whole stack in one

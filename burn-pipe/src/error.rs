@@ -64,7 +64,9 @@ pub enum PipeError {
         message: String,
     },
     /// A stage waited longer than the configured bound for a neighbour.
-    #[error("stage {stage} waited more than {waited:?} for the {phase} message of micro-batch {micro_batch} from stage {from}")]
+    #[error(
+        "stage {stage} waited more than {waited:?} for the {phase} message of micro-batch {micro_batch} from stage {from}"
+    )]
     Timeout {
         /// The waiting stage.
         stage: usize,
@@ -79,7 +81,9 @@ pub enum PipeError {
     },
     /// A neighbour stopped before sending what this stage needed (it failed:
     /// its own error says why).
-    #[error("stage {stage} lost stage {from} while waiting for the {phase} message of micro-batch {micro_batch}")]
+    #[error(
+        "stage {stage} lost stage {from} while waiting for the {phase} message of micro-batch {micro_batch}"
+    )]
     NeighbourGone {
         /// The waiting stage.
         stage: usize,
@@ -91,7 +95,9 @@ pub enum PipeError {
         phase: &'static str,
     },
     /// A freeze front that would unfreeze units or freeze the last unit.
-    #[error("cannot move the freeze front to {requested}: it is at {front}, only moves up, and stays below the last of {units} units")]
+    #[error(
+        "cannot move the freeze front to {requested}: it is at {front}, only moves up, and stays below the last of {units} units"
+    )]
     BadFront {
         /// Front asked for.
         requested: usize,
@@ -101,7 +107,9 @@ pub enum PipeError {
         units: usize,
     },
     /// Gradients of an earlier step wait for an optimizer step.
-    #[error("{0}: call `step` (or `clear_gradients`) first, gradients of an earlier pass are pending")]
+    #[error(
+        "{0}: call `step` (or `clear_gradients`) first, gradients of an earlier pass are pending"
+    )]
     GradientsPending(&'static str),
 }
 
@@ -148,15 +156,35 @@ mod tests {
     fn the_stalled_stage_is_found_at_the_end_of_a_timeout_chain() {
         // Stage 2 stalls: 3 and 1 wait on it, 0 waits on 1.
         let errors = vec![timeout(0, 1), timeout(1, 2), timeout(3, 2)];
-        assert!(matches!(PipeError::root_cause(errors), Some(PipeError::Timeout { stage: 1, from: 2, .. })));
+        assert!(matches!(
+            PipeError::root_cause(errors),
+            Some(PipeError::Timeout {
+                stage: 1,
+                from: 2,
+                ..
+            })
+        ));
     }
 
     #[test]
     fn a_failed_stage_explains_everything_else() {
-        let gone = PipeError::NeighbourGone { stage: 0, from: 1, micro_batch: 0, phase: "backward" };
-        let failed = PipeError::StageFailed { stage: 1, micro_batch: 0, phase: "forward", message: "boom".into() };
+        let gone = PipeError::NeighbourGone {
+            stage: 0,
+            from: 1,
+            micro_batch: 0,
+            phase: "backward",
+        };
+        let failed = PipeError::StageFailed {
+            stage: 1,
+            micro_batch: 0,
+            phase: "forward",
+            message: "boom".into(),
+        };
         let errors = vec![gone, timeout(2, 1), failed];
-        assert!(matches!(PipeError::root_cause(errors), Some(PipeError::StageFailed { stage: 1, .. })));
+        assert!(matches!(
+            PipeError::root_cause(errors),
+            Some(PipeError::StageFailed { stage: 1, .. })
+        ));
         assert!(PipeError::root_cause(Vec::new()).is_none());
     }
 }

@@ -36,6 +36,6 @@ pub use partition::{
     largest_stage, unit_param_costs,
 };
 pub use pipeline::{Pipeline, StepReport};
-pub use profile::{profile_units, UnitProfile};
-pub use schedule::{peak_in_flight, stage_ops, Op};
+pub use profile::{UnitProfile, profile_units};
+pub use schedule::{Op, peak_in_flight, stage_ops};
 pub use stage::StageModule;

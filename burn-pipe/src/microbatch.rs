@@ -44,10 +44,16 @@ mod tests {
 
     #[test]
     fn bad_counts_are_errors() {
-        assert!(matches!(micro_batch_sizes(4, 0), Err(PipeError::NoMicroBatches)));
+        assert!(matches!(
+            micro_batch_sizes(4, 0),
+            Err(PipeError::NoMicroBatches)
+        ));
         assert!(matches!(
             micro_batch_sizes(2, 3),
-            Err(PipeError::BatchTooSmall { batch: 2, micro_batches: 3 })
+            Err(PipeError::BatchTooSmall {
+                batch: 2,
+                micro_batches: 3
+            })
         ));
     }
 }

@@ -14,7 +14,11 @@ where
     M: Module<B>,
     L: Module<B>,
 {
-    stack.unit_params::<B>().into_iter().map(|n| n as f64).collect()
+    stack
+        .unit_params::<B>()
+        .into_iter()
+        .map(|n| n as f64)
+        .collect()
 }
 
 /// Costs once the first `frozen` units are frozen: a frozen unit runs only
@@ -28,7 +32,12 @@ where
 /// let cached = burn_pipe::freeze_aware_costs(&[3.0, 3.0, 3.0], 2, 1.0 / 3.0, true);
 /// assert_eq!(cached, vec![0.0, 0.0, 3.0]);
 /// ```
-pub fn freeze_aware_costs(costs: &[f64], frozen: usize, frozen_factor: f64, cached: bool) -> Vec<f64> {
+pub fn freeze_aware_costs(
+    costs: &[f64],
+    frozen: usize,
+    frozen_factor: f64,
+    cached: bool,
+) -> Vec<f64> {
     costs
         .iter()
         .enumerate()
@@ -190,20 +199,26 @@ mod tests {
         }
         (1..=n - (stages - 1))
             .flat_map(|first| {
-                all_balances(n - first, stages - 1).into_iter().map(move |mut rest| {
-                    rest.insert(0, first);
-                    rest
-                })
+                all_balances(n - first, stages - 1)
+                    .into_iter()
+                    .map(move |mut rest| {
+                        rest.insert(0, first);
+                        rest
+                    })
             })
             .collect()
     }
 
     /// A small deterministic generator of cost vectors.
     fn costs(seed: u64, n: usize) -> Vec<f64> {
-        let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let mut state = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (0..n)
             .map(|_| {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 1.0 + ((state >> 33) % 100) as f64
             })
             .collect()

@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use burn::module::{list_param_ids, ParamId};
+use burn::module::{ParamId, list_param_ids};
 use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
@@ -17,8 +17,8 @@ use crate::error::PipeError;
 use crate::microbatch::micro_batch_sizes;
 use crate::partition::{balance_exact, unit_param_costs};
 use crate::schedule::stage_ops;
-use crate::stage::{join, ranges, split, StageInput, StageModule, StageOutput, StageUnits};
-use crate::worker::{run_stage, Job, Links, StageReport};
+use crate::stage::{StageInput, StageModule, StageOutput, StageUnits, join, ranges, split};
+use crate::worker::{Job, Links, StageReport, run_stage};
 
 /// What one pipelined forward-backward pass measured.
 #[derive(Debug, Clone, PartialEq)]
@@ -341,8 +341,16 @@ where
                             device: stage.device.clone(),
                             ops: stage_ops(schedule, s, stages, micro_batches),
                             timeout,
-                            inputs: if s == 0 { inputs.take().unwrap_or_default() } else { Vec::new() },
-                            targets: if s + 1 == stages { targets.take().unwrap_or_default() } else { Vec::new() },
+                            inputs: if s == 0 {
+                                inputs.take().unwrap_or_default()
+                            } else {
+                                Vec::new()
+                            },
+                            targets: if s + 1 == stages {
+                                targets.take().unwrap_or_default()
+                            } else {
+                                Vec::new()
+                            },
                             grads_upstream,
                         };
                         thread::Builder::new()
@@ -412,10 +420,15 @@ where
     pub fn step(&mut self, lr: f64) {
         thread::scope(|scope| {
             for stage in &mut self.stages {
-                let Some(grads) = stage.pending.take() else { continue };
+                let Some(grads) = stage.pending.take() else {
+                    continue;
+                };
                 scope.spawn(move || {
                     let units = stage.units.as_mut().expect("units present");
-                    let module = std::mem::replace(&mut units.trainable, StageModule::new(None, Vec::new(), None));
+                    let module = std::mem::replace(
+                        &mut units.trainable,
+                        StageModule::new(None, Vec::new(), None),
+                    );
                     units.trainable = stage.optimizer.step(lr, module, grads);
                 });
             }
@@ -540,10 +553,16 @@ where
                 continue;
             }
             stage_units.freeze_next(count);
-            let mut records: HashMap<ParamId, R> = stage.optimizer.to_record().into_iter().collect();
-            stage.optimizer = optimizer_for(&self.make_optimizer, &mut records, &stage_units.trainable);
+            let mut records: HashMap<ParamId, R> =
+                stage.optimizer.to_record().into_iter().collect();
+            stage.optimizer =
+                optimizer_for(&self.make_optimizer, &mut records, &stage_units.trainable);
         }
-        tracing::info!(from = self.front, to = front, "pipeline freeze front moved up");
+        tracing::info!(
+            from = self.front,
+            to = front,
+            "pipeline freeze front moved up"
+        );
         self.front = front;
         Ok(())
     }

@@ -45,17 +45,23 @@ where
     let mut best: Vec<Option<UnitProfile>> = vec![None; stack.len()];
     for _ in 0..repeats.max(1) {
         let mut times = Vec::with_capacity(stack.len());
-        let (hidden, time) = time_unit::<B, _, _>(device, || stack.first().forward(input.clone()), None::<&F::Output>);
+        let (hidden, time) = time_unit::<B, _, _>(
+            device,
+            || stack.first().forward(input.clone()),
+            None::<&F::Output>,
+        );
         times.push(time);
         let mut hidden = hidden;
         for unit in stack.middle() {
             let leaf = F::Output::from_inner(hidden.inner()).require_grad();
-            let (out, time) = time_unit::<B, _, _>(device, || unit.forward(leaf.clone()), Some(&leaf));
+            let (out, time) =
+                time_unit::<B, _, _>(device, || unit.forward(leaf.clone()), Some(&leaf));
             times.push(time);
             hidden = out;
         }
         let leaf = F::Output::from_inner(hidden.inner()).require_grad();
-        let (_, time) = time_unit::<B, _, _>(device, || stack.last().forward(leaf.clone()), Some(&leaf));
+        let (_, time) =
+            time_unit::<B, _, _>(device, || stack.last().forward(leaf.clone()), Some(&leaf));
         times.push(time);
         for (slot, time) in best.iter_mut().zip(times) {
             *slot = Some(match *slot {
@@ -67,11 +73,17 @@ where
             });
         }
     }
-    best.into_iter().map(|p| p.expect("at least one repeat")).collect()
+    best.into_iter()
+        .map(|p| p.expect("at least one repeat"))
+        .collect()
 }
 
 /// Runs `forward`, then a backward pass seeded with the output itself.
-fn time_unit<B, O, Run>(device: &B::Device, forward: Run, input: Option<&impl Differentiable<B>>) -> (O, UnitProfile)
+fn time_unit<B, O, Run>(
+    device: &B::Device,
+    forward: Run,
+    input: Option<&impl Differentiable<B>>,
+) -> (O, UnitProfile)
 where
     B: AutodiffBackend,
     O: Differentiable<B>,

@@ -78,12 +78,12 @@ mod tests {
         loop {
             let mut progressed = false;
             for s in 0..stages {
-                let Some(&op) = ops[s].get(next[s]) else { continue };
+                let Some(&op) = ops[s].get(next[s]) else {
+                    continue;
+                };
                 let ready = match op {
                     Op::Forward(n) => s == 0 || forwarded[s - 1][n],
-                    Op::Backward(n) => {
-                        forwarded[s][n] && (s + 1 == stages || backwarded[s + 1][n])
-                    }
+                    Op::Backward(n) => forwarded[s][n] && (s + 1 == stages || backwarded[s + 1][n]),
                 };
                 if ready {
                     match op {
@@ -124,7 +124,10 @@ mod tests {
         for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
             for stages in 1..7 {
                 for m in 1..12 {
-                    assert!(completes(schedule, stages, m), "{schedule:?} K={stages} M={m}");
+                    assert!(
+                        completes(schedule, stages, m),
+                        "{schedule:?} K={stages} M={m}"
+                    );
                 }
             }
         }

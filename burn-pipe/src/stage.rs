@@ -182,14 +182,16 @@ where
     /// Freezes the next `count` trainable units of the stage (never its last unit).
     pub(crate) fn freeze_next(&mut self, count: usize) {
         let mut count = count;
-        if count > 0 {
-            if let Some(first) = self.trainable.first.take() {
-                self.frozen.first = Some(first.valid());
-                count -= 1;
-            }
+        if count > 0
+            && let Some(first) = self.trainable.first.take()
+        {
+            self.frozen.first = Some(first.valid());
+            count -= 1;
         }
         let moved: Vec<M> = self.trainable.middle.drain(..count).collect();
-        self.frozen.middle.extend(moved.iter().map(|unit| unit.valid()));
+        self.frozen
+            .middle
+            .extend(moved.iter().map(|unit| unit.valid()));
     }
 
     /// Moves the stage's units to `device`; trainable ones stay trainable leaves.
@@ -197,7 +199,12 @@ where
         Self {
             frozen: FrozenPart {
                 first: self.frozen.first.map(|u| u.to_device(device)),
-                middle: self.frozen.middle.into_iter().map(|u| u.to_device(device)).collect(),
+                middle: self
+                    .frozen
+                    .middle
+                    .into_iter()
+                    .map(|u| u.to_device(device))
+                    .collect(),
             },
             trainable: self.trainable.fork(device),
         }

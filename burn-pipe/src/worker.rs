@@ -4,7 +4,7 @@
 use std::any::Any;
 use std::cell::Cell;
 use std::collections::VecDeque;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
 use burn::optim::{GradientsAccumulator, GradientsParams};
@@ -216,9 +216,21 @@ where
             Op::Backward(_) if module.is_empty() => {}
             Op::Forward(n) => {
                 let input = match &links.from_previous {
-                    None => StageInput::Input(inputs.next().expect("one input per micro-batch").to_device(&device)),
+                    None => StageInput::Input(
+                        inputs
+                            .next()
+                            .expect("one input per micro-batch")
+                            .to_device(&device),
+                    ),
                     Some(receiver) => {
-                        let hidden = receive::<B, F::Output>(receiver, timeout, stage, stage - 1, n, "forward")?;
+                        let hidden = receive::<B, F::Output>(
+                            receiver,
+                            timeout,
+                            stage,
+                            stage - 1,
+                            n,
+                            "forward",
+                        )?;
                         StageInput::Hidden(hidden.to_device(&device))
                     }
                 };
@@ -228,24 +240,34 @@ where
                     let StageInput::Hidden(hidden) = input else {
                         unreachable!("a stage of frozen units holds at least one unit")
                     };
-                    let to_next = links.to_next.as_ref().expect("the last unit is never frozen");
+                    let to_next = links
+                        .to_next
+                        .as_ref()
+                        .expect("the last unit is never frozen");
                     report.busy += start.elapsed();
                     send::<B, F::Output>(to_next, (n, hidden), stage, stage + 1, "forward")?;
                     report.messages += 1;
                     continue;
                 }
                 let (stage_input, input_leaf) = match input {
-                    StageInput::Input(input) => (StageInput::Input(F::Input::from_inner(input)), None),
+                    StageInput::Input(input) => {
+                        (StageInput::Input(F::Input::from_inner(input)), None)
+                    }
                     StageInput::Hidden(hidden) if grads_upstream => {
                         let leaf = F::Output::from_inner(hidden).require_grad();
                         (StageInput::Hidden(leaf.clone()), Some(leaf))
                     }
-                    StageInput::Hidden(hidden) => (StageInput::Hidden(F::Output::from_inner(hidden)), None),
+                    StageInput::Hidden(hidden) => {
+                        (StageInput::Hidden(F::Output::from_inner(hidden)), None)
+                    }
                 };
                 let params = module.clone().fork(&device);
                 let result = match params.forward(stage_input) {
                     StageOutput::Hidden(output) => {
-                        let to_next = links.to_next.as_ref().expect("a stage without the last unit has a next stage");
+                        let to_next = links
+                            .to_next
+                            .as_ref()
+                            .expect("a stage without the last unit has a next stage");
                         let message = (n, output.clone().inner());
                         report.busy += start.elapsed();
                         send::<B, F::Output>(to_next, message, stage, stage + 1, "forward")?;
@@ -260,19 +282,37 @@ where
                         SavedResult::Loss(loss)
                     }
                 };
-                saved.push_back(Saved { params, input: input_leaf, result });
+                saved.push_back(Saved {
+                    params,
+                    input: input_leaf,
+                    result,
+                });
                 report.peak_saved = report.peak_saved.max(saved.len());
             }
             Op::Backward(n) => {
-                let Saved { params, input, result } = saved.pop_front().expect("forward before backward");
+                let Saved {
+                    params,
+                    input,
+                    result,
+                } = saved.pop_front().expect("forward before backward");
                 let (mut grads, start) = match result {
                     SavedResult::Loss(loss) => {
                         let start = Instant::now();
                         (loss.backward(), start)
                     }
                     SavedResult::Hidden(output) => {
-                        let receiver = links.grads_from_next.as_ref().expect("a stage before the last has a next stage");
-                        let grad = receive::<B, F::Output>(receiver, timeout, stage, stage + 1, n, "backward")?;
+                        let receiver = links
+                            .grads_from_next
+                            .as_ref()
+                            .expect("a stage before the last has a next stage");
+                        let grad = receive::<B, F::Output>(
+                            receiver,
+                            timeout,
+                            stage,
+                            stage + 1,
+                            n,
+                            "backward",
+                        )?;
                         let start = Instant::now();
                         (output.seed(grad.to_device(&device)).backward(), start)
                     }

@@ -12,8 +12,8 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::prelude::*;
 use burn_freeze::{Activation, IntoLayerStack, LayerStack, Unit};
-use burn_pipe::{balance_exact, unit_param_costs, Pipeline, PipelineConfig, Schedule};
-use common::{user_batch, user_stack, CompareGrads, MaxGrad, B};
+use burn_pipe::{Pipeline, PipelineConfig, Schedule, balance_exact, unit_param_costs};
+use common::{B, CompareGrads, MaxGrad, user_batch, user_stack};
 use models::bert::BertConfig;
 use models::synthetic::{BandImages, MajorityTokens};
 use models::vit::VitConfig;
@@ -40,7 +40,10 @@ fn check_all_partitions<F, M, L, T>(
     let device = Default::default();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let costs = unit_param_costs::<B, F, M, L>(stack);
-    let mut max = MaxGrad { grads: plain_grads, max: 0.0 };
+    let mut max = MaxGrad {
+        grads: plain_grads,
+        max: 0.0,
+    };
     stack.first().visit(&mut max);
     stack.middle().iter().for_each(|unit| unit.visit(&mut max));
     stack.last().visit(&mut max);
@@ -77,9 +80,24 @@ fn check_all_partitions<F, M, L, T>(
                     let grads = pipeline.gradients(s).expect("gradients after a pass");
                     let mut compare = CompareGrads::new(grads, plain_grads, zero_below);
                     pipeline.stage(s).visit(&mut compare);
-                    assert!(compare.missing.is_empty(), "{what}: stage {s} lacks gradients: {} of {} (pipeline has {}, plain {})", compare.missing.len(), compare.missing.len() + compare.compared, grads.len(), plain_grads.len());
-                    assert!(compare.worst <= TOLERANCE, "{what}: stage {s} differs by {}", compare.worst);
-                    assert!(compare.not_zero.is_empty(), "{what}: stage {s}: {:?} should be zero", compare.not_zero);
+                    assert!(
+                        compare.missing.is_empty(),
+                        "{what}: stage {s} lacks gradients: {} of {} (pipeline has {}, plain {})",
+                        compare.missing.len(),
+                        compare.missing.len() + compare.compared,
+                        grads.len(),
+                        plain_grads.len()
+                    );
+                    assert!(
+                        compare.worst <= TOLERANCE,
+                        "{what}: stage {s} differs by {}",
+                        compare.worst
+                    );
+                    assert!(
+                        compare.not_zero.is_empty(),
+                        "{what}: stage {s}: {:?} should be zero",
+                        compare.not_zero
+                    );
                     compared += compare.compared;
                 }
                 assert!(compared > 0, "{what}: compared no gradient");
@@ -101,7 +119,14 @@ fn tiny_vit_pipelined_gradients_equal_plain_gradients() {
     let plain_loss = loss.clone().into_scalar();
     let plain_grads = GradientsParams::from_grads(loss.backward(), &vit);
     let stack = vit.into_layer_stack();
-    check_all_partitions(&stack, images, labels, plain_loss, &plain_grads, &[1, 3, 4, 10]);
+    check_all_partitions(
+        &stack,
+        images,
+        labels,
+        plain_loss,
+        &plain_grads,
+        &[1, 3, 4, 10],
+    );
 }
 
 #[test]
@@ -141,7 +166,11 @@ fn user_stack_pipelined_gradients_equal_plain_gradients() {
 }
 
 /// Moves every gradient of `module`'s parameters from `from` into `into`.
-fn merge<Mo: AutodiffModule<B>>(into: &mut GradientsParams, mut from: GradientsParams, module: &Mo) {
+fn merge<Mo: AutodiffModule<B>>(
+    into: &mut GradientsParams,
+    mut from: GradientsParams,
+    module: &Mo,
+) {
     struct Move<'a> {
         into: &'a mut GradientsParams,
         from: &'a mut GradientsParams,
@@ -153,7 +182,10 @@ fn merge<Mo: AutodiffModule<B>>(into: &mut GradientsParams, mut from: GradientsP
             }
         }
     }
-    module.visit(&mut Move { into, from: &mut from });
+    module.visit(&mut Move {
+        into,
+        from: &mut from,
+    });
 }
 
 #[test]
@@ -162,7 +194,12 @@ fn evaluation_forward_equals_the_model_forward() {
     let vit = common::materialize(VitConfig::tiny(4).init::<B>(&device));
     let (images, _) = BandImages::new(4, 3, 16, 7).batch::<B>(0, 6, &device);
     let expected = vit.valid().forward(images.clone().inner());
-    for (balance, front) in [(vec![7], 0), (vec![2, 3, 2], 0), (vec![3, 2, 2], 3), (vec![1, 1, 5], 4)] {
+    for (balance, front) in [
+        (vec![7], 0),
+        (vec![2, 3, 2], 0),
+        (vec![3, 2, 2], 3),
+        (vec![1, 1, 5], 4),
+    ] {
         let mut pipeline = Pipeline::new(
             vit.clone().into_layer_stack(),
             &balance,

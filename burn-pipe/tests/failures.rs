@@ -13,7 +13,7 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn_freeze::{InnerOf, IntoLayerStack, LayerStack, Unit};
 use burn_pipe::{PipeError, Pipeline, PipelineConfig};
-use common::{user_batch, user_stack, Classify, Project, B};
+use common::{B, Classify, Project, user_batch, user_stack};
 use models::vit::VitConfig;
 
 /// A middle unit that misbehaves on micro-batches of exactly `trip` samples:
@@ -43,7 +43,10 @@ impl<B: AutodiffBackend> Unit<B> for Tripwire<B> {
     fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         Tripwire::forward(self, x)
     }
-    fn forward_inner(unit: &Tripwire<B::InnerBackend>, x: InnerOf<B, Tensor<B, 2>>) -> InnerOf<B, Tensor<B, 2>> {
+    fn forward_inner(
+        unit: &Tripwire<B::InnerBackend>,
+        x: InnerOf<B, Tensor<B, 2>>,
+    ) -> InnerOf<B, Tensor<B, 2>> {
         unit.forward(x)
     }
 }
@@ -51,7 +54,11 @@ impl<B: AutodiffBackend> Unit<B> for Tripwire<B> {
 fn tripwire_stack(trip: usize, stall_ms: u64) -> LayerStack<Project<B>, Tripwire<B>, Classify<B>> {
     let device = Default::default();
     let (first, _, last) = user_stack(4, 8, 1, 2).into_parts();
-    let wire = |trip| Tripwire { linear: LinearConfig::new(8, 8).init(&device), trip, stall_ms };
+    let wire = |trip| Tripwire {
+        linear: LinearConfig::new(8, 8).init(&device),
+        trip,
+        stall_ms,
+    };
     // Units: project, wire (never trips), wire (trips), classify.
     LayerStack::new(first, vec![wire(usize::MAX), wire(trip)], last)
 }
@@ -61,9 +68,14 @@ fn a_panicking_stage_is_named_with_its_micro_batch_and_loses_nothing() {
     let device = Default::default();
     let config = PipelineConfig::new().with_micro_batches(Some(4));
     // Batch 10 in 4 micro-batches: 3, 3, 2, 2. Micro-batch 2 is the first of 2.
-    let mut pipeline =
-        Pipeline::new(tripwire_stack(2, 0), &[1, 1, 1, 1], vec![device; 4], config, || SgdConfig::new().init())
-            .unwrap();
+    let mut pipeline = Pipeline::new(
+        tripwire_stack(2, 0),
+        &[1, 1, 1, 1],
+        vec![device; 4],
+        config,
+        || SgdConfig::new().init(),
+    )
+    .unwrap();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let (x, labels) = user_batch(3, 10, 4, 2);
     let start = Instant::now();
@@ -71,7 +83,12 @@ fn a_panicking_stage_is_named_with_its_micro_batch_and_loses_nothing() {
         .forward_backward(x, labels, |logits, t| loss_fn.forward(logits, t))
         .unwrap_err();
     match &error {
-        PipeError::StageFailed { stage, micro_batch, phase, message } => {
+        PipeError::StageFailed {
+            stage,
+            micro_batch,
+            phase,
+            message,
+        } => {
             assert_eq!((*stage, *micro_batch, *phase), (2, 2, "forward"));
             assert!(message.contains("tripwire hit"), "{message}");
         }
@@ -79,7 +96,10 @@ fn a_panicking_stage_is_named_with_its_micro_batch_and_loses_nothing() {
     }
     assert!(error.to_string().contains("stage 2"), "{error}");
     assert!(start.elapsed() < Duration::from_secs(30));
-    assert!(pipeline.gradients(0).is_none(), "a failed pass keeps no gradient");
+    assert!(
+        pipeline.gradients(0).is_none(),
+        "a failed pass keeps no gradient"
+    );
 
     // Every unit is still there: a batch that does not trip trains normally.
     let (x, labels) = user_batch(4, 12, 4, 2);
@@ -95,10 +115,17 @@ fn a_stalled_stage_times_out_instead_of_hanging() {
     let device = Default::default();
     // Far apart, so that a loaded machine cannot make a healthy stage miss
     // the bound: stage 2 stalls 2.5 s, every wait is bounded by 0.4 s.
-    let config = PipelineConfig::new().with_micro_batches(Some(4)).with_timeout_ms(400);
-    let mut pipeline =
-        Pipeline::new(tripwire_stack(2, 2_500), &[1, 1, 1, 1], vec![device; 4], config, || SgdConfig::new().init())
-            .unwrap();
+    let config = PipelineConfig::new()
+        .with_micro_batches(Some(4))
+        .with_timeout_ms(400);
+    let mut pipeline = Pipeline::new(
+        tripwire_stack(2, 2_500),
+        &[1, 1, 1, 1],
+        vec![device; 4],
+        config,
+        || SgdConfig::new().init(),
+    )
+    .unwrap();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let (x, labels) = user_batch(3, 10, 4, 2);
     let error = pipeline
@@ -107,7 +134,10 @@ fn a_stalled_stage_times_out_instead_of_hanging() {
     // Stage 2 stalls on micro-batch 2; its neighbours give up waiting on it
     // (stage 3 for that forward, stage 1 for a backward), and stage 0 on
     // stage 1: the error reported is the one that names the stalled stage.
-    assert!(matches!(error, PipeError::Timeout { from: 2, .. }), "{error:?}");
+    assert!(
+        matches!(error, PipeError::Timeout { from: 2, .. }),
+        "{error:?}"
+    );
     assert!(error.to_string().contains("from stage 2"), "{error}");
 }
 
@@ -118,21 +148,56 @@ fn bad_configurations_are_refused_at_construction() {
     let sgd = || SgdConfig::new().init();
     let config = PipelineConfig::new();
 
-    let error = Pipeline::new(stack(), &[], vec![], config.clone(), sgd).err().unwrap();
+    let error = Pipeline::new(stack(), &[], vec![], config.clone(), sgd)
+        .err()
+        .unwrap();
     assert!(matches!(error, PipeError::NoStages));
-    let error = Pipeline::balanced(stack(), vec![], config.clone(), sgd).err().unwrap();
+    let error = Pipeline::balanced(stack(), vec![], config.clone(), sgd)
+        .err()
+        .unwrap();
     assert!(matches!(error, PipeError::NoStages));
-    let error = Pipeline::balanced(stack(), vec![device; 8], config.clone(), sgd).err().unwrap();
-    assert!(matches!(error, PipeError::TooManyStages { stages: 8, units: 7 }), "{error}");
-    let error = Pipeline::new(stack(), &[1; 8], vec![device; 8], config.clone(), sgd).err().unwrap();
-    assert!(matches!(error, PipeError::TooManyStages { stages: 8, units: 7 }));
-    let error = Pipeline::new(stack(), &[4, 4], vec![device; 2], config.clone(), sgd).err().unwrap();
+    let error = Pipeline::balanced(stack(), vec![device; 8], config.clone(), sgd)
+        .err()
+        .unwrap();
+    assert!(
+        matches!(
+            error,
+            PipeError::TooManyStages {
+                stages: 8,
+                units: 7
+            }
+        ),
+        "{error}"
+    );
+    let error = Pipeline::new(stack(), &[1; 8], vec![device; 8], config.clone(), sgd)
+        .err()
+        .unwrap();
+    assert!(matches!(
+        error,
+        PipeError::TooManyStages {
+            stages: 8,
+            units: 7
+        }
+    ));
+    let error = Pipeline::new(stack(), &[4, 4], vec![device; 2], config.clone(), sgd)
+        .err()
+        .unwrap();
     assert!(matches!(error, PipeError::BadBalance { .. }), "{error}");
-    let error = Pipeline::new(stack(), &[3, 4], vec![device; 3], config.clone(), sgd).err().unwrap();
-    assert!(matches!(error, PipeError::DeviceCount { devices: 3, stages: 2 }));
+    let error = Pipeline::new(stack(), &[3, 4], vec![device; 3], config.clone(), sgd)
+        .err()
+        .unwrap();
+    assert!(matches!(
+        error,
+        PipeError::DeviceCount {
+            devices: 3,
+            stages: 2
+        }
+    ));
     assert!(error.to_string().contains("3 devices given for 2 stages"));
     let zero = config.clone().with_micro_batches(Some(0));
-    let error = Pipeline::new(stack(), &[3, 4], vec![device; 2], zero, sgd).err().unwrap();
+    let error = Pipeline::new(stack(), &[3, 4], vec![device; 2], zero, sgd)
+        .err()
+        .unwrap();
     assert!(matches!(error, PipeError::NoMicroBatches));
 
     // A batch smaller than M and mismatched targets fail before any worker starts.
@@ -144,11 +209,25 @@ fn bad_configurations_are_refused_at_construction() {
     let error = pipeline
         .forward_backward(images.clone(), labels, |l, t| loss_fn.forward(l, t))
         .unwrap_err();
-    assert!(matches!(error, PipeError::BatchTooSmall { batch: 4, micro_batches: 8 }));
+    assert!(matches!(
+        error,
+        PipeError::BatchTooSmall {
+            batch: 4,
+            micro_batches: 8
+        }
+    ));
     let error = pipeline
-        .forward_backward(images, Tensor::<B, 1, Int>::zeros([5], &device), |l, t| loss_fn.forward(l, t))
+        .forward_backward(images, Tensor::<B, 1, Int>::zeros([5], &device), |l, t| {
+            loss_fn.forward(l, t)
+        })
         .unwrap_err();
-    assert!(matches!(error, PipeError::TargetsMismatch { input: 4, targets: 5 }));
+    assert!(matches!(
+        error,
+        PipeError::TargetsMismatch {
+            input: 4,
+            targets: 5
+        }
+    ));
 }
 
 #[test]
@@ -157,9 +236,13 @@ fn a_stage_with_no_trainable_parameter_works() {
     let device = Default::default();
     let stack = user_stack(4, 8, 1, 2);
     assert_eq!(stack.unit_params::<B>()[2], 0);
-    let mut pipeline = Pipeline::new(stack, &[2, 1, 1], vec![device; 3], PipelineConfig::new().with_micro_batches(Some(3)), || {
-        SgdConfig::new().init()
-    })
+    let mut pipeline = Pipeline::new(
+        stack,
+        &[2, 1, 1],
+        vec![device; 3],
+        PipelineConfig::new().with_micro_batches(Some(3)),
+        || SgdConfig::new().init(),
+    )
     .unwrap();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let mut losses = Vec::new();
@@ -169,7 +252,11 @@ fn a_stage_with_no_trainable_parameter_works() {
             .train_step(x, labels, |l, t| loss_fn.forward(l, t), 0.05)
             .unwrap();
         losses.push(report.loss);
-        assert_eq!(pipeline.gradients(1).map(|g| g.len()), None, "step {step}: gradients applied");
+        assert_eq!(
+            pipeline.gradients(1).map(|g| g.len()),
+            None,
+            "step {step}: gradients applied"
+        );
     }
     assert!(losses[2] < losses[0], "{losses:?}");
 }

@@ -8,7 +8,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, SgdConfig};
 use burn_freeze::{FreezableStack, IntoLayerStack};
 use burn_pipe::{PipeError, Pipeline, PipelineConfig, Schedule};
-use common::{materialize, CompareGrads, MaxGrad, Weights, B};
+use common::{B, CompareGrads, MaxGrad, Weights, materialize};
 use models::synthetic::BandImages;
 use models::vit::{Vit, VitConfig};
 
@@ -25,7 +25,10 @@ fn frozen_prefix_gradients_equal_plain_frozen_training() {
         let loss = loss_fn.forward(plain.forward(images.clone()), labels.clone());
         let plain_loss = loss.clone().into_scalar();
         let plain_grads = plain.gradients(loss.backward());
-        let mut max = MaxGrad { grads: &plain_grads, max: 0.0 };
+        let mut max = MaxGrad {
+            grads: &plain_grads,
+            max: 0.0,
+        };
         burn::module::Module::visit(plain.active(), &mut max);
 
         for (balance, m, schedule) in [
@@ -35,28 +38,47 @@ fn frozen_prefix_gradients_equal_plain_frozen_training() {
             (vec![1, 1, 1, 1, 1, 1, 1], 2, Schedule::OneFOneB),
         ] {
             let stages = balance.len();
-            let config = PipelineConfig::new().with_schedule(schedule).with_micro_batches(Some(m));
-            let mut pipeline = Pipeline::new(vit.clone().into_layer_stack(), &balance, vec![device; stages], config, || {
-                SgdConfig::new().init()
-            })
+            let config = PipelineConfig::new()
+                .with_schedule(schedule)
+                .with_micro_batches(Some(m));
+            let mut pipeline = Pipeline::new(
+                vit.clone().into_layer_stack(),
+                &balance,
+                vec![device; stages],
+                config,
+                || SgdConfig::new().init(),
+            )
             .unwrap();
             pipeline.freeze_to(front).unwrap();
             let report = pipeline
                 .forward_backward(images.clone(), labels.clone(), |l, t| loss_fn.forward(l, t))
                 .unwrap();
             let what = format!("front {front}, {balance:?}, M={m}, {schedule:?}");
-            assert!((report.loss - plain_loss).abs() <= 1e-5 * plain_loss.max(1.0), "{what}");
+            assert!(
+                (report.loss - plain_loss).abs() <= 1e-5 * plain_loss.max(1.0),
+                "{what}"
+            );
             let mut trainable_units = 0;
             for s in 0..stages {
                 trainable_units += pipeline.stage(s).len();
                 let Some(grads) = pipeline.gradients(s) else {
-                    assert!(pipeline.stage(s).is_empty(), "{what}: stage {s} trains but has no gradient");
+                    assert!(
+                        pipeline.stage(s).is_empty(),
+                        "{what}: stage {s} trains but has no gradient"
+                    );
                     continue;
                 };
                 let mut compare = CompareGrads::new(grads, &plain_grads, 1e-6 * max.max);
                 burn::module::Module::visit(pipeline.stage(s), &mut compare);
-                assert!(compare.missing.is_empty() && compare.not_zero.is_empty(), "{what}: stage {s}");
-                assert!(compare.worst <= 1e-5, "{what}: stage {s} differs by {}", compare.worst);
+                assert!(
+                    compare.missing.is_empty() && compare.not_zero.is_empty(),
+                    "{what}: stage {s}"
+                );
+                assert!(
+                    compare.worst <= 1e-5,
+                    "{what}: stage {s} differs by {}",
+                    compare.worst
+                );
             }
             assert_eq!(trainable_units, 7 - front, "{what}");
         }
@@ -70,9 +92,14 @@ fn a_stage_of_frozen_units_trains_with_the_rest_and_its_weights_never_move() {
     let task = BandImages::new(4, 3, 16, 4);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let config = PipelineConfig::new().with_micro_batches(Some(4));
-    let mut pipeline =
-        Pipeline::new(vit.clone().into_layer_stack(), &[3, 2, 2], vec![device; 3], config, || AdamConfig::new().init())
-            .unwrap();
+    let mut pipeline = Pipeline::new(
+        vit.clone().into_layer_stack(),
+        &[3, 2, 2],
+        vec![device; 3],
+        config,
+        || AdamConfig::new().init(),
+    )
+    .unwrap();
     pipeline.freeze_to(3).unwrap();
     assert!(pipeline.stage(0).is_empty());
     for step in 0..15 {
@@ -88,23 +115,41 @@ fn a_stage_of_frozen_units_trains_with_the_rest_and_its_weights_never_move() {
     let after = Weights::of(&trained.embedding);
     assert_eq!(after.relative_diff(&before), 0.0, "frozen embedding moved");
     assert_eq!(
-        Weights::of(&trained.blocks[0].attention).relative_diff(&Weights::of(&vit.blocks[0].attention)),
+        Weights::of(&trained.blocks[0].attention)
+            .relative_diff(&Weights::of(&vit.blocks[0].attention)),
         0.0
     );
-    assert!(Weights::of(&trained.head).relative_diff(&Weights::of(&vit.head)) > 1e-4, "head did not train");
+    assert!(
+        Weights::of(&trained.head).relative_diff(&Weights::of(&vit.head)) > 1e-4,
+        "head did not train"
+    );
 }
 
 #[test]
 fn the_freeze_front_only_moves_up_and_never_takes_the_last_unit() {
     let device = Default::default();
     let vit = VitConfig::tiny(4).init::<B>(&device);
-    let mut pipeline = Pipeline::new(vit.into_layer_stack(), &[3, 4], vec![device; 2], PipelineConfig::new(), || {
-        AdamConfig::new().init()
-    })
+    let mut pipeline = Pipeline::new(
+        vit.into_layer_stack(),
+        &[3, 4],
+        vec![device; 2],
+        PipelineConfig::new(),
+        || AdamConfig::new().init(),
+    )
     .unwrap();
     pipeline.freeze_to(4).unwrap();
-    assert!(matches!(pipeline.freeze_to(2), Err(PipeError::BadFront { requested: 2, front: 4, units: 7 })));
-    assert!(matches!(pipeline.freeze_to(7), Err(PipeError::BadFront { .. })));
+    assert!(matches!(
+        pipeline.freeze_to(2),
+        Err(PipeError::BadFront {
+            requested: 2,
+            front: 4,
+            units: 7
+        })
+    ));
+    assert!(matches!(
+        pipeline.freeze_to(7),
+        Err(PipeError::BadFront { .. })
+    ));
     assert_eq!(pipeline.front(), 4);
     // Repartitioning keeps frozen units frozen.
     pipeline.repartition(&[5, 2], vec![device; 2]).unwrap();

@@ -15,7 +15,7 @@ use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
 use burn_freeze::IntoLayerStack;
 use burn_pipe::{Pipeline, PipelineConfig, Schedule};
-use common::{materialize, Weights, B};
+use common::{B, Weights, materialize};
 use models::synthetic::BandImages;
 use models::vit::{Vit, VitConfig};
 
@@ -25,14 +25,26 @@ fn one_f_one_b_never_holds_more_than_k_minus_s_micro_batches() {
     let stack = VitConfig::tiny(4).init::<B>(&device).into_layer_stack();
     let (images, labels) = BandImages::new(4, 3, 16, 1).batch::<B>(0, 16, &device);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    for (schedule, m) in [(Schedule::OneFOneB, 8), (Schedule::OneFOneB, 2), (Schedule::GPipe, 8)] {
-        let config = PipelineConfig::new().with_schedule(schedule).with_micro_batches(Some(m));
-        let mut pipeline = Pipeline::new(stack.clone(), &[2, 2, 2, 1], vec![device; 4], config, || {
-            AdamConfig::new().init()
-        })
+    for (schedule, m) in [
+        (Schedule::OneFOneB, 8),
+        (Schedule::OneFOneB, 2),
+        (Schedule::GPipe, 8),
+    ] {
+        let config = PipelineConfig::new()
+            .with_schedule(schedule)
+            .with_micro_batches(Some(m));
+        let mut pipeline = Pipeline::new(
+            stack.clone(),
+            &[2, 2, 2, 1],
+            vec![device; 4],
+            config,
+            || AdamConfig::new().init(),
+        )
         .unwrap();
         let report = pipeline
-            .forward_backward(images.clone(), labels.clone(), |logits, labels| loss_fn.forward(logits, labels))
+            .forward_backward(images.clone(), labels.clone(), |logits, labels| {
+                loss_fn.forward(logits, labels)
+            })
             .unwrap();
         let expected: Vec<usize> = match schedule {
             Schedule::OneFOneB => (0..4).map(|s| (4 - s).min(m)).collect(),
@@ -74,22 +86,39 @@ fn pipelined_training_follows_plain_training() {
     let task = BandImages::new(4, 3, 16, 2);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
-        let config = PipelineConfig::new().with_schedule(schedule).with_micro_batches(Some(5));
-        let mut pipeline = Pipeline::new(vit.clone().into_layer_stack(), &[1, 4, 2], vec![device; 3], config, || {
-            sgd().init()
-        })
+        let config = PipelineConfig::new()
+            .with_schedule(schedule)
+            .with_micro_batches(Some(5));
+        let mut pipeline = Pipeline::new(
+            vit.clone().into_layer_stack(),
+            &[1, 4, 2],
+            vec![device; 3],
+            config,
+            || sgd().init(),
+        )
         .unwrap();
         for (step, plain_loss) in plain_losses.iter().enumerate() {
             let (images, labels) = task.batch::<B>(step, 12, &device);
             let report = pipeline
-                .train_step(images, labels, |logits, labels| loss_fn.forward(logits, labels), 5e-2)
+                .train_step(
+                    images,
+                    labels,
+                    |logits, labels| loss_fn.forward(logits, labels),
+                    5e-2,
+                )
                 .unwrap();
-            assert!((report.loss - plain_loss).abs() <= 1e-5 * plain_loss.abs().max(1.0), "{schedule:?} step {step}");
+            assert!(
+                (report.loss - plain_loss).abs() <= 1e-5 * plain_loss.abs().max(1.0),
+                "{schedule:?} step {step}"
+            );
         }
         let trained = Vit::from_layer_stack(pipeline.into_stack()).unwrap();
         let diff = Weights::of(&trained).relative_diff(&Weights::of(&plain));
         assert!(diff <= 1e-5, "{schedule:?}: weights differ by {diff}");
-        assert!(Weights::of(&plain).relative_diff(&Weights::of(&vit)) > 1e-3, "training moved nothing");
+        assert!(
+            Weights::of(&plain).relative_diff(&Weights::of(&vit)) > 1e-3,
+            "training moved nothing"
+        );
     }
 }
 
@@ -100,22 +129,39 @@ fn accumulating_two_half_batches_equals_one_full_batch() {
     let (images, labels) = BandImages::new(4, 3, 16, 3).batch::<B>(0, 12, &device);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let config = PipelineConfig::new().with_micro_batches(Some(2));
-    let make = || Pipeline::new(vit.clone().into_layer_stack(), &[3, 4], vec![device; 2], config.clone(), || {
-        burn::optim::SgdConfig::new().init()
-    }).unwrap();
+    let make = || {
+        Pipeline::new(
+            vit.clone().into_layer_stack(),
+            &[3, 4],
+            vec![device; 2],
+            config.clone(),
+            || burn::optim::SgdConfig::new().init(),
+        )
+        .unwrap()
+    };
     let mut whole = make();
-    whole.train_step(images.clone(), labels.clone(), |l, t| loss_fn.forward(l, t), 0.5).unwrap();
+    whole
+        .train_step(
+            images.clone(),
+            labels.clone(),
+            |l, t| loss_fn.forward(l, t),
+            0.5,
+        )
+        .unwrap();
     let mut halves = make();
     for (start, len) in [(0, 6), (6, 6)] {
         halves
-            .forward_backward(images.clone().narrow(0, start, len), labels.clone().narrow(0, start, len), |l, t| {
-                loss_fn.forward(l, t).div_scalar(2.0)
-            })
+            .forward_backward(
+                images.clone().narrow(0, start, len),
+                labels.clone().narrow(0, start, len),
+                |l, t| loss_fn.forward(l, t).div_scalar(2.0),
+            )
             .unwrap();
     }
     halves.step(0.5);
-    let diff = Weights::of(&Vit::from_layer_stack(halves.into_stack()).unwrap())
-        .relative_diff(&Weights::of(&Vit::from_layer_stack(whole.into_stack()).unwrap()));
+    let diff = Weights::of(&Vit::from_layer_stack(halves.into_stack()).unwrap()).relative_diff(
+        &Weights::of(&Vit::from_layer_stack(whole.into_stack()).unwrap()),
+    );
     assert!(diff <= 1e-5, "{diff}");
     let _ = vit.num_params();
 }

@@ -10,11 +10,12 @@ use std::time::Instant;
 use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn_freeze::{
-    alpha_front, Activation, AutodiffActivation, Differentiable, FreezeError, LayerMap, LayerStack, Unit,
+    Activation, AutodiffActivation, Differentiable, FreezeError, LayerMap, LayerStack, Unit,
+    alpha_front,
 };
 use burn_pipe::{
-    balance_exact, compress, freeze_aware_costs, largest_stage, unit_param_costs, PipeError,
-    Pipeline, PipelineConfig,
+    PipeError, Pipeline, PipelineConfig, balance_exact, compress, freeze_aware_costs,
+    largest_stage, unit_param_costs,
 };
 
 use crate::backend::{self, Train};
@@ -81,11 +82,15 @@ where
     let balance = balance_exact(&costs, run.stages);
     let initial_largest = largest_stage(&costs, &balance);
     let config = PipelineConfig::new().with_micro_batches(run.micro_batches);
-    let mut pipeline = Pipeline::new(stack, &balance, devices.clone(), config, || AdamConfig::new().init())?;
+    let mut pipeline = Pipeline::new(stack, &balance, devices.clone(), config, || {
+        AdamConfig::new().init()
+    })?;
     for epoch in 0..run.epochs {
         if let Some(alpha) = run.freeze_alpha {
             // The head (the last unit) always trains.
-            let front = layer_map.unit_front(alpha_front(run.layers, alpha, epoch)).min(units - 1);
+            let front = layer_map
+                .unit_front(alpha_front(run.layers, alpha, epoch))
+                .min(units - 1);
             if front > pipeline.front() {
                 pipeline.freeze_to(front)?;
                 let costs = freeze_aware_costs(&costs, front, FROZEN_COST, false);
@@ -103,8 +108,16 @@ where
             bubble += report.bubble_fraction();
         }
         let (input, labels) = held_out.clone();
-        let predicted = pipeline.forward_inner(input.inner()).argmax(1).flatten::<1>(0, 1);
-        let correct = predicted.equal(labels.inner()).int().sum().into_scalar().elem::<i64>();
+        let predicted = pipeline
+            .forward_inner(input.inner())
+            .argmax(1)
+            .flatten::<1>(0, 1);
+        let correct = predicted
+            .equal(labels.inner())
+            .int()
+            .sum()
+            .into_scalar()
+            .elem::<i64>();
         println!(
             "epoch {epoch}: mean loss {:.4}, held-out accuracy {:.1}%, frozen units {}/{units}, K={} {:?}, M={}, bubble {:.2}, {:.2}s",
             total / run.steps as f32,

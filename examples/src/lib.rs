@@ -1,6 +1,9 @@
 //! Shared pieces of the runnable PipeTransformer jobs: the backend chosen by
 //! cargo feature, and logging set-up.
 
+// Device types are `Copy` on the CPU backend but not on CUDA: keep the clones.
+#![allow(clippy::clone_on_copy)]
+
 pub mod backend;
 pub mod bench;
 pub mod elastic;

@@ -125,7 +125,11 @@ impl SstDataset {
                 3 | 4 => 1,
                 _ => continue,
             };
-            let text = leaves.iter().map(|leaf| unescape_ptb(leaf)).collect::<Vec<_>>().join(" ");
+            let text = leaves
+                .iter()
+                .map(|leaf| unescape_ptb(leaf))
+                .collect::<Vec<_>>()
+                .join(" ");
             items.push(SstItem { text, label });
         }
         Ok(Self { items })
@@ -179,7 +183,10 @@ pub fn parse_tree(line: &str) -> Result<(u8, Vec<String>), String> {
     let root = parser.node()?;
     parser.skip_spaces();
     if parser.at != bytes.len() {
-        return Err(format!("unexpected text after the tree at column {}", parser.at + 1));
+        return Err(format!(
+            "unexpected text after the tree at column {}",
+            parser.at + 1
+        ));
     }
     Ok((root, parser.leaves))
 }
@@ -210,7 +217,10 @@ impl TreeParser<'_> {
                 self.at + 1,
                 b as char
             )),
-            None => Err(format!("unbalanced tree: expected `{}` at the end", byte as char)),
+            None => Err(format!(
+                "unbalanced tree: expected `{}` at the end",
+                byte as char
+            )),
         }
     }
 

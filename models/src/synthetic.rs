@@ -105,8 +105,11 @@ impl BandImages {
                 }
             }
         }
-        let images = Tensor::<B, 1>::from_data(TensorData::new(pixels, [batch_size * self.channels * size * size]), device)
-            .reshape([batch_size, self.channels, size, size]);
+        let images = Tensor::<B, 1>::from_data(
+            TensorData::new(pixels, [batch_size * self.channels * size * size]),
+            device,
+        )
+        .reshape([batch_size, self.channels, size, size]);
         let labels = Tensor::from_data(TensorData::new(labels, [batch_size]), device);
         (images, labels)
     }
@@ -151,7 +154,10 @@ impl MajorityTokens {
     /// # Panics
     /// When `vocab_size < 4`, `min_len == 0` or `min_len > max_len`.
     pub fn new(vocab_size: usize, min_len: usize, max_len: usize, seed: u64) -> Self {
-        assert!(vocab_size >= 4, "MajorityTokens needs a vocabulary of at least 4");
+        assert!(
+            vocab_size >= 4,
+            "MajorityTokens needs a vocabulary of at least 4"
+        );
         assert!(
             min_len > 0 && min_len <= max_len,
             "MajorityTokens needs 0 < min_len <= max_len, got {min_len} and {max_len}"
@@ -182,7 +188,7 @@ impl MajorityTokens {
         let mut labels = Vec::with_capacity(batch_size);
         for _ in 0..batch_size {
             let mut len = self.min_len + rng.below(self.max_len - self.min_len + 1);
-            if len % 2 == 0 {
+            if len.is_multiple_of(2) {
                 len += 1;
             }
             let mut sequence = vec![Self::CLS];

@@ -77,21 +77,35 @@ impl EncodedBatch {
     /// # Panics
     /// When the batch is empty.
     pub fn to_input<B: Backend>(&self, device: &B::Device) -> BertInput<B> {
-        assert!(!self.is_empty(), "cannot make a BERT input of an empty batch");
+        assert!(
+            !self.is_empty(),
+            "cannot make a BERT input of an empty batch"
+        );
         let [batch, seq] = [self.len(), self.seq_len()];
         let flat = |rows: &[Vec<u32>]| -> Vec<i64> {
-            rows.iter().flatten().map(|&value| i64::from(value)).collect()
+            rows.iter()
+                .flatten()
+                .map(|&value| i64::from(value))
+                .collect()
         };
         let int = |rows: &[Vec<u32>]| {
             Tensor::<B, 1, Int>::from_data(TensorData::new(flat(rows), [batch * seq]), device)
                 .reshape([batch, seq])
         };
-        let padding: Vec<bool> = self.attention_mask.iter().flatten().map(|&m| m == 0).collect();
+        let padding: Vec<bool> = self
+            .attention_mask
+            .iter()
+            .flatten()
+            .map(|&m| m == 0)
+            .collect();
         BertInput {
             tokens: int(&self.ids),
             token_types: int(&self.type_ids),
-            padding: Tensor::<B, 1, Bool>::from_data(TensorData::new(padding, [batch * seq]), device)
-                .reshape([batch, seq]),
+            padding: Tensor::<B, 1, Bool>::from_data(
+                TensorData::new(padding, [batch * seq]),
+                device,
+            )
+            .reshape([batch, seq]),
         }
     }
 }
@@ -207,7 +221,10 @@ impl WordPieceTokenizer {
     /// # Panics
     /// When `max_length` is below 2 (no room for `[CLS]` and `[SEP]`).
     pub fn with_max_length(mut self, max_length: usize) -> Self {
-        assert!(max_length >= 2, "a maximum length below 2 leaves no room for [CLS] and [SEP]");
+        assert!(
+            max_length >= 2,
+            "a maximum length below 2 leaves no room for [CLS] and [SEP]"
+        );
         self.inner
             .with_truncation(Some(TruncationParams {
                 direction: TruncationDirection::Right,
@@ -265,9 +282,16 @@ impl WordPieceTokenizer {
         for encoding in &encodings {
             batch.ids.push(encoding.get_ids().to_vec());
             batch.type_ids.push(encoding.get_type_ids().to_vec());
-            batch.attention_mask.push(encoding.get_attention_mask().to_vec());
+            batch
+                .attention_mask
+                .push(encoding.get_attention_mask().to_vec());
         }
-        if let Some(length) = batch.ids.iter().map(Vec::len).find(|&l| l != batch.seq_len()) {
+        if let Some(length) = batch
+            .ids
+            .iter()
+            .map(Vec::len)
+            .find(|&l| l != batch.seq_len())
+        {
             return Err(TokenizerError::Encode(format!(
                 "sequences of {} and {length} tokens in one batch: a fixed padding shorter than a \
                  sequence needs a maximum length as well",

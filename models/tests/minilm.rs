@@ -14,7 +14,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn_freeze::{FreezableStack, IntoLayerStack};
-use models::bert::{l2_normalize, Bert, BertConfig, BertUnit};
+use models::bert::{Bert, BertConfig, BertUnit, l2_normalize};
 use models::pretrained::BertCheckpoint;
 use models::tokenizer::WordPieceTokenizer;
 use serde::Deserialize;
@@ -50,7 +50,9 @@ fn max_abs_diff(actual: &[f32], expected: &[f64]) -> f64 {
 
 #[test]
 fn minilm_embeddings_match_the_reference() {
-    let Some(dir) = support::minilm_dir() else { return };
+    let Some(dir) = support::minilm_dir() else {
+        return;
+    };
     let reference = reference();
     let device = Default::default();
 
@@ -61,7 +63,10 @@ fn minilm_embeddings_match_the_reference() {
     println!("{report}");
     // 6 blocks x 16 tensors + 5 embedding tensors + 2 pooler tensors.
     assert_eq!(report.loaded.len(), 6 * 16 + 5 + 2);
-    assert_eq!(report.missing, ["head.classifier.bias", "head.classifier.weight"]);
+    assert_eq!(
+        report.missing,
+        ["head.classifier.bias", "head.classifier.weight"]
+    );
     assert_eq!(report.unused, ["embeddings.position_ids"]);
 
     // The tokenizer as the file configures it (pad and truncate to 128),
@@ -83,19 +88,29 @@ fn minilm_embeddings_match_the_reference() {
         .into_data()
         .to_vec()
         .unwrap();
-    let embeddings: Vec<f32> = l2_normalize(hidden.mean_pool()).into_data().to_vec().unwrap();
+    let embeddings: Vec<f32> = l2_normalize(hidden.mean_pool())
+        .into_data()
+        .to_vec()
+        .unwrap();
 
     let mut worst_embedding = 0.0f64;
     let mut worst_hidden = 0.0f64;
     for (i, row) in reference.rows.iter().enumerate() {
         let embedding = &embeddings[i * width..(i + 1) * width];
         let diff = max_abs_diff(embedding, &row.embedding);
-        assert!(diff <= 1e-4, "embedding of {:?} differs by {diff:e}", row.sentence);
+        assert!(
+            diff <= 1e-4,
+            "embedding of {:?} differs by {diff:e}",
+            row.sentence
+        );
         worst_embedding = worst_embedding.max(diff);
         let cls = &first[i * width..i * width + row.hidden_first_token.len()];
         worst_hidden = worst_hidden.max(max_abs_diff(cls, &row.hidden_first_token));
     }
-    assert!(worst_hidden <= 1e-4, "[CLS] hidden state differs by {worst_hidden:e}");
+    assert!(
+        worst_hidden <= 1e-4,
+        "[CLS] hidden state differs by {worst_hidden:e}"
+    );
     println!(
         "all-MiniLM-L6-v2: {} sentences, ids identical, max |embedding - reference| = {worst_embedding:.3e}, \
          max |[CLS] hidden - reference| = {worst_hidden:.3e}",
@@ -104,13 +119,19 @@ fn minilm_embeddings_match_the_reference() {
 }
 
 fn unit_kinds<B: AutodiffBackend>(bert: Bert<B>) -> Vec<&'static str> {
-    bert.into_layer_stack().middle().iter().map(BertUnit::kind).collect()
+    bert.into_layer_stack()
+        .middle()
+        .iter()
+        .map(BertUnit::kind)
+        .collect()
 }
 
 #[test]
 fn minilm_loaded_splits_into_the_units_of_a_fresh_bert_and_freezes() {
     type B = Autodiff<Flex>;
-    let Some(dir) = support::minilm_dir() else { return };
+    let Some(dir) = support::minilm_dir() else {
+        return;
+    };
     let device = Default::default();
     let checkpoint = BertCheckpoint::open(&dir).unwrap();
     let config = checkpoint.config(2).with_dropout(0.0);
@@ -139,7 +160,10 @@ fn minilm_loaded_splits_into_the_units_of_a_fresh_bert_and_freezes() {
         .max()
         .into_scalar()
         .elem::<f32>();
-    assert!(diff <= 1e-5, "frozen stack differs from the model by {diff}");
+    assert!(
+        diff <= 1e-5,
+        "frozen stack differs from the model by {diff}"
+    );
     // Gradients reach the active units of the pretrained model.
     let grads = stack.gradients(logits.sum().backward());
     assert!(!grads.is_empty());

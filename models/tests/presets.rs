@@ -61,7 +61,10 @@ fn tiny_bert_classifies_token_sequences() {
 
 #[test]
 fn invalid_configs_are_explained() {
-    let error = VitConfig::tiny(2).with_patch_size(5).validate().unwrap_err();
+    let error = VitConfig::tiny(2)
+        .with_patch_size(5)
+        .validate()
+        .unwrap_err();
     assert!(error.contains("patch_size 5"), "{error}");
     let error = BertConfig::tiny(2).with_heads(5).validate().unwrap_err();
     assert!(error.contains("heads 5"), "{error}");

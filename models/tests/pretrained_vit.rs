@@ -6,16 +6,19 @@ mod support;
 
 use burn::backend::Flex;
 use burn::prelude::*;
-use models::pretrained::{load_vit_safetensors, LoadOptions, PretrainedError, VitCheckpointFormat};
+use models::pretrained::{LoadOptions, PretrainedError, VitCheckpointFormat, load_vit_safetensors};
 use models::vit::{Vit, VitConfig};
-use support::{scratch_dir, Checkpoint};
+use support::{Checkpoint, scratch_dir};
 
 type B = Flex;
 
 fn timm_checkpoint(vit: &Vit<B>) -> Checkpoint {
     let mut c = Checkpoint::default();
     c.param("patch_embed.proj.weight", &vit.embedding.projection.weight);
-    c.param("patch_embed.proj.bias", vit.embedding.projection.bias.as_ref().unwrap());
+    c.param(
+        "patch_embed.proj.bias",
+        vit.embedding.projection.bias.as_ref().unwrap(),
+    );
     c.param("cls_token", &vit.embedding.class_token);
     c.param("pos_embed", &vit.embedding.positions);
     for (i, block) in vit.blocks.iter().enumerate() {
@@ -23,7 +26,11 @@ fn timm_checkpoint(vit: &Vit<B>) -> Checkpoint {
         c.layer_norm(&format!("blocks.{i}.norm1"), &block.attention.norm);
         // timm fuses query, key and value: weight [3 * out, in], bias [3 * out].
         let qkv_weight = Tensor::cat(
-            vec![mha.query.weight.val().transpose(), mha.key.weight.val().transpose(), mha.value.weight.val().transpose()],
+            vec![
+                mha.query.weight.val().transpose(),
+                mha.key.weight.val().transpose(),
+                mha.value.weight.val().transpose(),
+            ],
             0,
         );
         c.tensor(&format!("blocks.{i}.attn.qkv.weight"), qkv_weight);
@@ -44,10 +51,19 @@ fn timm_checkpoint(vit: &Vit<B>) -> Checkpoint {
 
 fn hf_checkpoint(vit: &Vit<B>) -> Checkpoint {
     let mut c = Checkpoint::default();
-    c.param("vit.embeddings.patch_embeddings.projection.weight", &vit.embedding.projection.weight);
-    c.param("vit.embeddings.patch_embeddings.projection.bias", vit.embedding.projection.bias.as_ref().unwrap());
+    c.param(
+        "vit.embeddings.patch_embeddings.projection.weight",
+        &vit.embedding.projection.weight,
+    );
+    c.param(
+        "vit.embeddings.patch_embeddings.projection.bias",
+        vit.embedding.projection.bias.as_ref().unwrap(),
+    );
     c.param("vit.embeddings.cls_token", &vit.embedding.class_token);
-    c.param("vit.embeddings.position_embeddings", &vit.embedding.positions);
+    c.param(
+        "vit.embeddings.position_embeddings",
+        &vit.embedding.positions,
+    );
     for (i, block) in vit.blocks.iter().enumerate() {
         let l = format!("vit.encoder.layer.{i}");
         let mha = &block.attention.attention;
@@ -66,7 +82,11 @@ fn hf_checkpoint(vit: &Vit<B>) -> Checkpoint {
 }
 
 fn images() -> Tensor<B, 4> {
-    Tensor::random([2, 3, 16, 16], burn::tensor::Distribution::Normal(0.0, 1.0), &Default::default())
+    Tensor::random(
+        [2, 3, 16, 16],
+        burn::tensor::Distribution::Normal(0.0, 1.0),
+        &Default::default(),
+    )
 }
 
 #[test]
@@ -84,11 +104,19 @@ fn timm_and_hugging_face_vit_checkpoints_load_exactly() {
     ] {
         let path = dir.join(format!("{format:?}.safetensors"));
         checkpoint.write(&path);
-        let (loaded, report) = load_vit_safetensors::<B>(&path, format, &config, &LoadOptions::vit(), &device).unwrap();
+        let (loaded, report) =
+            load_vit_safetensors::<B>(&path, format, &config, &LoadOptions::vit(), &device)
+                .unwrap();
         // 4 embedding tensors, 16 per block, 2 final norm, 2 head.
         assert_eq!(report.loaded.len(), 4 + 16 * 3 + 4, "{format:?}: {report}");
-        assert!(report.missing.is_empty() && report.unused.is_empty(), "{report}");
-        let diff: f32 = (loaded.forward(images.clone()) - expected.clone()).abs().max().into_scalar();
+        assert!(
+            report.missing.is_empty() && report.unused.is_empty(),
+            "{report}"
+        );
+        let diff: f32 = (loaded.forward(images.clone()) - expected.clone())
+            .abs()
+            .max()
+            .into_scalar();
         assert!(diff <= 1e-5, "{format:?} differs by {diff}");
         // A fresh model does not: the test would notice a load that did nothing.
         let fresh: f32 = (config.init::<B>(&device).forward(images.clone()) - expected.clone())
@@ -106,14 +134,26 @@ fn a_vit_checkpoint_for_other_classes_is_refused_naming_the_head() {
     let path = scratch_dir("vit-head").join("timm.safetensors");
     timm_checkpoint(&source).write(&path);
 
-    let error = load_vit_safetensors::<B>(&path, VitCheckpointFormat::Timm, &VitConfig::tiny(7), &LoadOptions::vit(), &device)
-        .unwrap_err();
+    let error = load_vit_safetensors::<B>(
+        &path,
+        VitCheckpointFormat::Timm,
+        &VitConfig::tiny(7),
+        &LoadOptions::vit(),
+        &device,
+    )
+    .unwrap_err();
     assert!(
         matches!(&error, PretrainedError::ShapeMismatch { checkpoint_name, .. } if checkpoint_name.starts_with("head.")),
         "{error}"
     );
     // The wrong naming scheme matches nothing and says so.
-    let error = load_vit_safetensors::<B>(&path, VitCheckpointFormat::HuggingFace, &VitConfig::tiny(5), &LoadOptions::vit(), &device)
-        .unwrap_err();
+    let error = load_vit_safetensors::<B>(
+        &path,
+        VitCheckpointFormat::HuggingFace,
+        &VitConfig::tiny(5),
+        &LoadOptions::vit(),
+        &device,
+    )
+    .unwrap_err();
     assert!(matches!(error, PretrainedError::Missing { .. }), "{error}");
 }

@@ -14,7 +14,10 @@ fn sst_dir() -> Option<PathBuf> {
     if dir.join("train.txt").is_file() {
         Some(dir)
     } else {
-        eprintln!("SKIPPED: no SST train.txt in {} (set SST_DIR; see the README)", dir.display());
+        eprintln!(
+            "SKIPPED: no SST train.txt in {} (set SST_DIR; see the README)",
+            dir.display()
+        );
         None
     }
 }
@@ -29,21 +32,30 @@ fn sst2_splits_have_the_published_sizes_and_balance() {
         assert_eq!(positives, positive, "{split:?}");
         for item in sst.iter() {
             assert!(
-                !item.text.contains("-LRB-") && !item.text.contains("``") && !item.text.contains("\\/"),
+                !item.text.contains("-LRB-")
+                    && !item.text.contains("``")
+                    && !item.text.contains("\\/"),
                 "escape left in {:?}",
                 item.text
             );
         }
     }
     let train = SstDataset::split(&dir, SstSplit::Train).unwrap();
-    assert!(train.iter().any(|item| item.text.contains('(')), "-LRB- became (");
+    assert!(
+        train.iter().any(|item| item.text.contains('(')),
+        "-LRB- became ("
+    );
 }
 
 #[test]
 fn a_malformed_tree_is_reported_with_its_line() {
     let text = "(3 (2 fine) (3 film))\n(4 (2 broken\n";
     match SstDataset::parse(text, "trees.txt").unwrap_err() {
-        SstError::Parse { source_name, line, message } => {
+        SstError::Parse {
+            source_name,
+            line,
+            message,
+        } => {
             assert_eq!((source_name.as_str(), line), ("trees.txt", 2));
             assert!(message.contains("unbalanced"), "{message}");
         }

@@ -14,7 +14,10 @@ use models::vit::VitConfig;
 /// Mean of the first and of the last `window` losses.
 fn ends(losses: &[f32], window: usize) -> (f32, f32) {
     let mean = |s: &[f32]| s.iter().sum::<f32>() / s.len() as f32;
-    (mean(&losses[..window]), mean(&losses[losses.len() - window..]))
+    (
+        mean(&losses[..window]),
+        mean(&losses[losses.len() - window..]),
+    )
 }
 
 #[test]
@@ -34,11 +37,18 @@ fn tiny_vit_learns_the_band_task() {
     }
     let (start, end) = ends(&losses, 5);
     println!("mean loss of the first 5 steps {start:.4}, of the last 5 {end:.4}");
-    assert!(end < 0.3 * start, "loss went from {start} to {end}: {losses:?}");
+    assert!(
+        end < 0.3 * start,
+        "loss went from {start} to {end}: {losses:?}"
+    );
 
     // And it generalises to batches it never saw.
     let (images, labels) = task.batch::<B>(10_000, 64, &device);
-    let predicted = vit.valid().forward(images.inner()).argmax(1).flatten::<1>(0, 1);
+    let predicted = vit
+        .valid()
+        .forward(images.inner())
+        .argmax(1)
+        .flatten::<1>(0, 1);
     let correct = predicted.equal(labels.inner()).int().sum().into_scalar();
     assert!(correct >= 56, "{correct}/64 held-out images right");
 }
@@ -60,5 +70,8 @@ fn tiny_bert_learns_the_majority_task() {
     }
     let (start, end) = ends(&losses, 5);
     println!("mean loss of the first 5 steps {start:.4}, of the last 5 {end:.4}");
-    assert!(end < 0.5 * start, "loss went from {start} to {end}: {losses:?}");
+    assert!(
+        end < 0.5 * start,
+        "loss went from {start} to {end}: {losses:?}"
+    );
 }

@@ -5,7 +5,7 @@ mod common;
 
 use burn::prelude::*;
 use burn_freeze::{IntoLayerStack, LayerStack, StackError};
-use common::{relative_max_diff, B};
+use common::{B, relative_max_diff};
 use models::bert::{Bert, BertConfig, BertUnit};
 use models::synthetic::{BandImages, MajorityTokens};
 use models::vit::{Vit, VitConfig, VitUnit};
@@ -33,7 +33,13 @@ fn bert_units_in_sequence_match_the_model_forward_with_padding() {
     let config = BertConfig::tiny(3).with_layers(3);
     let bert = config.init::<B>(&device);
     let (input, _) = MajorityTokens::new(64, 3, 12, 2).batch::<B>(0, 6, &device);
-    let padded = input.padding.clone().int().sum().into_scalar().elem::<i64>();
+    let padded = input
+        .padding
+        .clone()
+        .int()
+        .sum()
+        .into_scalar()
+        .elem::<i64>();
     assert!(padded > 0, "the batch should contain padding");
 
     let expected = bert.forward(input.clone());
@@ -69,7 +75,10 @@ fn bert_padding_does_not_change_the_real_tokens_result() {
 #[test]
 fn a_stack_in_the_wrong_order_is_refused_with_the_unit_named() {
     let device = Default::default();
-    let (embedding, mut middle, head) = VitConfig::tiny(2).init::<B>(&device).into_layer_stack().into_parts();
+    let (embedding, mut middle, head) = VitConfig::tiny(2)
+        .init::<B>(&device)
+        .into_layer_stack()
+        .into_parts();
     middle.swap(0, 1); // mlp before attention
     let error = Vit::from_layer_stack(LayerStack::new(embedding, middle, head)).unwrap_err();
     assert_eq!(
@@ -81,10 +90,16 @@ fn a_stack_in_the_wrong_order_is_refused_with_the_unit_named() {
         }
     );
 
-    let (embeddings, mut middle, head) = BertConfig::tiny(2).init::<B>(&device).into_layer_stack().into_parts();
+    let (embeddings, mut middle, head) = BertConfig::tiny(2)
+        .init::<B>(&device)
+        .into_layer_stack()
+        .into_parts();
     middle.pop();
     let error = Bert::from_layer_stack(LayerStack::new(embeddings, middle, head)).unwrap_err();
-    assert!(matches!(error, StackError::WrongLength { found: 5, .. }), "{error}");
+    assert!(
+        matches!(error, StackError::WrongLength { found: 5, .. }),
+        "{error}"
+    );
 }
 
 #[test]
@@ -95,5 +110,8 @@ fn unit_kinds_follow_pipetransformer_order() {
     assert_eq!(kinds, ["attention", "mlp", "attention", "mlp", "norm"]);
     let bert = BertConfig::tiny(2).init::<B>(&device).into_layer_stack();
     let kinds: Vec<_> = bert.middle().iter().map(BertUnit::kind).collect();
-    assert_eq!(kinds, ["attention", "feed-forward", "attention", "feed-forward"]);
+    assert_eq!(
+        kinds,
+        ["attention", "feed-forward", "attention", "feed-forward"]
+    );
 }

@@ -116,10 +116,10 @@ impl DiskTier {
 
 impl Drop for DiskTier {
     fn drop(&mut self) {
-        if let Err(error) = fs::remove_dir_all(&self.dir) {
-            if error.kind() != io::ErrorKind::NotFound {
-                tracing::warn!(dir = %self.dir.display(), %error, "could not remove the activation cache's spill directory");
-            }
+        if let Err(error) = fs::remove_dir_all(&self.dir)
+            && error.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %self.dir.display(), %error, "could not remove the activation cache's spill directory");
         }
     }
 }

@@ -183,7 +183,9 @@ impl<B: Backend, H: Clone> ActivationCache<B, H> {
 
     fn warn_full(&mut self, why: &str) {
         if !self.warned_full {
-            tracing::warn!("activation cache full ({why}); further samples are recomputed, not cached");
+            tracing::warn!(
+                "activation cache full ({why}); further samples are recomputed, not cached"
+            );
             self.warned_full = true;
         }
     }
@@ -214,7 +216,11 @@ impl<B: Backend, H: Clone> ActivationCache<B, H> {
             })
             .collect();
         if !stale.is_empty() {
-            tracing::debug!(entries = stale.len(), front, "activation cache: dropping stale entries");
+            tracing::debug!(
+                entries = stale.len(),
+                front,
+                "activation cache: dropping stale entries"
+            );
         }
         for key in stale {
             self.remove(key);
@@ -264,7 +270,12 @@ impl<B: Backend, H: Cacheable<B>> ActivationCache<B, H> {
     /// The entry of `sample` with the highest front at most `max_front`, as
     /// `(front, value)` on `device`. A spill file that cannot be read is
     /// dropped with a warning and the next lower entry is tried.
-    pub fn lookup(&mut self, sample: u64, max_front: usize, device: &B::Device) -> Option<(usize, H)> {
+    pub fn lookup(
+        &mut self,
+        sample: u64,
+        max_front: usize,
+        device: &B::Device,
+    ) -> Option<(usize, H)> {
         loop {
             let front = *self.fronts.get(&sample)?.range(..=max_front).next_back()?;
             let key = CacheKey::new(sample, front);

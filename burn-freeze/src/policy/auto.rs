@@ -125,7 +125,12 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         if units > stack.front() {
             stack.freeze_to(units)?;
         }
-        tracing::info!(from = self.state.frozen_layers, to = layers, units, "AutoFreeze moved the front");
+        tracing::info!(
+            from = self.state.frozen_layers,
+            to = layers,
+            units,
+            "AutoFreeze moved the front"
+        );
         self.state.frozen_layers = layers;
         Ok(Some(layers))
     }

@@ -66,7 +66,12 @@ pub fn percentile(values: &[f64], p: f64) -> Option<f64> {
 /// assert_eq!(change_rate_front(5, &rates, 50.0, ChangeRateReading::ConvergedPrefix), 5);
 /// assert_eq!(change_rate_front(5, &rates, 50.0, ChangeRateReading::ReleasedCode), 6);
 /// ```
-pub fn change_rate_front(frozen: usize, rates: &[f64], pct: f64, reading: ChangeRateReading) -> usize {
+pub fn change_rate_front(
+    frozen: usize,
+    rates: &[f64],
+    pct: f64,
+    reading: ChangeRateReading,
+) -> usize {
     let Some(threshold) = percentile(rates, pct) else {
         return frozen;
     };
@@ -112,7 +117,10 @@ impl ChangeRate {
     /// # Panics
     /// When `every_steps` is 0.
     pub fn new(config: ChangeRateConfig) -> Self {
-        assert!(config.every_steps > 0, "ChangeRate: every_steps must be at least 1");
+        assert!(
+            config.every_steps > 0,
+            "ChangeRate: every_steps must be at least 1"
+        );
         Self {
             config,
             current: Vec::new(),
@@ -131,7 +139,7 @@ impl FreezePolicy for ChangeRate {
             *sum += norm.map_or(0.0, |n| n.l1);
         }
         self.steps += 1;
-        if self.steps % self.config.every_steps != 0 {
+        if !self.steps.is_multiple_of(self.config.every_steps) {
             return None;
         }
         let current = std::mem::take(&mut self.current);

@@ -15,10 +15,12 @@ mod schedule;
 pub(crate) mod stats;
 
 pub use auto::AutoFreeze;
-pub use change_rate::{change_rate_front, percentile, ChangeRate, ChangeRateConfig, ChangeRateReading};
+pub use change_rate::{
+    ChangeRate, ChangeRateConfig, ChangeRateReading, change_rate_front, percentile,
+};
 pub use paper::{AlphaArgmin, AlphaArgminConfig};
-pub use schedule::{alpha_front, FixedSchedule};
-pub use stats::{unit_grad_norm, GradNorm, LayerMap};
+pub use schedule::{FixedSchedule, alpha_front};
+pub use stats::{GradNorm, LayerMap, unit_grad_norm};
 
 /// Where training stands when a policy is asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

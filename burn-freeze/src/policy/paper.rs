@@ -3,7 +3,7 @@
 
 use burn::config::Config;
 
-use super::{ceil_tolerant, FreezePolicy, FreezeState, GradNorm};
+use super::{FreezePolicy, FreezeState, GradNorm, ceil_tolerant};
 
 /// Settings of [`AlphaArgmin`].
 #[derive(Config, Debug)]
@@ -52,7 +52,8 @@ impl AlphaArgmin {
     /// The front the rule picks from `frozen` of `layers` layers and per-layer
     /// norms (`None` for layers without statistics).
     pub fn decide(&self, frozen: usize, layers: usize, norms: &[Option<f64>]) -> usize {
-        let bound = ceil_tolerant(frozen as f64 + self.alpha * (layers - frozen) as f64).min(layers);
+        let bound =
+            ceil_tolerant(frozen as f64 + self.alpha * (layers - frozen) as f64).min(layers);
         let argmin = (frozen..layers)
             .filter_map(|l| norms.get(l).copied().flatten().map(|n| (l, n)))
             .min_by(|a, b| a.1.total_cmp(&b.1))

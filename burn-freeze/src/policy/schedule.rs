@@ -1,6 +1,6 @@
 //! A fixed freeze schedule: the front per epoch, given or from the alpha closed form.
 
-use super::{ceil_tolerant, FreezePolicy, FreezeState};
+use super::{FreezePolicy, FreezeState, ceil_tolerant};
 
 /// The alpha bound's closed form: `ceil(L * (1 - (1 - alpha)^T))` layers frozen
 /// in epoch `T`.
@@ -53,11 +53,7 @@ impl FixedSchedule {
     /// Layers frozen in epoch `epoch`.
     pub fn front(&self, epoch: usize) -> usize {
         match self {
-            Self::Fronts(fronts) => fronts
-                .get(epoch)
-                .or(fronts.last())
-                .copied()
-                .unwrap_or(0),
+            Self::Fronts(fronts) => fronts.get(epoch).or(fronts.last()).copied().unwrap_or(0),
             Self::Alpha { layers, alpha } => alpha_front(*layers, *alpha, epoch),
         }
     }

@@ -127,12 +127,21 @@ impl LayerMap {
     /// When the ranges are empty, overlap or are out of order.
     pub fn new(layers: Vec<Range<usize>>, units: usize) -> Result<Self, FreezeError> {
         for pair in layers.windows(2) {
-            assert!(pair[0].end <= pair[1].start, "layer ranges overlap or are out of order");
+            assert!(
+                pair[0].end <= pair[1].start,
+                "layer ranges overlap or are out of order"
+            );
         }
-        assert!(layers.iter().all(|r| r.start < r.end), "a layer has no unit");
+        assert!(
+            layers.iter().all(|r| r.start < r.end),
+            "a layer has no unit"
+        );
         let map_end = layers.last().map_or(0, |r| r.end);
         if map_end > units {
-            return Err(FreezeError::MapBeyondStack { map_end, len: units });
+            return Err(FreezeError::MapBeyondStack {
+                map_end,
+                len: units,
+            });
         }
         Ok(Self { layers, units })
     }
@@ -158,7 +167,8 @@ impl LayerMap {
     /// When `layers` exceeds [`num_layers`](Self::num_layers); see
     /// [`try_unit_front`](Self::try_unit_front).
     pub fn unit_front(&self, layers: usize) -> usize {
-        self.try_unit_front(layers).expect("layer front beyond the map")
+        self.try_unit_front(layers)
+            .expect("layer front beyond the map")
     }
 
     /// The unit front that freezes `layers` layers, or an error beyond the map.
@@ -175,7 +185,10 @@ impl LayerMap {
 
     /// How many whole layers a unit front freezes.
     pub fn layer_front(&self, unit_front: usize) -> usize {
-        self.layers.iter().take_while(|r| r.end <= unit_front).count()
+        self.layers
+            .iter()
+            .take_while(|r| r.end <= unit_front)
+            .count()
     }
 
     /// Per-layer norms from per-unit norms (as from

@@ -2,15 +2,15 @@
 //! and helpers shared by the tests.
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::TensorPrimitive;
+use burn::tensor::backend::AutodiffBackend;
 use burn_freeze::{InnerOf, LayerStack, Unit};
 
 pub type B = Autodiff<Flex>;
@@ -65,7 +65,10 @@ impl<B: AutodiffBackend> Unit<B> for Embed<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         self.run(x)
     }
-    fn forward_inner(u: &Embed<B::InnerBackend>, x: InnerOf<B, Tensor<B, 3>>) -> InnerOf<B, Tensor<B, 3>> {
+    fn forward_inner(
+        u: &Embed<B::InnerBackend>,
+        x: InnerOf<B, Tensor<B, 3>>,
+    ) -> InnerOf<B, Tensor<B, 3>> {
         u.run(x)
     }
 }
@@ -76,7 +79,10 @@ impl<B: AutodiffBackend> Unit<B> for Block<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         self.run(x)
     }
-    fn forward_inner(u: &Block<B::InnerBackend>, x: InnerOf<B, Tensor<B, 3>>) -> InnerOf<B, Tensor<B, 3>> {
+    fn forward_inner(
+        u: &Block<B::InnerBackend>,
+        x: InnerOf<B, Tensor<B, 3>>,
+    ) -> InnerOf<B, Tensor<B, 3>> {
         u.inner_samples.fetch_add(x.dims()[0], Ordering::SeqCst);
         u.run(x)
     }
@@ -88,7 +94,10 @@ impl<B: AutodiffBackend> Unit<B> for Head<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 2> {
         self.run(x)
     }
-    fn forward_inner(u: &Head<B::InnerBackend>, x: InnerOf<B, Tensor<B, 3>>) -> InnerOf<B, Tensor<B, 2>> {
+    fn forward_inner(
+        u: &Head<B::InnerBackend>,
+        x: InnerOf<B, Tensor<B, 3>>,
+    ) -> InnerOf<B, Tensor<B, 2>> {
         u.run(x)
     }
 }
@@ -104,7 +113,9 @@ pub fn stack(blocks: usize, dropout: f64, seed: u64) -> Stack {
     B::seed(&Default::default(), seed);
     let device = Default::default();
     let stack = LayerStack::new(
-        Embed { linear: LinearConfig::new(INPUT, HIDDEN).init(&device) },
+        Embed {
+            linear: LinearConfig::new(INPUT, HIDDEN).init(&device),
+        },
         (0..blocks)
             .map(|_| Block {
                 linear: LinearConfig::new(HIDDEN, HIDDEN).init(&device),
@@ -112,7 +123,9 @@ pub fn stack(blocks: usize, dropout: f64, seed: u64) -> Stack {
                 inner_samples: Arc::new(AtomicUsize::new(0)),
             })
             .collect(),
-        Head { linear: LinearConfig::new(HIDDEN, CLASSES).init(&device) },
+        Head {
+            linear: LinearConfig::new(HIDDEN, CLASSES).init(&device),
+        },
     );
     // Burn initialises parameters lazily, on first use; do it now, in order, so
     // the weights follow from the seed and clones share them.
@@ -146,8 +159,11 @@ pub fn batch(ids: &[u64], tokens: usize) -> (Tensor<B, 3>, Tensor<B, 1, Int>) {
         values.extend(v);
         labels.push(l);
     }
-    let x = Tensor::<B, 1>::from_data(TensorData::new(values, [ids.len() * tokens * INPUT]), &device)
-        .reshape([ids.len(), tokens, INPUT]);
+    let x = Tensor::<B, 1>::from_data(
+        TensorData::new(values, [ids.len() * tokens * INPUT]),
+        &device,
+    )
+    .reshape([ids.len(), tokens, INPUT]);
     let y = Tensor::from_data(TensorData::new(labels, [ids.len()]), &device);
     (x, y)
 }
@@ -178,5 +194,8 @@ pub fn weights<Be: Backend, Mo: Module<Be>>(module: &Mo) -> Vec<TensorData> {
 
 /// Whether two sets of weights are bit for bit the same.
 pub fn bit_identical(a: &[TensorData], b: &[TensorData]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.as_bytes() == y.as_bytes() && x.shape == y.shape)
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.as_bytes() == y.as_bytes() && x.shape == y.shape)
 }

@@ -16,7 +16,12 @@ pub type Inner = Flex;
 /// Largest absolute difference relative to the largest magnitude of `expected`.
 pub fn relative_diff<const D: usize>(actual: Tensor<Inner, D>, expected: Tensor<Inner, D>) -> f32 {
     assert_eq!(actual.dims(), expected.dims());
-    let scale = expected.clone().abs().max().into_scalar().max(f32::MIN_POSITIVE);
+    let scale = expected
+        .clone()
+        .abs()
+        .max()
+        .into_scalar()
+        .max(f32::MIN_POSITIVE);
     (actual - expected).abs().max().into_scalar() / scale
 }
 
@@ -40,8 +45,20 @@ pub struct CompareGrads<'a> {
 }
 
 impl<'a> CompareGrads<'a> {
-    pub fn new(actual: &'a GradientsParams, expected: &'a GradientsParams, zero_below: f32) -> Self {
-        Self { actual, expected, zero_below, worst: 0.0, compared: 0, missing: Vec::new(), not_zero: Vec::new() }
+    pub fn new(
+        actual: &'a GradientsParams,
+        expected: &'a GradientsParams,
+        zero_below: f32,
+    ) -> Self {
+        Self {
+            actual,
+            expected,
+            zero_below,
+            worst: 0.0,
+            compared: 0,
+            missing: Vec::new(),
+            not_zero: Vec::new(),
+        }
     }
 }
 
@@ -96,7 +113,11 @@ impl<Be: Backend> ModuleVisitor<Be> for Weights {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Be, D>>) {
         let value = param.val();
         let dims = value.dims().to_vec();
-        self.0.push((param.id, value.into_data().convert::<f32>().to_vec().unwrap(), dims));
+        self.0.push((
+            param.id,
+            value.into_data().convert::<f32>().to_vec().unwrap(),
+            dims,
+        ));
     }
 }
 
@@ -118,8 +139,14 @@ impl Weights {
                 .find(|(other_id, _, _)| other_id == id)
                 .unwrap_or_else(|| panic!("parameter {id} missing"));
             assert_eq!(dims, their_dims);
-            let scale = theirs.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
-            let diff = values.iter().zip(theirs).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            let scale = theirs
+                .iter()
+                .fold(0.0f32, |m, v| m.max(v.abs()))
+                .max(f32::MIN_POSITIVE);
+            let diff = values
+                .iter()
+                .zip(theirs)
+                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
             worst = worst.max(diff / scale);
         }
         worst
@@ -164,7 +191,10 @@ impl<B: AutodiffBackend> Unit<B> for Project<B> {
     fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         self.linear.forward(x)
     }
-    fn forward_inner(unit: &Project<B::InnerBackend>, x: InnerOf<B, Tensor<B, 2>>) -> InnerOf<B, Tensor<B, 2>> {
+    fn forward_inner(
+        unit: &Project<B::InnerBackend>,
+        x: InnerOf<B, Tensor<B, 2>>,
+    ) -> InnerOf<B, Tensor<B, 2>> {
         unit.linear.forward(x)
     }
 }
@@ -175,7 +205,10 @@ impl<B: AutodiffBackend> Unit<B> for Block<B> {
     fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         Block::forward(self, x)
     }
-    fn forward_inner(unit: &Block<B::InnerBackend>, x: InnerOf<B, Tensor<B, 2>>) -> InnerOf<B, Tensor<B, 2>> {
+    fn forward_inner(
+        unit: &Block<B::InnerBackend>,
+        x: InnerOf<B, Tensor<B, 2>>,
+    ) -> InnerOf<B, Tensor<B, 2>> {
         unit.forward(x)
     }
 }
@@ -186,7 +219,10 @@ impl<B: AutodiffBackend> Unit<B> for Classify<B> {
     fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         self.linear.forward(x)
     }
-    fn forward_inner(unit: &Classify<B::InnerBackend>, x: InnerOf<B, Tensor<B, 2>>) -> InnerOf<B, Tensor<B, 2>> {
+    fn forward_inner(
+        unit: &Classify<B::InnerBackend>,
+        x: InnerOf<B, Tensor<B, 2>>,
+    ) -> InnerOf<B, Tensor<B, 2>> {
         unit.linear.forward(x)
     }
 }
@@ -199,31 +235,47 @@ pub fn user_stack(inputs: usize, width: usize, blocks: usize, classes: usize) ->
     let device = Default::default();
     let mut middle = Vec::new();
     for i in 0..blocks {
-        middle.push(materialize(Block::Residual(LinearConfig::new(width, width).init(&device))));
+        middle.push(materialize(Block::Residual(
+            LinearConfig::new(width, width).init(&device),
+        )));
         if i == 0 {
             middle.push(Block::Tanh(burn::nn::Tanh::new()));
         }
     }
     // Materialised, so that clones of the stack hold the same weights.
     LayerStack::new(
-        materialize(Project { linear: LinearConfig::new(inputs, width).init(&device) }),
+        materialize(Project {
+            linear: LinearConfig::new(inputs, width).init(&device),
+        }),
         middle,
-        materialize(Classify { linear: LinearConfig::new(width, classes).init(&device) }),
+        materialize(Classify {
+            linear: LinearConfig::new(width, classes).init(&device),
+        }),
     )
 }
 
 /// A batch for the user stack: inputs `[batch, inputs]` and labels `[batch]`.
-pub fn user_batch(seed: u64, batch: usize, inputs: usize, classes: usize) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
+pub fn user_batch(
+    seed: u64,
+    batch: usize,
+    inputs: usize,
+    classes: usize,
+) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
     let device = Default::default();
     let mut state = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
     let mut next = || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (state >> 40) as f32 / (1u64 << 24) as f32
     };
     let values: Vec<f32> = (0..batch * inputs).map(|_| 2.0 * next() - 1.0).collect();
-    let labels: Vec<i64> = (0..batch).map(|_| (next() * classes as f32) as i64 % classes as i64).collect();
+    let labels: Vec<i64> = (0..batch)
+        .map(|_| (next() * classes as f32) as i64 % classes as i64)
+        .collect();
     (
-        Tensor::<B, 1>::from_data(TensorData::new(values, [batch * inputs]), &device).reshape([batch, inputs]),
+        Tensor::<B, 1>::from_data(TensorData::new(values, [batch * inputs]), &device)
+            .reshape([batch, inputs]),
         Tensor::from_data(TensorData::new(labels, [batch]), &device),
     )
 }

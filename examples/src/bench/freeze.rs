@@ -20,7 +20,7 @@ use models::synthetic::BandImages;
 use models::vit::VitConfig;
 use serde::Serialize;
 
-use super::{alloc, write_report, BenchError};
+use super::{BenchError, alloc, write_report};
 use crate::backend::{self, Train};
 
 struct Preset {
@@ -73,7 +73,9 @@ fn measure(preset: &Preset, frozen_layers: usize, cached: bool) -> Result<Measur
     let stack = config.init::<Train>(&device).into_layer_stack();
     let map = LayerMap::uniform(1, 2, config.layers, stack.len()).map_err(err)?;
     let mut stack = FreezableStack::new(stack);
-    stack.freeze_to(map.unit_front(frozen_layers)).map_err(err)?;
+    stack
+        .freeze_to(map.unit_front(frozen_layers))
+        .map_err(err)?;
     if cached {
         stack.attach_cache(ActivationCache::new(CacheConfig::new(usize::MAX / 2)).map_err(err)?);
     }
@@ -81,7 +83,9 @@ fn measure(preset: &Preset, frozen_layers: usize, cached: bool) -> Result<Measur
     let data: Vec<_> = (0..preset.batches)
         .map(|b| {
             let (x, y) = task.batch::<Train>(b, preset.batch, &device);
-            let ids: Vec<u64> = (0..preset.batch).map(|i| (b * preset.batch + i) as u64).collect();
+            let ids: Vec<u64> = (0..preset.batch)
+                .map(|i| (b * preset.batch + i) as u64)
+                .collect();
             (x, y, ids)
         })
         .collect();
@@ -123,18 +127,49 @@ fn measure(preset: &Preset, frozen_layers: usize, cached: bool) -> Result<Measur
 pub fn run(quick: bool) -> Result<(), BenchError> {
     let presets = if quick {
         vec![
-            Preset { name: "vit-tiny", config: VitConfig::tiny(10), batch: 32, batches: 4, passes: 2 },
-            Preset { name: "vit-b16", config: VitConfig::vit_b16(10), batch: 1, batches: 2, passes: 1 },
+            Preset {
+                name: "vit-tiny",
+                config: VitConfig::tiny(10),
+                batch: 32,
+                batches: 4,
+                passes: 2,
+            },
+            Preset {
+                name: "vit-b16",
+                config: VitConfig::vit_b16(10),
+                batch: 1,
+                batches: 2,
+                passes: 1,
+            },
         ]
     } else {
         vec![
-            Preset { name: "vit-tiny", config: VitConfig::tiny(10).with_layers(4), batch: 64, batches: 8, passes: 3 },
-            Preset { name: "vit-b16", config: VitConfig::vit_b16(10), batch: 4, batches: 2, passes: 2 },
+            Preset {
+                name: "vit-tiny",
+                config: VitConfig::tiny(10).with_layers(4),
+                batch: 64,
+                batches: 8,
+                passes: 3,
+            },
+            Preset {
+                name: "vit-b16",
+                config: VitConfig::vit_b16(10),
+                batch: 4,
+                batches: 2,
+                passes: 2,
+            },
         ]
     };
     let mut rows = Vec::new();
-    println!("bench freeze ({}; backend {}; ratios against F=0 without cache, same preset, same run)", if quick { "quick" } else { "full" }, backend::NAME);
-    println!("{:<9} {:>6} {:>6} {:>5} {:>10} {:>7} {:>10} {:>7} {:>10}", "preset", "F/L", "units", "cache", "step ms", "ratio", "peak MiB", "ratio", "cache MiB");
+    println!(
+        "bench freeze ({}; backend {}; ratios against F=0 without cache, same preset, same run)",
+        if quick { "quick" } else { "full" },
+        backend::NAME
+    );
+    println!(
+        "{:<9} {:>6} {:>6} {:>5} {:>10} {:>7} {:>10} {:>7} {:>10}",
+        "preset", "F/L", "units", "cache", "step ms", "ratio", "peak MiB", "ratio", "cache MiB"
+    );
     for preset in &presets {
         let layers = preset.config.layers;
         let mut baseline: Option<Measured> = None;
@@ -160,7 +195,8 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
                     peak_ratio: peak_known.then(|| m.peak as f64 / base.peak as f64),
                     cache_mib: mib(m.cache_bytes),
                 };
-                let opt = |v: Option<f64>, p: usize| v.map_or("n/a".to_string(), |v| format!("{v:.p$}"));
+                let opt =
+                    |v: Option<f64>, p: usize| v.map_or("n/a".to_string(), |v| format!("{v:.p$}"));
                 println!(
                     "{:<9} {:>6} {:>6} {:>5} {:>10.1} {:>7.2} {:>10} {:>7} {:>10.2}",
                     row.preset,
@@ -177,7 +213,15 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
             }
         }
     }
-    let path = write_report("freeze", &Report { bench: "freeze", backend: backend::NAME, quick, rows })?;
+    let path = write_report(
+        "freeze",
+        &Report {
+            bench: "freeze",
+            backend: backend::NAME,
+            quick,
+            rows,
+        },
+    )?;
     println!("wrote {}", path.display());
     Ok(())
 }

@@ -5,4 +5,4 @@ pub mod freeze;
 pub mod pipe;
 mod report;
 
-pub use report::{write_report, BenchError};
+pub use report::{BenchError, write_report};

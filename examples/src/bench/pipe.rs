@@ -20,12 +20,12 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::prelude::*;
 use burn_freeze::{IntoLayerStack, LayerStack};
-use burn_pipe::{balance_exact, profile_units, Pipeline, PipelineConfig, Schedule};
+use burn_pipe::{Pipeline, PipelineConfig, Schedule, balance_exact, profile_units};
 use models::synthetic::BandImages;
 use models::vit::{PatchEmbedding, VitConfig, VitHead, VitUnit};
 use serde::Serialize;
 
-use super::{write_report, BenchError};
+use super::{BenchError, write_report};
 use crate::backend::{self, Inner, Train};
 
 type Stack = LayerStack<PatchEmbedding<Train>, VitUnit<Train>, VitHead<Train>>;
@@ -72,7 +72,13 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 /// The same micro-batches, forward and backward one after another on this
 /// thread through the plain stack; median seconds per mini-batch.
-fn sequential(stack: &Stack, images: &Tensor<Train, 4>, labels: &Tensor<Train, 1, Int>, m: usize, reps: usize) -> f64 {
+fn sequential(
+    stack: &Stack,
+    images: &Tensor<Train, 4>,
+    labels: &Tensor<Train, 1, Int>,
+    m: usize,
+    reps: usize,
+) -> f64 {
     let device = images.device();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let batch = images.dims()[0];
@@ -129,9 +135,25 @@ fn channel_overhead<T: Clone + Send + 'static>(message: T, round_trips: usize) -
 pub fn run(quick: bool) -> Result<(), BenchError> {
     let device = backend::device(0);
     let (config, batch, reps) = if quick {
-        (VitConfig::tiny(10).with_image_size(32).with_hidden(96).with_mlp_dim(192).with_layers(3), 32, 3)
+        (
+            VitConfig::tiny(10)
+                .with_image_size(32)
+                .with_hidden(96)
+                .with_mlp_dim(192)
+                .with_layers(3),
+            32,
+            3,
+        )
     } else {
-        (VitConfig::tiny(10).with_image_size(32).with_hidden(128).with_mlp_dim(256).with_layers(6), 64, 5)
+        (
+            VitConfig::tiny(10)
+                .with_image_size(32)
+                .with_hidden(128)
+                .with_mlp_dim(256)
+                .with_layers(6),
+            64,
+            5,
+        )
     };
     let model = format!(
         "ViT {}px/{} hidden {} layers {} ({} units)",
@@ -143,7 +165,8 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
     );
     let vit = config.init::<Train>(&device);
     let stack: Stack = vit.into_layer_stack();
-    let (images, labels) = BandImages::new(10, 3, config.image_size, 1).batch::<Train>(0, batch, &device);
+    let (images, labels) =
+        BandImages::new(10, 3, config.image_size, 1).batch::<Train>(0, batch, &device);
 
     let profile = profile_units(&stack, images.clone(), &device, 3);
     let costs: Vec<f64> = profile.iter().map(|p| p.cost(false, false)).collect();
@@ -182,17 +205,25 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
         for stages in [1, 2, 4] {
             let balance = balance_exact(&costs, stages);
             for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
-                let config = PipelineConfig::new().with_schedule(schedule).with_micro_batches(Some(m));
-                let mut pipeline = Pipeline::new(stack.clone(), &balance, vec![device.clone(); stages], config, || {
-                    SgdConfig::new().init()
-                })
+                let config = PipelineConfig::new()
+                    .with_schedule(schedule)
+                    .with_micro_batches(Some(m));
+                let mut pipeline = Pipeline::new(
+                    stack.clone(),
+                    &balance,
+                    vec![device.clone(); stages],
+                    config,
+                    || SgdConfig::new().init(),
+                )
                 .map_err(|e| BenchError::Run(e.to_string()))?;
                 let mut walls = Vec::new();
                 let mut bubbles = Vec::new();
                 let mut last = None;
                 for rep in 0..=reps {
                     let report = pipeline
-                        .forward_backward(images.clone(), labels.clone(), |logits, labels| loss_fn.forward(logits, labels))
+                        .forward_backward(images.clone(), labels.clone(), |logits, labels| {
+                            loss_fn.forward(logits, labels)
+                        })
                         .map_err(|e| BenchError::Run(e.to_string()))?;
                     pipeline.clear_gradients();
                     if rep > 0 {

@@ -14,12 +14,15 @@
 //! `--pooling cls` uses BERT's [CLS] pooler instead. Only the classifier
 //! starts fresh; every other weight comes from the checkpoint.
 
+// Device types are `Copy` on the CPU backend but not on CUDA: keep the clones.
+#![allow(clippy::clone_on_copy)]
+
 use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::data::dataloader::DataLoaderBuilder;
-use burn::data::dataset::transform::ShuffledDataset;
 use burn::data::dataset::Dataset;
+use burn::data::dataset::transform::ShuffledDataset;
 use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
@@ -79,7 +82,12 @@ struct Args {
 }
 
 /// Fraction of `dataset` that `model` classifies right.
-fn accuracy(model: &Bert<Inner>, dataset: SstDataset, batcher: SstBatcher, device: &Device<Inner>) -> (f64, usize) {
+fn accuracy(
+    model: &Bert<Inner>,
+    dataset: SstDataset,
+    batcher: SstBatcher,
+    device: &Device<Inner>,
+) -> (f64, usize) {
     let total = dataset.len();
     let loader = DataLoaderBuilder::<Inner, _, SstBatch<Inner>>::new(batcher)
         .batch_size(64)
@@ -88,7 +96,12 @@ fn accuracy(model: &Bert<Inner>, dataset: SstDataset, batcher: SstBatcher, devic
     let mut correct = 0i64;
     for batch in loader.iter() {
         let predicted = model.forward(batch.input).argmax(1).flatten::<1>(0, 1);
-        correct += predicted.equal(batch.labels).int().sum().into_scalar().elem::<i64>();
+        correct += predicted
+            .equal(batch.labels)
+            .int()
+            .sum()
+            .into_scalar()
+            .elem::<i64>();
     }
     (correct as f64 / total as f64, total)
 }
@@ -106,9 +119,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     let train = SstDataset::split(&args.data, SstSplit::Train)?;
     let train = match args.max_train_samples {
-        Some(n) if n < train.len() => {
-            SstDataset::from(ShuffledDataset::new(train, args.seed).iter().take(n).collect::<Vec<_>>())
-        }
+        Some(n) if n < train.len() => SstDataset::from(
+            ShuffledDataset::new(train, args.seed)
+                .iter()
+                .take(n)
+                .collect::<Vec<_>>(),
+        ),
         _ => train,
     };
     let dev = SstDataset::split(&args.data, SstSplit::Dev)?;
@@ -150,7 +166,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     println!("{report}");
 
     let (zero_shot, _) = accuracy(&model.valid(), dev.clone(), batcher.clone(), &device);
-    println!("before fine-tuning (fresh classifier): dev accuracy {:.2}%", 100.0 * zero_shot);
+    println!(
+        "before fine-tuning (fresh classifier): dev accuracy {:.2}%",
+        100.0 * zero_shot
+    );
 
     let loader = DataLoaderBuilder::<Train, _, SstBatch<Train>>::new(batcher.clone())
         .batch_size(args.batch_size)
@@ -162,8 +181,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .with_weight_decay(args.weight_decay)
         .init::<Train, Bert<Train>>();
     let bar = ProgressBar::new(total_steps as u64).with_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} steps {msg} [{elapsed_precise} < {eta_precise}]")
-            .expect("valid template"),
+        ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} steps {msg} [{elapsed_precise} < {eta_precise}]",
+        )
+        .expect("valid template"),
     );
 
     let mut step = 0usize;
@@ -202,7 +223,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let train_time = start.elapsed().as_secs_f64();
         epoch_times.push(train_time);
         let eval_start = Instant::now();
-        let (dev_accuracy, dev_total) = accuracy(&model.valid(), dev.clone(), batcher.clone(), &device);
+        let (dev_accuracy, dev_total) =
+            accuracy(&model.valid(), dev.clone(), batcher.clone(), &device);
         best = best.max(dev_accuracy);
         bar.suspend(|| {
             println!(

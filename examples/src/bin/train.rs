@@ -13,10 +13,10 @@ use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
-use clap::{Parser, ValueEnum};
 use burn_freeze::IntoLayerStack;
+use clap::{Parser, ValueEnum};
 use examples::backend::{self, Train};
-use examples::elastic::{train_elastic, ElasticRun};
+use examples::elastic::{ElasticRun, train_elastic};
 use indicatif::{ProgressBar, ProgressStyle};
 use models::bert::{Bert, BertConfig};
 use models::synthetic::{BandImages, MajorityTokens};
@@ -75,7 +75,12 @@ enum Job {
 
 impl Job {
     /// Logits and labels of batch `index`, on the autodiff backend.
-    fn step(&self, index: usize, batch: usize, device: &Device<Train>) -> (Tensor<Train, 2>, Tensor<Train, 1, Int>) {
+    fn step(
+        &self,
+        index: usize,
+        batch: usize,
+        device: &Device<Train>,
+    ) -> (Tensor<Train, 2>, Tensor<Train, 1, Int>) {
         match self {
             Job::Vit(model, task) => {
                 let (images, labels) = task.batch(index, batch, device);
@@ -149,19 +154,40 @@ fn main_pipelined(args: &Args) -> Result<(), examples::elastic::ElasticError> {
             let task = BandImages::new(args.classes, 3, 16, args.seed);
             let stack = config.init::<Train>(&device).into_layer_stack();
             let held_out = task.batch(usize::MAX / 2, 256, &device);
-            let trained = train_elastic(stack, &run(config.layers), |i| task.batch(i, args.batch_size, &device), held_out, loss)?;
-            Job::Vit(Vit::from_layer_stack(trained).expect("the pipeline returns every unit"), task)
+            let trained = train_elastic(
+                stack,
+                &run(config.layers),
+                |i| task.batch(i, args.batch_size, &device),
+                held_out,
+                loss,
+            )?;
+            Job::Vit(
+                Vit::from_layer_stack(trained).expect("the pipeline returns every unit"),
+                task,
+            )
         }
         ModelKind::Bert => {
             let config = BertConfig::tiny(2).with_layers(4);
             let task = MajorityTokens::new(64, 5, 15, args.seed);
             let stack = config.init::<Train>(&device).into_layer_stack();
             let held_out = task.batch(usize::MAX / 2, 256, &device);
-            let trained = train_elastic(stack, &run(config.layers), |i| task.batch(i, args.batch_size, &device), held_out, loss)?;
-            Job::Bert(Bert::from_layer_stack(trained).expect("the pipeline returns every unit"), task)
+            let trained = train_elastic(
+                stack,
+                &run(config.layers),
+                |i| task.batch(i, args.batch_size, &device),
+                held_out,
+                loss,
+            )?;
+            Job::Bert(
+                Bert::from_layer_stack(trained).expect("the pipeline returns every unit"),
+                task,
+            )
         }
     };
-    println!("held-out accuracy {:.1}%", 100.0 * job.accuracy(256, &device));
+    println!(
+        "held-out accuracy {:.1}%",
+        100.0 * job.accuracy(256, &device)
+    );
     Ok(())
 }
 

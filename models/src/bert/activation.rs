@@ -48,8 +48,9 @@ impl<B: Backend> BertInput<B> {
         }
         let tokens = Tensor::<B, 1, Int>::from_data(TensorData::new(tokens, [batch * seq]), device)
             .reshape([batch, seq]);
-        let padding = Tensor::<B, 1, Bool>::from_data(TensorData::new(padding, [batch * seq]), device)
-            .reshape([batch, seq]);
+        let padding =
+            Tensor::<B, 1, Bool>::from_data(TensorData::new(padding, [batch * seq]), device)
+                .reshape([batch, seq]);
         Self {
             token_types: tokens.zeros_like(),
             tokens,
@@ -216,10 +217,12 @@ impl<B: Backend> Cacheable<B> for BertHidden<B> {
     }
 
     fn from_data(parts: Vec<TensorData>, device: &B::Device) -> Self {
-        let [states, padding]: [TensorData; 2] = parts
-            .try_into()
-            .unwrap_or_else(|parts: Vec<TensorData>| {
-                panic!("BERT's hidden state is rebuilt from 2 parts, got {}", parts.len())
+        let [states, padding]: [TensorData; 2] =
+            parts.try_into().unwrap_or_else(|parts: Vec<TensorData>| {
+                panic!(
+                    "BERT's hidden state is rebuilt from 2 parts, got {}",
+                    parts.len()
+                )
             });
         Self {
             states: Cacheable::from_data(vec![states], device),
@@ -247,13 +250,16 @@ impl<B: Backend> Cacheable<B> for BertInput<B> {
     }
 
     fn to_data_parts(&self) -> Vec<TensorData> {
-        vec![self.tokens.to_data(), self.token_types.to_data(), self.padding.to_data()]
+        vec![
+            self.tokens.to_data(),
+            self.token_types.to_data(),
+            self.padding.to_data(),
+        ]
     }
 
     fn from_data(parts: Vec<TensorData>, device: &B::Device) -> Self {
-        let [tokens, token_types, padding]: [TensorData; 3] = parts
-            .try_into()
-            .unwrap_or_else(|parts: Vec<TensorData>| {
+        let [tokens, token_types, padding]: [TensorData; 3] =
+            parts.try_into().unwrap_or_else(|parts: Vec<TensorData>| {
                 panic!("a BERT input is rebuilt from 3 parts, got {}", parts.len())
             });
         Self {

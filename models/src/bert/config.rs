@@ -89,7 +89,7 @@ impl BertConfig {
 
     /// Checks that the hyper-parameters fit together.
     pub fn validate(&self) -> Result<(), String> {
-        if self.heads == 0 || self.hidden % self.heads != 0 {
+        if self.heads == 0 || !self.hidden.is_multiple_of(self.heads) {
             return Err(format!(
                 "hidden {} is not a multiple of heads {}",
                 self.hidden, self.heads

@@ -9,5 +9,5 @@ mod units;
 pub use activation::{BertHidden, BertInput};
 pub use config::BertConfig;
 pub use model::{Bert, BertBlock};
-pub use pooling::{l2_normalize, BertPooling};
+pub use pooling::{BertPooling, l2_normalize};
 pub use units::{BertEmbeddings, BertHead, BertUnit, PostNormAttention, PostNormFeedForward};

@@ -108,25 +108,24 @@ impl<B: AutodiffBackend> IntoLayerStack<B> for Bert<B> {
         let mut index = 1;
         while let (Some(first), Some(second)) = (units.next(), units.next()) {
             match (first, second) {
-                (BertUnit::Attention(attention), BertUnit::FeedForward(feed_forward)) => {
-                    blocks.push(BertBlock {
+                (BertUnit::Attention(attention), BertUnit::FeedForward(feed_forward)) => blocks
+                    .push(BertBlock {
                         attention,
                         feed_forward,
-                    })
-                }
+                    }),
                 (BertUnit::Attention(_), other) => {
                     return Err(StackError::UnexpectedUnit {
                         index: index + 1,
                         expected: "feed-forward",
                         found: other.kind(),
-                    })
+                    });
                 }
                 (other, _) => {
                     return Err(StackError::UnexpectedUnit {
                         index,
                         expected: "attention",
                         found: other.kind(),
-                    })
+                    });
                 }
             }
             index += 2;

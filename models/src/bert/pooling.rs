@@ -36,8 +36,15 @@ impl<B: Backend> BertHidden<B> {
     /// ```
     pub fn mean_pool(&self) -> Tensor<B, 2> {
         let [batch, seq, hidden] = self.states.dims();
-        let keep = self.padding.clone().bool_not().float().reshape([batch, seq, 1]);
-        let summed = (self.states.clone() * keep.clone()).sum_dim(1).reshape([batch, hidden]);
+        let keep = self
+            .padding
+            .clone()
+            .bool_not()
+            .float()
+            .reshape([batch, seq, 1]);
+        let summed = (self.states.clone() * keep.clone())
+            .sum_dim(1)
+            .reshape([batch, hidden]);
         let counts = keep.sum_dim(1).reshape([batch, 1]).clamp_min(1e-9);
         summed / counts
     }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use burn::prelude::*;
 use serde::Deserialize;
 
-use super::{load_safetensors, norm_rules, LoadOptions, LoadReport, PretrainedError};
+use super::{LoadOptions, LoadReport, PretrainedError, load_safetensors, norm_rules};
 use crate::bert::{Bert, BertConfig};
 
 /// The fields of a Hugging Face BERT `config.json` that shape the model.
@@ -79,10 +79,11 @@ impl HfBertConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        let config: Self = serde_json::from_str(&text).map_err(|source| PretrainedError::Config {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let config: Self =
+            serde_json::from_str(&text).map_err(|source| PretrainedError::Config {
+                path: path.to_path_buf(),
+                source,
+            })?;
         let unsupported = |reason: String| PretrainedError::Unsupported {
             path: path.to_path_buf(),
             reason,
@@ -99,10 +100,7 @@ impl HfBertConfig {
                 config.position_embedding_type
             )));
         }
-        config
-            .to_bert_config(2)
-            .validate()
-            .map_err(|reason| unsupported(reason))?;
+        config.to_bert_config(2).validate().map_err(unsupported)?;
         Ok(config)
     }
 
@@ -212,9 +210,18 @@ fn rules() -> Vec<(String, String)> {
     const P: &str = r"^(?:bert\.)?";
     const L: &str = r"^(?:bert\.)?encoder\.layer\.(\d+)";
     let mut rules = vec![
-        (format!(r"{P}embeddings\.word_embeddings\.weight$"), "embeddings.words.weight".into()),
-        (format!(r"{P}embeddings\.position_embeddings\.weight$"), "embeddings.positions.weight".into()),
-        (format!(r"{P}embeddings\.token_type_embeddings\.weight$"), "embeddings.token_types.weight".into()),
+        (
+            format!(r"{P}embeddings\.word_embeddings\.weight$"),
+            "embeddings.words.weight".into(),
+        ),
+        (
+            format!(r"{P}embeddings\.position_embeddings\.weight$"),
+            "embeddings.positions.weight".into(),
+        ),
+        (
+            format!(r"{P}embeddings\.token_type_embeddings\.weight$"),
+            "embeddings.token_types.weight".into(),
+        ),
         (
             format!(r"{L}\.attention\.self\.(query|key|value)\.(weight|bias)$"),
             "blocks.${1}.attention.attention.${2}.${3}".into(),
@@ -231,12 +238,27 @@ fn rules() -> Vec<(String, String)> {
             format!(r"{L}\.output\.dense\.(weight|bias)$"),
             "blocks.${1}.feed_forward.feed_forward.fc2.${2}".into(),
         ),
-        (format!(r"{P}pooler\.dense\.(weight|bias)$"), "head.pooler.${1}".into()),
-        (r"^classifier\.(weight|bias)$".into(), "head.classifier.${1}".into()),
+        (
+            format!(r"{P}pooler\.dense\.(weight|bias)$"),
+            "head.pooler.${1}".into(),
+        ),
+        (
+            r"^classifier\.(weight|bias)$".into(),
+            "head.classifier.${1}".into(),
+        ),
     ];
-    rules.extend(norm_rules(&format!(r"{P}embeddings\.LayerNorm"), "embeddings.norm"));
-    rules.extend(norm_rules(&format!(r"{L}\.attention\.output\.LayerNorm"), "blocks.${1}.attention.norm"));
-    rules.extend(norm_rules(&format!(r"{L}\.output\.LayerNorm"), "blocks.${1}.feed_forward.norm"));
+    rules.extend(norm_rules(
+        &format!(r"{P}embeddings\.LayerNorm"),
+        "embeddings.norm",
+    ));
+    rules.extend(norm_rules(
+        &format!(r"{L}\.attention\.output\.LayerNorm"),
+        "blocks.${1}.attention.norm",
+    ));
+    rules.extend(norm_rules(
+        &format!(r"{L}\.output\.LayerNorm"),
+        "blocks.${1}.feed_forward.norm",
+    ));
     rules
 }
 
@@ -253,10 +275,12 @@ pub fn load_bert_safetensors<B: Backend>(
     device: &B::Device,
 ) -> Result<(Bert<B>, LoadReport), PretrainedError> {
     let path = path.as_ref();
-    config.validate().map_err(|reason| PretrainedError::Unsupported {
-        path: path.to_path_buf(),
-        reason: format!("invalid BERT configuration: {reason}"),
-    })?;
+    config
+        .validate()
+        .map_err(|reason| PretrainedError::Unsupported {
+            path: path.to_path_buf(),
+            reason: format!("invalid BERT configuration: {reason}"),
+        })?;
     let bert = config.init::<B>(device);
     load_safetensors(bert, path, &rules(), |snapshots| snapshots, options)
 }

@@ -32,9 +32,9 @@ use burn_store::{
     TensorSnapshot,
 };
 
-pub use bert::{load_bert_safetensors, BertCheckpoint, HfBertConfig};
+pub use bert::{BertCheckpoint, HfBertConfig, load_bert_safetensors};
 pub use error::PretrainedError;
-pub use vit::{load_vit_safetensors, VitCheckpointFormat};
+pub use vit::{VitCheckpointFormat, load_vit_safetensors};
 
 /// What a load may leave out, on either side.
 ///
@@ -86,12 +86,16 @@ impl LoadOptions {
 
     /// Whether the model parameter `path` may be absent from the checkpoint.
     pub fn allows_missing(&self, path: &str) -> bool {
-        self.allow_missing.iter().any(|prefix| path.starts_with(prefix.as_str()))
+        self.allow_missing
+            .iter()
+            .any(|prefix| path.starts_with(prefix.as_str()))
     }
 
     /// Whether the checkpoint tensor `name` may match nothing.
     pub fn ignores_unused(&self, name: &str) -> bool {
-        self.ignore_unused.iter().any(|prefix| name.starts_with(prefix.as_str()))
+        self.ignore_unused
+            .iter()
+            .any(|prefix| name.starts_with(prefix.as_str()))
     }
 }
 

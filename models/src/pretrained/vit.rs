@@ -7,7 +7,7 @@ use burn::module::ParamId;
 use burn::prelude::*;
 use burn_store::{TensorSnapshot, TensorSnapshotError};
 
-use super::{load_safetensors, norm_rules, LoadOptions, LoadReport, PretrainedError};
+use super::{LoadOptions, LoadReport, PretrainedError, load_safetensors, norm_rules};
 use crate::vit::{Vit, VitConfig};
 
 /// The naming scheme of a ViT checkpoint.
@@ -27,18 +27,30 @@ const QKV_PARTS: [&str; 3] = ["query", "key", "value"];
 fn timm_rules() -> Vec<(String, String)> {
     let b = r"^blocks\.(\d+)";
     let mut rules = vec![
-        (r"^patch_embed\.proj\.(weight|bias)$".into(), "embedding.projection.${1}".into()),
+        (
+            r"^patch_embed\.proj\.(weight|bias)$".into(),
+            "embedding.projection.${1}".into(),
+        ),
         (r"^cls_token$".into(), "embedding.class_token".into()),
         (r"^pos_embed$".into(), "embedding.positions".into()),
         (
             format!(r"{b}\.attn\.qkv\.(query|key|value)\.(weight|bias)$"),
             "blocks.${1}.attention.attention.${2}.${3}".into(),
         ),
-        (format!(r"{b}\.attn\.proj\.(weight|bias)$"), "blocks.${1}.attention.attention.output.${2}".into()),
-        (format!(r"{b}\.mlp\.(fc1|fc2)\.(weight|bias)$"), "blocks.${1}.mlp.mlp.${2}.${3}".into()),
+        (
+            format!(r"{b}\.attn\.proj\.(weight|bias)$"),
+            "blocks.${1}.attention.attention.output.${2}".into(),
+        ),
+        (
+            format!(r"{b}\.mlp\.(fc1|fc2)\.(weight|bias)$"),
+            "blocks.${1}.mlp.mlp.${2}.${3}".into(),
+        ),
         (r"^head\.(weight|bias)$".into(), "head.linear.${1}".into()),
     ];
-    rules.extend(norm_rules(&format!(r"{b}\.norm1"), "blocks.${1}.attention.norm"));
+    rules.extend(norm_rules(
+        &format!(r"{b}\.norm1"),
+        "blocks.${1}.attention.norm",
+    ));
     rules.extend(norm_rules(&format!(r"{b}\.norm2"), "blocks.${1}.mlp.norm"));
     rules.extend(norm_rules(r"^norm", "norm"));
     rules
@@ -48,8 +60,14 @@ fn hf_rules() -> Vec<(String, String)> {
     let p = r"^(?:vit\.)?";
     let l = r"^(?:vit\.)?encoder\.layer\.(\d+)";
     let mut rules = vec![
-        (format!(r"{p}embeddings\.cls_token$"), "embedding.class_token".into()),
-        (format!(r"{p}embeddings\.position_embeddings$"), "embedding.positions".into()),
+        (
+            format!(r"{p}embeddings\.cls_token$"),
+            "embedding.class_token".into(),
+        ),
+        (
+            format!(r"{p}embeddings\.position_embeddings$"),
+            "embedding.positions".into(),
+        ),
         (
             format!(r"{p}embeddings\.patch_embeddings\.projection\.(weight|bias)$"),
             "embedding.projection.${1}".into(),
@@ -62,12 +80,27 @@ fn hf_rules() -> Vec<(String, String)> {
             format!(r"{l}\.attention\.output\.dense\.(weight|bias)$"),
             "blocks.${1}.attention.attention.output.${2}".into(),
         ),
-        (format!(r"{l}\.intermediate\.dense\.(weight|bias)$"), "blocks.${1}.mlp.mlp.fc1.${2}".into()),
-        (format!(r"{l}\.output\.dense\.(weight|bias)$"), "blocks.${1}.mlp.mlp.fc2.${2}".into()),
-        (r"^classifier\.(weight|bias)$".into(), "head.linear.${1}".into()),
+        (
+            format!(r"{l}\.intermediate\.dense\.(weight|bias)$"),
+            "blocks.${1}.mlp.mlp.fc1.${2}".into(),
+        ),
+        (
+            format!(r"{l}\.output\.dense\.(weight|bias)$"),
+            "blocks.${1}.mlp.mlp.fc2.${2}".into(),
+        ),
+        (
+            r"^classifier\.(weight|bias)$".into(),
+            "head.linear.${1}".into(),
+        ),
     ];
-    rules.extend(norm_rules(&format!(r"{l}\.layernorm_before"), "blocks.${1}.attention.norm"));
-    rules.extend(norm_rules(&format!(r"{l}\.layernorm_after"), "blocks.${1}.mlp.norm"));
+    rules.extend(norm_rules(
+        &format!(r"{l}\.layernorm_before"),
+        "blocks.${1}.attention.norm",
+    ));
+    rules.extend(norm_rules(
+        &format!(r"{l}\.layernorm_after"),
+        "blocks.${1}.mlp.norm",
+    ));
     rules.extend(norm_rules(&format!(r"{p}layernorm"), "norm"));
     rules
 }
@@ -158,10 +191,12 @@ pub fn load_vit_safetensors<B: Backend>(
     device: &B::Device,
 ) -> Result<(Vit<B>, LoadReport), PretrainedError> {
     let path = path.as_ref();
-    config.validate().map_err(|reason| PretrainedError::Unsupported {
-        path: path.to_path_buf(),
-        reason: format!("invalid ViT configuration: {reason}"),
-    })?;
+    config
+        .validate()
+        .map_err(|reason| PretrainedError::Unsupported {
+            path: path.to_path_buf(),
+            reason: format!("invalid ViT configuration: {reason}"),
+        })?;
     let vit = config.init::<B>(device);
     match format {
         VitCheckpointFormat::Timm => load_safetensors(vit, path, &timm_rules(), split_qkv, options),

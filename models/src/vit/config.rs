@@ -80,13 +80,13 @@ impl VitConfig {
 
     /// Checks that the hyper-parameters fit together.
     pub fn validate(&self) -> Result<(), String> {
-        if self.patch_size == 0 || self.image_size % self.patch_size != 0 {
+        if self.patch_size == 0 || !self.image_size.is_multiple_of(self.patch_size) {
             return Err(format!(
                 "image_size {} is not a multiple of patch_size {}",
                 self.image_size, self.patch_size
             ));
         }
-        if self.heads == 0 || self.hidden % self.heads != 0 {
+        if self.heads == 0 || !self.hidden.is_multiple_of(self.heads) {
             return Err(format!(
                 "hidden {} is not a multiple of heads {}",
                 self.hidden, self.heads

@@ -105,13 +105,12 @@ impl<B: AutodiffBackend> IntoLayerStack<B> for Vit<B> {
                 expected_description: "2 * layers + 3 units".into(),
             });
         }
-        let unexpected = |index: usize, expected: &'static str, unit: &VitUnit<B>| {
-            StackError::UnexpectedUnit {
+        let unexpected =
+            |index: usize, expected: &'static str, unit: &VitUnit<B>| StackError::UnexpectedUnit {
                 index,
                 expected,
                 found: unit.kind(),
-            }
-        };
+            };
         let mut units = middle.into_iter();
         let norm = match units.next_back() {
             Some(VitUnit::Norm(norm)) => norm,
@@ -125,9 +124,7 @@ impl<B: AutodiffBackend> IntoLayerStack<B> for Vit<B> {
                 (VitUnit::Attention(attention), VitUnit::Mlp(mlp)) => {
                     blocks.push(VitBlock { attention, mlp })
                 }
-                (VitUnit::Attention(_), other) => {
-                    return Err(unexpected(index + 1, "mlp", &other))
-                }
+                (VitUnit::Attention(_), other) => return Err(unexpected(index + 1, "mlp", &other)),
                 (other, _) => return Err(unexpected(index, "attention", &other)),
             }
             index += 2;

@@ -1,7 +1,7 @@
 //! ViT's partition units: patch embedding, pre-norm attention, pre-norm MLP,
 //! final norm and classification head.
 
-use burn::module::{Param, Initializer};
+use burn::module::{Initializer, Param};
 use burn::nn::attention::{MhaInput, MultiHeadAttention, MultiHeadAttentionConfig};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{Dropout, DropoutConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
@@ -59,7 +59,9 @@ impl<B: Backend> PatchEmbedding<B> {
             rows * cols,
             tokens - 1
         );
-        let patches = patches.reshape([batch, hidden, rows * cols]).swap_dims(1, 2);
+        let patches = patches
+            .reshape([batch, hidden, rows * cols])
+            .swap_dims(1, 2);
         let class_token = self.class_token.val().repeat_dim(0, batch);
         let x = Tensor::cat(vec![class_token, patches], 1) + self.positions.val();
         self.dropout.forward(x)
@@ -92,10 +94,7 @@ impl<B: Backend> PreNormAttention<B> {
     /// `[batch, tokens, hidden] -> [batch, tokens, hidden]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let normed = self.norm.forward(x.clone());
-        let attended = self
-            .attention
-            .forward(MhaInput::self_attn(normed))
-            .context;
+        let attended = self.attention.forward(MhaInput::self_attn(normed)).context;
         x + self.dropout.forward(attended)
     }
 }

@@ -13,7 +13,13 @@ pub fn relative_max_diff<Be: Backend, const D: usize>(
     expected: Tensor<Be, D>,
 ) -> f32 {
     assert_eq!(actual.dims(), expected.dims(), "shapes differ");
-    let scale = expected.clone().abs().max().into_scalar().elem::<f32>().max(1.0);
+    let scale = expected
+        .clone()
+        .abs()
+        .max()
+        .into_scalar()
+        .elem::<f32>()
+        .max(1.0);
     let diff = (actual - expected).abs().max().into_scalar().elem::<f32>();
     diff / scale
 }

