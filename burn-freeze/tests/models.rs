@@ -4,10 +4,12 @@ mod common;
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, Optimizer};
+use burn::prelude::*;
 use burn_freeze::{
-    ActivationCache, CacheConfig, FreezableStack, IntoLayerStack, LayerMap, StackOf,
+    ActivationCache, CacheConfig, Cacheable, FreezableStack, InnerOf, IntoLayerStack, LayerMap,
+    StackOf, Unit,
 };
-use common::{B, graph_depth};
+use common::{B, Inner, graph_depth};
 use models::bert::{Bert, BertConfig};
 use models::synthetic::{BandImages, MajorityTokens};
 use models::vit::{Vit, VitConfig};
@@ -52,30 +54,36 @@ fn bert_frozen_blocks_give_the_same_output() {
     assert!(graph_depth(out) < graph_depth(full));
 }
 
-fn train_vit(
-    stack: &mut FreezableStack<
-        B,
-        <Vit<B> as IntoLayerStack<B>>::First,
-        <Vit<B> as IntoLayerStack<B>>::Middle,
-        <Vit<B> as IntoLayerStack<B>>::Last,
-    >,
+/// Trains `stack` with Adam over 3 batches of 8 samples per epoch, moving
+/// the front to `fronts[epoch]` before each epoch, through the cache when
+/// `cached`; the loss of every step.
+fn train_with_fronts<F, M, L>(
+    stack: &mut FreezableStack<B, F, M, L>,
+    fronts: &[usize],
+    batch: impl Fn(usize) -> (F::Input, Tensor<B, 1, Int>),
     cached: bool,
-) -> Vec<f32> {
+) -> Vec<f32>
+where
+    F: Unit<B>,
+    InnerOf<B, F::Input>: Cacheable<Inner>,
+    InnerOf<B, F::Output>: Cacheable<Inner>,
+    M: Unit<B, Input = F::Output, Output = F::Output>,
+    L: Unit<B, Input = F::Output, Output = Tensor<B, 2>>,
+{
     let device = Default::default();
-    let task = BandImages::new(4, 3, 16, 3);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let mut optim = AdamConfig::new().init();
     let mut losses = Vec::new();
-    for (epoch, front) in [0, 3, 5, 5].into_iter().enumerate() {
+    for (epoch, &front) in fronts.iter().enumerate() {
         stack.freeze_to(front).unwrap();
         for b in 0..3 {
             let index = (b + epoch) % 3;
-            let (images, labels) = task.batch::<B>(index, 8, &device);
+            let (input, labels) = batch(index);
             let ids: Vec<u64> = (0..8).map(|i| (index * 8 + i) as u64).collect();
             let logits = if cached {
-                stack.forward_cached(&ids, images).unwrap()
+                stack.forward_cached(&ids, input).unwrap()
             } else {
-                stack.forward(images)
+                stack.forward(input)
             };
             let loss = loss_fn.forward(logits, labels);
             losses.push(loss.clone().into_scalar());
@@ -93,7 +101,15 @@ fn vit_training_with_the_cache_gives_the_same_losses() {
     // Burn initialises parameters on first use: do it before cloning, so both
     // runs share the weights.
     let _ = stack.forward(BandImages::new(4, 3, 16, 3).batch::<B>(0, 1, &device).0);
-    let expected = train_vit(&mut FreezableStack::new(stack.clone()), false);
+    let task = BandImages::new(4, 3, 16, 3);
+    let batch = |index| task.batch::<B>(index, 8, &device);
+    let fronts = [0, 3, 5, 5];
+    let expected = train_with_fronts(
+        &mut FreezableStack::new(stack.clone()),
+        &fronts,
+        batch,
+        false,
+    );
     let dir = tempfile::tempdir().unwrap();
     let mut cached = FreezableStack::new(stack);
     // Memory for half the samples; the rest spills to disk.
@@ -104,7 +120,7 @@ fn vit_training_with_the_cache_gives_the_same_losses() {
         )
         .unwrap(),
     );
-    let losses = train_vit(&mut cached, true);
+    let losses = train_with_fronts(&mut cached, &fronts, batch, true);
     for (step, (a, b)) in losses.iter().zip(&expected).enumerate() {
         assert!((a - b).abs() <= 1e-5, "step {step}: cached {a}, plain {b}");
     }
@@ -121,30 +137,14 @@ fn bert_training_with_the_cache_gives_the_same_losses() {
     let task = MajorityTokens::new(64, 5, 15, 4);
     let stack: StackOf<B, Bert<B>> = BertConfig::tiny(2).init::<B>(&device).into_layer_stack();
     let _ = stack.forward(task.batch::<B>(0, 1, &device).0);
-    let run = |stack: &mut FreezableStack<_, _, _, _>, cached: bool| {
-        let loss_fn = CrossEntropyLossConfig::new().init(&device);
-        let mut optim = AdamConfig::new().init();
-        let mut losses = Vec::new();
-        for (epoch, front) in [0, 1, 3, 3].into_iter().enumerate() {
-            stack.freeze_to(front).unwrap();
-            for b in 0..3 {
-                let index = (b + epoch) % 3;
-                let (input, labels) = task.batch::<B>(index, 8, &device);
-                let ids: Vec<u64> = (0..8).map(|i| (index * 8 + i) as u64).collect();
-                let logits = if cached {
-                    stack.forward_cached(&ids, input).unwrap()
-                } else {
-                    stack.forward(input)
-                };
-                let loss = loss_fn.forward(logits, labels);
-                losses.push(loss.clone().into_scalar());
-                let grads = stack.gradients(loss.backward());
-                stack.map_active(|a| optim.step(1e-3, a, grads));
-            }
-        }
-        losses
-    };
-    let expected = run(&mut FreezableStack::new(stack.clone()), false);
+    let batch = |index| task.batch::<B>(index, 8, &device);
+    let fronts = [0, 1, 3, 3];
+    let expected = train_with_fronts(
+        &mut FreezableStack::new(stack.clone()),
+        &fronts,
+        batch,
+        false,
+    );
     let dir = tempfile::tempdir().unwrap();
     let mut cached = FreezableStack::new(stack);
     // Room in memory for a few samples only: the rest, padding masks
@@ -155,7 +155,7 @@ fn bert_training_with_the_cache_gives_the_same_losses() {
         )
         .unwrap(),
     );
-    let losses = run(&mut cached, true);
+    let losses = train_with_fronts(&mut cached, &fronts, batch, true);
     for (step, (a, b)) in losses.iter().zip(&expected).enumerate() {
         assert!((a - b).abs() <= 1e-5, "step {step}: cached {a}, plain {b}");
     }

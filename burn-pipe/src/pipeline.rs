@@ -162,18 +162,7 @@ where
         make_optimizer: impl Fn() -> O + Send + Sync + 'static,
     ) -> Result<Self, PipeError> {
         validate(balance, stack.len(), devices.len(), &config)?;
-        let stages = split(stack, balance, 0)
-            .into_iter()
-            .zip(devices)
-            .zip(ranges(balance))
-            .map(|((units, device), range)| Stage {
-                units: Some(units.fork(&device)),
-                optimizer: make_optimizer(),
-                device,
-                range,
-                pending: None,
-            })
-            .collect();
+        let stages = place(stack, balance, 0, devices, |_| make_optimizer());
         Ok(Self {
             stages,
             front: 0,
@@ -504,22 +493,11 @@ where
             records.extend(stage.optimizer.to_record());
             all_units.push(stage.units.expect("units present"));
         }
-        self.stages = split(join(all_units), balance, self.front)
-            .into_iter()
-            .zip(devices)
-            .zip(ranges(balance))
-            .map(|((units, device), range)| {
-                let units = units.fork(&device);
-                let optimizer = optimizer_for(&self.make_optimizer, &mut records, &units.trainable);
-                Stage {
-                    units: Some(units),
-                    optimizer,
-                    device,
-                    range,
-                    pending: None,
-                }
-            })
-            .collect();
+        let make = &self.make_optimizer;
+        let stages = place(join(all_units), balance, self.front, devices, |trainable| {
+            optimizer_for(make, &mut records, trainable)
+        });
+        self.stages = stages;
         tracing::info!(?balance, "pipeline repartitioned");
         Ok(())
     }
@@ -577,6 +555,39 @@ where
                 .collect(),
         )
     }
+}
+
+/// Places a stack on stages: stage `s` holds the next `balance[s]` units
+/// (those before `front` frozen) on `devices[s]`, with the optimizer that
+/// `optimizer` gives for its trainable units. `balance` is already validated.
+fn place<B, F, M, L, O>(
+    stack: LayerStack<F, M, L>,
+    balance: &[usize],
+    front: usize,
+    devices: Vec<B::Device>,
+    mut optimizer: impl FnMut(&StageModule<B, F, M, L>) -> O,
+) -> Vec<Stage<B, F, M, L, O>>
+where
+    B: AutodiffBackend,
+    F: Unit<B>,
+    M: Unit<B, Input = F::Output, Output = F::Output>,
+    L: Unit<B, Input = F::Output>,
+{
+    split(stack, balance, front)
+        .into_iter()
+        .zip(devices)
+        .zip(ranges(balance))
+        .map(|((units, device), range)| {
+            let units = units.fork(&device);
+            Stage {
+                optimizer: optimizer(&units.trainable),
+                units: Some(units),
+                device,
+                range,
+                pending: None,
+            }
+        })
+        .collect()
 }
 
 /// A fresh optimizer holding the state, taken from `records`, of `module`'s parameters.

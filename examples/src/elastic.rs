@@ -73,18 +73,11 @@ where
     let units = stack.len();
     let devices: Vec<_> = (0..run.stages).map(backend::device).collect();
     let costs = unit_param_costs::<Train, F, M, L>(&stack);
-    match run.stages {
-        0 => return Err(PipeError::NoStages.into()),
-        stages if stages > units => return Err(PipeError::TooManyStages { stages, units }.into()),
-        _ => {}
-    }
     let layer_map = LayerMap::uniform(1, 2, run.layers, units)?;
-    let balance = balance_exact(&costs, run.stages);
-    let initial_largest = largest_stage(&costs, &balance);
     let config = PipelineConfig::new().with_micro_batches(run.micro_batches);
-    let mut pipeline = Pipeline::new(stack, &balance, devices.clone(), config, || {
-        AdamConfig::new().init()
-    })?;
+    let mut pipeline =
+        Pipeline::balanced(stack, devices.clone(), config, || AdamConfig::new().init())?;
+    let initial_largest = largest_stage(&costs, &pipeline.balance());
     for epoch in 0..run.epochs {
         if let Some(alpha) = run.freeze_alpha {
             // The head (the last unit) always trains.
