@@ -21,6 +21,23 @@ pub enum StackError {
         /// What the model needs, in words.
         expected_description: String,
     },
+    /// Units per range that do not cover the stack (an empty range, or the
+    /// wrong total).
+    #[error("balance {balance:?} does not cut {units} units into non-empty ranges")]
+    BadBalance {
+        /// Units per range.
+        balance: Vec<usize>,
+        /// Units in the stack.
+        units: usize,
+    },
+    /// Ranges to join that do not follow one another.
+    #[error("ranges to join do not follow one another: expected one starting at unit {expected}, found {found:?}")]
+    NotContiguous {
+        /// Where the next range should start.
+        expected: usize,
+        /// The range found.
+        found: std::ops::Range<usize>,
+    },
 }
 
 /// A freeze-front request that does not fit the stack.

@@ -2,53 +2,41 @@
 //! autodiff graph.
 //!
 //! A frozen unit is stored as [`AutodiffModule::valid`]'s result, so its
-//! parameters live on `B::InnerBackend`: an optimizer built for the trainable
-//! part never sees them, they never get a gradient, and dropout inside them is
-//! off (Burn's dropout only acts when the backend records gradients). Their
-//! output re-enters autodiff through
-//! [`AutodiffActivation::from_inner`](crate::AutodiffActivation::from_inner) as a
-//! fresh leaf, so a training step records nothing for them.
+//! parameters live on the inner backend: an optimizer built for the trainable
+//! units never sees them, they never get a gradient, and dropout inside them
+//! is off (Burn's dropout only acts when the backend records gradients). Their
+//! output re-enters autodiff as a fresh leaf, so a training step records
+//! nothing for them.
 
 use std::fmt;
-use std::marker::PhantomData;
 
-use burn::module::AutodiffModule;
-use burn::tensor::backend::AutodiffBackend;
+use burn::module::{AutodiffModule, Module};
 
-use crate::unit::{InnerOf, Unit};
+use crate::flow::{Flow, InnerFlow};
+use crate::types::{InnerFirst, InnerLast, InnerMiddle, StackTypes};
+use crate::unit::Unit;
 
-/// The frozen prefix of a stack: its units in inner-backend form, in order.
+/// The frozen units of a [`UnitRange`](crate::UnitRange), in inner-backend
+/// form, in order.
 ///
-/// Held by [`FreezableStack`](crate::FreezableStack); units are numbered as in
-/// [`LayerStack`](crate::LayerStack). The prefix holds the first unit when at
-/// least one unit is frozen, then middle units, and the last unit only when
-/// the whole stack is frozen.
-pub struct FrozenUnits<B, F, M, L>
-where
-    B: AutodiffBackend,
-    F: Unit<B>,
-    M: Unit<B>,
-    L: Unit<B>,
-{
-    pub(crate) first: Option<F::InnerModule>,
-    pub(crate) middle: Vec<M::InnerModule>,
-    pub(crate) last: Option<L::InnerModule>,
-    _backend: PhantomData<fn() -> B>,
+/// Frozen units always form a prefix of the range (and of the stack): the
+/// range's first unit, when it is the stack's unit 0, then middle units, and
+/// the stack's last unit only when the whole stack is frozen.
+pub struct FrozenUnits<S: StackTypes> {
+    /// Stack index of the range's first unit.
+    start: usize,
+    pub(crate) first: Option<InnerFirst<S>>,
+    pub(crate) middle: Vec<InnerMiddle<S>>,
+    pub(crate) last: Option<InnerLast<S>>,
 }
 
-impl<B, F, M, L> FrozenUnits<B, F, M, L>
-where
-    B: AutodiffBackend,
-    F: Unit<B>,
-    M: Unit<B>,
-    L: Unit<B>,
-{
-    pub(crate) fn empty() -> Self {
+impl<S: StackTypes> FrozenUnits<S> {
+    pub(crate) fn empty(start: usize) -> Self {
         Self {
+            start,
             first: None,
             middle: Vec::new(),
             last: None,
-            _backend: PhantomData,
         }
     }
 
@@ -62,127 +50,103 @@ where
         self.len() == 0
     }
 
-    /// The frozen first unit, if frozen.
-    pub fn first(&self) -> Option<&F::InnerModule> {
+    /// Stack indices of the frozen units.
+    pub fn units(&self) -> std::ops::Range<usize> {
+        self.start..self.start + self.len()
+    }
+
+    /// The frozen first unit (stack unit 0), if this range holds it frozen.
+    pub fn first(&self) -> Option<&InnerFirst<S>> {
         self.first.as_ref()
     }
 
-    /// The frozen middle units, in order (unit `1 + i` is `middle()[i]`).
-    pub fn middle(&self) -> &[M::InnerModule] {
+    /// The frozen middle units, in order.
+    pub fn middle(&self) -> &[InnerMiddle<S>] {
         &self.middle
     }
 
     /// The frozen last unit, when the whole stack is frozen.
-    pub fn last(&self) -> Option<&L::InnerModule> {
+    pub fn last(&self) -> Option<&InnerLast<S>> {
         self.last.as_ref()
     }
 
     /// Parameters held by frozen units (none of them is trained).
     pub fn num_params(&self) -> usize {
-        use burn::module::Module;
         self.first.as_ref().map_or(0, |u| u.num_params())
             + self.middle.iter().map(|u| u.num_params()).sum::<usize>()
             + self.last.as_ref().map_or(0, |u| u.num_params())
     }
-}
 
-impl<B, F, M, L> FrozenUnits<B, F, M, L>
-where
-    B: AutodiffBackend,
-    F: Unit<B>,
-    M: Unit<B, Input = F::Output, Output = F::Output>,
-    L: Unit<B, Input = F::Output>,
-{
-    /// Runs frozen units `0..to` on the model input (`1 <= to`, and `to` stops
-    /// before the last unit). Records nothing.
-    ///
-    /// # Panics
-    /// When unit `to - 1` is not frozen or `to` is 0.
-    pub fn run_from_input(&self, input: InnerOf<B, F::Input>, to: usize) -> InnerOf<B, F::Output> {
-        assert!(to >= 1, "run_from_input needs at least one unit");
-        let first = self
-            .first
-            .as_ref()
-            .expect("run_from_input: the first unit is not frozen");
-        let hidden = F::forward_inner(first, input);
-        self.run_hidden(hidden, 1, to)
+    /// Runs every frozen unit on `flow`. Records nothing. With no frozen unit
+    /// the flow passes through unchanged.
+    pub fn forward(&self, flow: InnerFlow<S>) -> InnerFlow<S> {
+        let units = self.units();
+        self.forward_units(flow, units.start, units.end)
     }
 
-    /// Runs frozen middle units `from..to` (unit numbers, `1 <= from <= to`)
-    /// on a hidden activation. Records nothing.
+    /// Runs frozen units `from..to` (stack indices) on `flow`. Records nothing.
     ///
     /// # Panics
-    /// When a unit in `from..to` is not a frozen middle unit.
-    pub fn run_hidden(
-        &self,
-        hidden: InnerOf<B, F::Output>,
-        from: usize,
-        to: usize,
-    ) -> InnerOf<B, F::Output> {
+    /// When a unit in `from..to` is not frozen here, or `flow` is not what
+    /// unit `from` takes.
+    pub fn forward_units(&self, flow: InnerFlow<S>, from: usize, to: usize) -> InnerFlow<S> {
+        let frozen = self.units();
         assert!(
-            from >= 1 && from <= to,
-            "run_hidden: bad unit range {from}..{to}"
+            frozen.start <= from && from <= to && to <= frozen.end,
+            "units {from}..{to} are not all frozen here (frozen: {frozen:?})"
         );
-        assert!(
-            to - 1 <= self.middle.len(),
-            "run_hidden: unit {} is not frozen",
-            to - 1
-        );
-        self.middle[from - 1..to - 1]
-            .iter()
-            .fold(hidden, |hidden, unit| M::forward_inner(unit, hidden))
+        let first_middle = self.start.max(1);
+        let mut flow = flow;
+        for unit in from..to {
+            flow = if unit == 0 {
+                let first = self.first.as_ref().expect("unit 0 is frozen");
+                Flow::Hidden(S::First::forward_inner(first, flow.expect_input(unit)))
+            } else if unit < first_middle + self.middle.len() {
+                let middle = &self.middle[unit - first_middle];
+                Flow::Hidden(S::Middle::forward_inner(middle, flow.expect_hidden(unit)))
+            } else {
+                let last = self.last.as_ref().expect("the last unit is frozen");
+                Flow::Output(S::Last::forward_inner(last, flow.expect_hidden(unit)))
+            };
+        }
+        flow
     }
 
-    /// Runs the frozen last unit. Records nothing.
-    ///
-    /// # Panics
-    /// When the last unit is not frozen.
-    pub fn run_last(&self, hidden: InnerOf<B, F::Output>) -> InnerOf<B, L::Output> {
-        let last = self
-            .last
-            .as_ref()
-            .expect("run_last: the last unit is not frozen");
-        L::forward_inner(last, hidden)
+    /// Moves every frozen unit to `device`.
+    pub fn to_device(self, device: &burn::tensor::Device<S::Backend>) -> Self {
+        Self {
+            start: self.start,
+            first: self.first.map(|u| u.to_device(device)),
+            middle: self.middle.into_iter().map(|u| u.to_device(device)).collect(),
+            last: self.last.map(|u| u.to_device(device)),
+        }
+    }
+
+    /// Unfreezes every unit: `(first, middle, last)` back on the autodiff backend.
+    pub(crate) fn thaw(self) -> (Option<S::First>, Vec<S::Middle>, Option<S::Last>) {
+        (
+            self.first.map(S::First::from_inner),
+            self.middle.into_iter().map(S::Middle::from_inner).collect(),
+            self.last.map(S::Last::from_inner),
+        )
     }
 }
 
-impl<B, F, M, L> Clone for FrozenUnits<B, F, M, L>
-where
-    B: AutodiffBackend,
-    F: Unit<B>,
-    M: Unit<B>,
-    L: Unit<B>,
-{
+impl<S: StackTypes> Clone for FrozenUnits<S> {
     fn clone(&self) -> Self {
         Self {
+            start: self.start,
             first: self.first.clone(),
             middle: self.middle.clone(),
             last: self.last.clone(),
-            _backend: PhantomData,
         }
     }
 }
 
-impl<B, F, M, L> fmt::Debug for FrozenUnits<B, F, M, L>
-where
-    B: AutodiffBackend,
-    F: Unit<B>,
-    M: Unit<B>,
-    L: Unit<B>,
-{
+impl<S: StackTypes> fmt::Debug for FrozenUnits<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FrozenUnits")
-            .field("units", &self.len())
+            .field("units", &self.units())
             .finish()
     }
-}
-
-/// Freezes one unit: its inner-backend form, with no autodiff state.
-pub(crate) fn freeze<B: AutodiffBackend, U: AutodiffModule<B>>(unit: U) -> U::InnerModule {
-    unit.valid()
-}
-
-/// Unfreezes one unit: back on the autodiff backend, trainable again.
-pub(crate) fn thaw<B: AutodiffBackend, U: AutodiffModule<B>>(unit: U::InnerModule) -> U {
-    U::from_inner(unit)
 }

@@ -5,43 +5,78 @@
 //! ordered list of partition units ([`Unit`]) held in a [`LayerStack`], with
 //! one hidden activation type between them ([`Activation`]). The first unit
 //! may take another input type and the last may return another output type;
-//! the compiler checks the chain. `burn-pipe` partitions such stacks into
+//! the compiler checks the chain, and [`StackTypes`] bundles the types so
+//! generic code carries one bound. `burn-pipe` partitions such stacks into
 //! pipeline stages and `burn-elastic-dp` replicates the pipelines.
 //!
 //! A unit runs on the autodiff backend while it trains and on the inner
 //! backend once frozen ([`Unit::forward_inner`]), so a frozen prefix records
-//! no graph at all.
+//! no graph at all. [`unit!`] and [`unit_enum!`] write the [`Unit`] impls.
 //!
 //! On top of the contract:
-//! - **Frozen execution and the freeze front** ([`FreezableStack`]): units
-//!   `0..front` held in inner-backend form, so they get no gradient, no
-//!   optimizer state and no dropout; the front only moves up unless you
-//!   explicitly unfreeze.
+//! - **Frozen execution** ([`UnitRange`]): a contiguous range of units, its
+//!   frozen prefix on the inner backend ([`FrozenUnits`]) and its trainable
+//!   rest as one module for one optimizer ([`TrainableUnits`]). It is the one
+//!   implementation: [`FreezableStack`] holds one range, every `burn-pipe`
+//!   stage holds one. [`check_freeze`] is the one rule for what may be
+//!   frozen and [`optimizer_for`] the one helper that keeps the optimizer
+//!   state of the units that still train.
+//! - **The freeze front** ([`FreezeFront`]): implemented by
+//!   [`FreezableStack`] here and by `burn_pipe::Pipeline`, so one policy
+//!   drives either.
 //! - **AutoFreeze** ([`FreezePolicy`], [`AutoFreeze`]): the paper's rule
 //!   ([`AlphaArgmin`]), the gradient-change rule ([`ChangeRate`]) and fixed
 //!   schedules ([`FixedSchedule`]), fed per-layer gradient norms read from the
 //!   gradients the step already computed ([`LayerMap`], [`GradNorm`]).
 //! - **AutoCache** ([`ActivationCache`]): per-sample frozen-prefix outputs in
-//!   memory and spilled to disk, served by [`FreezableStack::forward_cached`].
+//!   memory and spilled to disk, served by [`serve_prefix`] (used by
+//!   [`FreezableStack::forward_cached`] and by a pipeline's first stage).
+//!
+//! Burn initialises parameters lazily: two clones of a module whose weights
+//! were never read get different random weights. Read them (a forward pass or
+//! `Module::visit`) before cloning a model you want to compare.
 
 mod activation;
 mod cache;
 mod error;
-mod front;
+mod flow;
+mod freezable;
+mod freeze_front;
 mod frozen;
+mod optim_state;
 mod policy;
+mod range;
 mod stack;
+mod types;
 mod unit;
 
 pub use activation::{Activation, AutodiffActivation, Differentiable};
-pub use cache::{ActivationCache, CacheConfig, CacheKey, CacheStats, Cacheable};
+pub use cache::{
+    ActivationCache, CacheConfig, CacheKey, CacheStats, Cacheable, StackCache, check_sample_ids,
+    serve_prefix,
+};
 pub use error::{CacheError, FreezeError, StackError};
-pub use front::{ActiveUnits, FreezableStack, StackCache, retain_optimizer_state};
+pub use flow::{Flow, InnerFlow, TrainFlow, flow_from_inner, flow_into_inner, flow_to_device};
+pub use freezable::FreezableStack;
+pub use freeze_front::FreezeFront;
 pub use frozen::FrozenUnits;
+pub use optim_state::{
+    ParamStates, StatePool, optimizer_for, pool_optimizer_state, retain_optimizer_state,
+};
 pub use policy::{
     AlphaArgmin, AlphaArgminConfig, AutoFreeze, ChangeRate, ChangeRateConfig, ChangeRateReading,
     FixedSchedule, FreezePolicy, FreezeState, GradNorm, LayerMap, alpha_front, change_rate_front,
     percentile, unit_grad_norm,
 };
-pub use stack::{Hidden, IntoLayerStack, LayerStack, StackOf};
+pub use range::{TrainableUnits, UnitRange, check_freeze};
+pub use stack::{IntoLayerStack, LayerStack, StackOf, TypesOf};
+pub use types::{
+    InnerBackendOf, InnerFirst, InnerHidden, InnerInput, InnerLast, InnerMiddle, InnerOutput,
+    StackMarker, StackTypes,
+};
 pub use unit::{InnerOf, Unit};
+
+#[doc(hidden)]
+pub mod __private {
+    pub use burn::tensor::backend::AutodiffBackend;
+}

@@ -1,30 +1,33 @@
 //! The layer-stack contract: a model as an ordered list of partition units.
 
+use std::fmt;
+
 use burn::module::Module;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::activation::Differentiable;
 use crate::error::StackError;
+use crate::types::{StackMarker, StackTypes};
 use crate::unit::Unit;
 
 /// A model as an ordered list of partition units.
 ///
 /// The first unit maps the model's input (token ids, pixels) to the hidden
 /// activation, every middle unit maps hidden to hidden, and the last maps
-/// hidden to the model's output (logits). The types are checked at compile
-/// time: a middle unit's input and output must be the first unit's output, and
-/// the last unit's input the same, so any contiguous range of units can run on
-/// its own pipeline stage and exchange hidden activations with its neighbours.
+/// hidden to the model's output (logits). The types, bundled in `S`
+/// ([`StackTypes`]), are checked at compile time, so any contiguous range of
+/// units can run on its own pipeline stage and exchange hidden activations
+/// with its neighbours.
 ///
 /// Units are numbered in order: the first unit is 0, the middle units are
-/// `1..=middle.len()`, and the last unit is [`len`](LayerStack::len)` - 1`.
+/// `1..=middle.len()`, and the last unit is
+/// [`num_units`](LayerStack::num_units)` - 1`.
 ///
 /// ```
 /// use burn::backend::{Autodiff, Flex};
 /// use burn::nn::{Linear, LinearConfig};
 /// use burn::prelude::*;
-/// use burn::tensor::backend::AutodiffBackend;
-/// use burn_freeze::{InnerOf, LayerStack, Unit};
+/// use burn_freeze::LayerStack;
 ///
 /// // One unit type serves for every position here: a linear layer.
 /// #[derive(Module, Debug)]
@@ -32,36 +35,48 @@ use crate::unit::Unit;
 ///     linear: Linear<B>,
 /// }
 ///
-/// impl<B: AutodiffBackend> Unit<B> for Dense<B> {
-///     type Input = Tensor<B, 2>;
-///     type Output = Tensor<B, 2>;
-///     fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+/// impl<B: Backend> Dense<B> {
+///     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
 ///         self.linear.forward(x).tanh()
 ///     }
-///     fn forward_inner(unit: &Dense<B::InnerBackend>, x: InnerOf<B, Tensor<B, 2>>) -> InnerOf<B, Tensor<B, 2>> {
-///         unit.linear.forward(x).tanh()
-///     }
 /// }
+///
+/// // One forward, for training and for frozen execution.
+/// burn_freeze::unit!(Dense<B>: Tensor<B, 2> => Tensor<B, 2>);
 ///
 /// type B = Autodiff<Flex>;
 /// let device = Default::default();
 /// let dense = |i, o| Dense::<B> { linear: LinearConfig::new(i, o).init(&device) };
 /// let stack = LayerStack::new(dense(3, 8), vec![dense(8, 8), dense(8, 8)], dense(8, 2));
-/// assert_eq!(stack.len(), 4);
+/// assert_eq!(stack.num_units(), 4);
 /// assert_eq!(stack.unit_params(), vec![32, 72, 72, 18]);
 /// let y = stack.forward(Tensor::<B, 2>::zeros([5, 3], &device));
 /// assert_eq!(y.dims(), [5, 2]);
 /// ```
-#[derive(Debug, Clone)]
-pub struct LayerStack<F, M, L> {
-    first: F,
-    middle: Vec<M>,
-    last: L,
+pub struct LayerStack<S: StackTypes> {
+    first: S::First,
+    middle: Vec<S::Middle>,
+    last: S::Last,
 }
 
-impl<F, M, L> LayerStack<F, M, L> {
-    /// Builds a stack from its first unit, its middle units in order, and its last unit.
+impl<B, F, M, L> LayerStack<StackMarker<B, F, M, L>>
+where
+    B: AutodiffBackend,
+    F: Unit<B>,
+    F::Output: Differentiable<B>,
+    M: Unit<B, Input = F::Output, Output = F::Output>,
+    L: Unit<B, Input = F::Output>,
+{
+    /// Builds a stack from its first unit, its middle units in order, and
+    /// its last unit; the unit types make its [`StackTypes`].
     pub fn new(first: F, middle: Vec<M>, last: L) -> Self {
+        Self::from_parts(first, middle, last)
+    }
+}
+
+impl<S: StackTypes> LayerStack<S> {
+    /// Builds a stack of any [`StackTypes`] from its units.
+    pub fn from_parts(first: S::First, middle: Vec<S::Middle>, last: S::Last) -> Self {
         Self {
             first,
             middle,
@@ -70,61 +85,47 @@ impl<F, M, L> LayerStack<F, M, L> {
     }
 
     /// Number of partition units, first and last included.
-    pub fn len(&self) -> usize {
+    pub fn num_units(&self) -> usize {
         self.middle.len() + 2
     }
 
-    /// Always false: a stack holds at least its first and last unit.
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
     /// The first unit (input to hidden).
-    pub fn first(&self) -> &F {
+    pub fn first(&self) -> &S::First {
         &self.first
     }
 
     /// The middle units (hidden to hidden), in order.
-    pub fn middle(&self) -> &[M] {
+    pub fn middle(&self) -> &[S::Middle] {
         &self.middle
     }
 
     /// The last unit (hidden to output).
-    pub fn last(&self) -> &L {
+    pub fn last(&self) -> &S::Last {
         &self.last
     }
 
     /// Takes the stack apart: `(first, middle, last)`.
-    pub fn into_parts(self) -> (F, Vec<M>, L) {
+    pub fn into_parts(self) -> (S::First, Vec<S::Middle>, S::Last) {
         (self.first, self.middle, self.last)
     }
 
-    /// Applies `f` to every unit, e.g. to move it to a device or change its
-    /// weights, keeping the order.
-    pub fn map<F2, M2, L2>(
+    /// Applies a function to every unit, keeping the order (to move units,
+    /// change weights, or convert them to another stack's types).
+    pub fn map<S2: StackTypes>(
         self,
-        first: impl FnOnce(F) -> F2,
-        middle: impl FnMut(M) -> M2,
-        last: impl FnOnce(L) -> L2,
-    ) -> LayerStack<F2, M2, L2> {
+        first: impl FnOnce(S::First) -> S2::First,
+        middle: impl FnMut(S::Middle) -> S2::Middle,
+        last: impl FnOnce(S::Last) -> S2::Last,
+    ) -> LayerStack<S2> {
         LayerStack {
             first: first(self.first),
             middle: self.middle.into_iter().map(middle).collect(),
             last: last(self.last),
         }
     }
-}
 
-impl<F, M, L> LayerStack<F, M, L> {
     /// Runs every unit in order on the autodiff backend.
-    pub fn forward<B>(&self, input: F::Input) -> L::Output
-    where
-        B: AutodiffBackend,
-        F: Unit<B>,
-        F::Output: Differentiable<B>,
-        M: Unit<B, Input = F::Output, Output = F::Output>,
-        L: Unit<B, Input = F::Output>,
-    {
+    pub fn forward(&self, input: S::Input) -> S::Output {
         let hidden = self.first.forward(input);
         let hidden = self
             .middle
@@ -134,13 +135,7 @@ impl<F, M, L> LayerStack<F, M, L> {
     }
 
     /// Parameter count of each unit, in order.
-    pub fn unit_params<B>(&self) -> Vec<usize>
-    where
-        B: AutodiffBackend,
-        F: Module<B>,
-        M: Module<B>,
-        L: Module<B>,
-    {
+    pub fn unit_params(&self) -> Vec<usize> {
         std::iter::once(self.first.num_params())
             .chain(self.middle.iter().map(|unit| unit.num_params()))
             .chain(std::iter::once(self.last.num_params()))
@@ -148,49 +143,80 @@ impl<F, M, L> LayerStack<F, M, L> {
     }
 
     /// Moves every unit to `device`.
-    pub fn to_device<B>(self, device: &B::Device) -> Self
-    where
-        B: AutodiffBackend,
-        F: Module<B>,
-        M: Module<B>,
-        L: Module<B>,
-    {
-        self.map(
-            |unit| unit.to_device(device),
-            |unit| unit.to_device(device),
-            |unit| unit.to_device(device),
-        )
+    pub fn to_device(
+        self,
+        device: &burn::tensor::Device<S::Backend>,
+    ) -> Self {
+        Self {
+            first: self.first.to_device(device),
+            middle: self
+                .middle
+                .into_iter()
+                .map(|unit| unit.to_device(device))
+                .collect(),
+            last: self.last.to_device(device),
+        }
     }
 }
 
-/// A model that splits into a [`LayerStack`] of partition units and is rebuilt from one.
-///
-/// The hidden activation, the type passed between units, is the first unit's output.
-pub trait IntoLayerStack<B: AutodiffBackend>: Sized {
-    /// Input to hidden (embeddings).
-    type First: Unit<B, Output: Differentiable<B>>;
-    /// Hidden to hidden (attention and MLP sub-layers, norms).
-    type Middle: Unit<B, Input = Hidden<B, Self>, Output = Hidden<B, Self>>;
-    /// Hidden to output (classification head).
-    type Last: Unit<B, Input = Hidden<B, Self>>;
-
-    /// Splits the model into its partition units, in order.
-    fn into_layer_stack(self) -> LayerStack<Self::First, Self::Middle, Self::Last>;
-
-    /// Rebuilds the model from a stack made by
-    /// [`into_layer_stack`](IntoLayerStack::into_layer_stack), e.g. after training
-    /// it in a pipeline. Fails when the units do not form this model.
-    fn from_layer_stack(
-        stack: LayerStack<Self::First, Self::Middle, Self::Last>,
-    ) -> Result<Self, StackError>;
+impl<S: StackTypes> LayerStack<S> {
+    /// The stack on `device` with every parameter a fresh autodiff leaf
+    /// (same values, same parameter ids; storage is shared).
+    ///
+    /// Start each training run from its own fork when two runs begin with
+    /// the same weights: Burn 0.21's autodiff may drop the gradient of a
+    /// leaf that an earlier backward pass consumed while another thread runs
+    /// a backward pass of its own (tracel-ai/burn#5573); fresh leaves are
+    /// not exposed to it.
+    pub fn fork(self, device: &burn::tensor::Device<S::Backend>) -> Self {
+        Self {
+            first: self.first.fork(device),
+            middle: self.middle.into_iter().map(|unit| unit.fork(device)).collect(),
+            last: self.last.fork(device),
+        }
+    }
 }
 
-/// The hidden activation type of a model's layer stack.
-pub type Hidden<B, Model> = <<Model as IntoLayerStack<B>>::First as Unit<B>>::Output;
+impl<S: StackTypes> Clone for LayerStack<S> {
+    /// Clones the units. Burn initialises parameters lazily: clone a stack
+    /// whose weights were never read and the two copies get different random
+    /// weights; read them first (a forward pass, or `Module::visit`).
+    fn clone(&self) -> Self {
+        Self {
+            first: self.first.clone(),
+            middle: self.middle.clone(),
+            last: self.last.clone(),
+        }
+    }
+}
+
+impl<S: StackTypes> fmt::Debug for LayerStack<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LayerStack")
+            .field("first", &self.first)
+            .field("middle", &self.middle)
+            .field("last", &self.last)
+            .finish()
+    }
+}
+
+/// A model that splits into a [`LayerStack`] of partition units and is
+/// rebuilt from one.
+pub trait IntoLayerStack: Sized {
+    /// The stack's types (see [`StackTypes`]).
+    type Types: StackTypes;
+
+    /// Splits the model into its partition units, in order.
+    fn into_layer_stack(self) -> LayerStack<Self::Types>;
+
+    /// Rebuilds the model from a stack made by
+    /// [`into_layer_stack`](IntoLayerStack::into_layer_stack), e.g. after
+    /// training it in a pipeline. Fails when the units do not form this model.
+    fn from_layer_stack(stack: LayerStack<Self::Types>) -> Result<Self, StackError>;
+}
 
 /// The layer stack type of a model.
-pub type StackOf<B, Model> = LayerStack<
-    <Model as IntoLayerStack<B>>::First,
-    <Model as IntoLayerStack<B>>::Middle,
-    <Model as IntoLayerStack<B>>::Last,
->;
+pub type StackOf<Model> = LayerStack<<Model as IntoLayerStack>::Types>;
+
+/// The stack types of a model.
+pub type TypesOf<Model> = <Model as IntoLayerStack>::Types;

@@ -25,7 +25,7 @@ fn a_front_beyond_the_stack_is_refused() {
     );
     assert_eq!(stack.front(), 2);
     assert!(matches!(
-        common::stack(3, 0.0, 30).freeze_to::<B>(9),
+        common::stack(3, 0.0, 30).freeze_to(9),
         Err(FreezeError::BeyondStack { .. })
     ));
     assert!(matches!(

@@ -5,7 +5,7 @@ mod common;
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, Optimizer};
-use burn_freeze::{ActivationCache, ActiveUnits, CacheConfig, FreezableStack};
+use burn_freeze::{ActivationCache, TrainableUnits, CacheConfig, FreezableStack};
 use common::*;
 
 const SAMPLES: u64 = 24;
@@ -24,12 +24,12 @@ fn epoch_batches(epoch: usize) -> Vec<Vec<u64>> {
 /// Trains for `fronts.len()` epochs, freezing `fronts[e]` units in epoch `e`;
 /// returns every step's loss.
 fn train(
-    stack: &mut FreezableStack<B, Embed<B>, Block<B>, Head<B>>,
+    stack: &mut FreezableStack<Types>,
     fronts: &[usize],
     cached: bool,
 ) -> Vec<f32> {
     let loss_fn = CrossEntropyLossConfig::new().init(&Default::default());
-    let mut optim = AdamConfig::new().init::<B, ActiveUnits<Embed<B>, Block<B>, Head<B>>>();
+    let mut optim = AdamConfig::new().init::<B, TrainableUnits<Types>>();
     let mut losses = Vec::new();
     for (epoch, &front) in fronts.iter().enumerate() {
         stack.freeze_to(front).unwrap();
@@ -43,7 +43,7 @@ fn train(
             let loss = loss_fn.forward(logits, y);
             losses.push(loss.clone().into_scalar());
             let grads = stack.gradients(loss.backward());
-            stack.map_active(|a| optim.step(5e-3, a, grads));
+            stack.map_trainable(|a| optim.step(5e-3, a, grads));
         }
     }
     losses
@@ -81,7 +81,7 @@ fn training_with_the_cache_gives_the_same_losses() {
 fn only_newly_frozen_units_run_when_the_front_grows() {
     let mut stack = FreezableStack::new(stack(5, 0.0, 21));
     stack.attach_cache(ActivationCache::new(CacheConfig::new(1 << 30)).unwrap());
-    let counts = |stack: &FreezableStack<B, Embed<B>, Block<B>, Head<B>>| -> Vec<usize> {
+    let counts = |stack: &FreezableStack<Types>| -> Vec<usize> {
         stack
             .frozen()
             .middle()
@@ -191,11 +191,11 @@ fn an_explicit_unfreeze_drops_what_it_must() {
     stack.unfreeze_to(3).unwrap();
     assert_eq!(stack.cache().unwrap().len(), 0, "front-5 entries dropped");
     let loss_fn = CrossEntropyLossConfig::new().init(&Default::default());
-    let mut optim = AdamConfig::new().init::<B, ActiveUnits<Embed<B>, Block<B>, Head<B>>>();
+    let mut optim = AdamConfig::new().init::<B, TrainableUnits<Types>>();
     for _ in 0..3 {
         let loss = loss_fn.forward(stack.forward_cached(&ids, x.clone()).unwrap(), y.clone());
         let grads = stack.gradients(loss.backward());
-        stack.map_active(|a| optim.step(5e-2, a, grads));
+        stack.map_trainable(|a| optim.step(5e-2, a, grads));
     }
     stack.freeze_to(5).unwrap();
     let cached = stack.forward_cached(&ids, x.clone()).unwrap();

@@ -7,7 +7,7 @@ use burn::module::{AutodiffModule, Module, list_param_ids};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
-use burn_freeze::{ActiveUnits, FreezableStack, Unit, retain_optimizer_state};
+use burn_freeze::{Flow, FreezableStack, TrainableUnits, Unit, retain_optimizer_state};
 use common::*;
 
 fn loss(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> Tensor<B, 1> {
@@ -27,11 +27,14 @@ fn a_frozen_prefix_adds_nothing_to_the_graph() {
 
         // The same trainable units run by hand on a fresh leaf: the graph a
         // step needs when the frozen units contribute nothing.
-        let (first, middle, last) = stack.active().clone();
+        let (first, middle, last) = stack.trainable().clone();
         let hidden = match first {
             Some(first) => first.forward(x.clone()),
             None => {
-                let h = stack.frozen().run_from_input(x.clone().inner(), frozen);
+                let h = stack
+                    .frozen()
+                    .forward(Flow::Input(x.clone().inner()))
+                    .expect_hidden(frozen);
                 Tensor::<B, 3>::from_inner(h)
             }
         };
@@ -69,7 +72,7 @@ fn the_frozen_output_enters_autodiff_as_a_leaf() {
     let (x, _) = batch(&[1, 2, 3], 4);
     let mut stack = FreezableStack::new(stack(4, 0.0, 2));
     stack.freeze_to(3).unwrap();
-    let h = stack.frozen().run_from_input(x.inner(), 3);
+    let h = stack.frozen().forward(Flow::Input(x.inner())).expect_hidden(3);
     assert_eq!(graph_depth(Tensor::<B, 3>::from_inner(h)), 0);
 }
 
@@ -99,27 +102,27 @@ fn frozen_parameters_get_no_gradient_and_no_optimizer_state() {
         0
     );
     let grads = stack.gradients(raw);
-    assert_eq!(grads.len(), list_param_ids(stack.active()).len());
+    assert_eq!(grads.len(), list_param_ids(stack.trainable()).len());
 
     // The optimizer holds state for trainable parameters only.
-    let mut optim = AdamConfig::new().init::<B, ActiveUnits<Embed<B>, Block<B>, Head<B>>>();
-    stack.map_active(|active| optim.step(1e-2, active, grads));
+    let mut optim = AdamConfig::new().init::<B, TrainableUnits<Types>>();
+    stack.map_trainable(|active| optim.step(1e-2, active, grads));
     let record = optim.to_record();
     let frozen_ids: Vec<_> = list_param_ids(&stack.frozen().middle().to_vec())
         .into_iter()
         .chain(list_param_ids(stack.frozen().first().unwrap()))
         .collect();
-    assert_eq!(record.len(), list_param_ids(stack.active()).len());
+    assert_eq!(record.len(), list_param_ids(stack.trainable()).len());
     assert!(frozen_ids.iter().all(|id| !record.contains_key(id)));
 
     // Moving the front up: the newly frozen unit's state is dropped.
-    let newly = list_param_ids(&stack.active().1[0]);
+    let newly = list_param_ids(&stack.trainable().1[0]);
     stack.freeze_to(4).unwrap();
     assert!(newly.iter().all(|id| optim.to_record().contains_key(id)));
-    let optim = retain_optimizer_state(optim, stack.active());
+    let optim = retain_optimizer_state(optim, stack.trainable());
     let record = optim.to_record();
     assert!(newly.iter().all(|id| !record.contains_key(id)));
-    assert_eq!(record.len(), list_param_ids(stack.active()).len());
+    assert_eq!(record.len(), list_param_ids(stack.trainable()).len());
 }
 
 #[test]
@@ -127,15 +130,12 @@ fn dropout_is_off_in_frozen_units() {
     let (x, _) = batch(&(0..16).collect::<Vec<_>>(), 8);
     let layers = stack(3, 0.5, 4);
     // Dropout-free reference: the whole stack on the inner backend.
-    let inner = layers
-        .clone()
-        .map(|u| u.valid(), |u| u.valid(), |u| u.valid());
     let xi = x.clone().inner();
-    let h = inner
+    let h = layers
         .middle()
         .iter()
-        .fold(inner.first().run(xi), |h, u| u.run(h));
-    let expected = inner.last().run(h);
+        .fold(layers.first().valid().run(xi), |h, u| u.valid().run(h));
+    let expected = layers.last().valid().run(h);
 
     // Trained (unfrozen), dropout is on: the output differs.
     let trained = layers.forward(x.clone()).inner();
@@ -147,7 +147,7 @@ fn dropout_is_off_in_frozen_units() {
 
     // Frozen whole, twice: deterministic and equal to the dropout-free output.
     let mut stack = FreezableStack::new(layers);
-    stack.freeze_to(stack.len()).unwrap();
+    stack.freeze_to(stack.num_units()).unwrap();
     for _ in 0..2 {
         let out = stack.forward(x.clone()).inner();
         out.into_data()
@@ -159,14 +159,14 @@ fn dropout_is_off_in_frozen_units() {
 fn unfreezing_makes_units_train_again() {
     let (x, y) = batch(&(0..8).collect::<Vec<_>>(), 4);
     let mut stack = FreezableStack::new(stack(4, 0.0, 5));
-    let all = list_param_ids(stack.active()).len();
+    let all = list_param_ids(stack.trainable()).len();
     stack.freeze_to(6).unwrap();
-    assert_eq!(list_param_ids(stack.active()).len(), 0);
+    assert_eq!(list_param_ids(stack.trainable()).len(), 0);
     stack.unfreeze_to(2).unwrap();
     assert_eq!(stack.front(), 2);
     assert!(stack.is_frozen(1) && !stack.is_frozen(2));
     let grads = stack.gradients(loss(stack.forward(x), y).backward());
-    assert_eq!(grads.len(), list_param_ids(stack.active()).len());
+    assert_eq!(grads.len(), list_param_ids(stack.trainable()).len());
     assert!(!grads.is_empty() && grads.len() < all);
-    assert_eq!(stack.into_layer_stack().len(), 6);
+    assert_eq!(stack.into_layer_stack().num_units(), 6);
 }

@@ -6,7 +6,7 @@ mod common;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn_freeze::{
     AlphaArgmin, AlphaArgminConfig, AutoFreeze, ChangeRate, ChangeRateConfig, ChangeRateReading,
-    FixedSchedule, FreezableStack, FreezePolicy, FreezeState, GradNorm, LayerMap, alpha_front,
+    FixedSchedule, FreezableStack, FreezeFront, FreezePolicy, FreezeState, GradNorm, LayerMap, alpha_front,
     change_rate_front, percentile,
 };
 use common::*;
@@ -130,11 +130,11 @@ fn gradient_norms_come_from_the_steps_own_gradients() {
         .init(&Default::default())
         .forward(stack.forward(x), y);
     let grads = stack.gradients(loss.backward());
-    let norms = stack.unit_gradient_norms(&grads);
+    let norms = stack.last_gradient_norms();
     assert_eq!(norms.len(), 6);
     assert!(norms[..2].iter().all(Option::is_none));
     // Unit 2 is middle unit 1: its weight and bias gradients, by hand.
-    let unit = &stack.active().1[0];
+    let unit = &stack.trainable().1[0];
     let gw = grads.get::<Inner, 2>(unit.linear.weight.id).unwrap();
     let gb = grads
         .get::<Inner, 1>(unit.linear.bias.as_ref().unwrap().id)

@@ -8,7 +8,7 @@ use burn::module::list_param_ids;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
-use burn_freeze::{ActiveUnits, FreezableStack, LayerStack};
+use burn_freeze::{TrainableUnits, FreezableStack, LayerStack};
 use common::*;
 
 const STEPS: usize = 40;
@@ -26,14 +26,14 @@ fn frozen_weights_are_bit_identical_after_many_steps() {
         weights::<Inner, _>(stack.frozen().first().unwrap()),
         weights::<Inner, _>(&stack.frozen().middle().to_vec()),
     );
-    let active_before = weights::<B, _>(stack.active());
+    let active_before = weights::<B, _>(stack.trainable());
     let loss_fn = CrossEntropyLossConfig::new().init(&Default::default());
-    let mut optim = AdamConfig::new().init::<B, ActiveUnits<Embed<B>, Block<B>, Head<B>>>();
+    let mut optim = AdamConfig::new().init::<B, TrainableUnits<Types>>();
     for step in 0..STEPS {
         let (x, y) = batch_of(step);
         let loss = loss_fn.forward(stack.forward(x), y);
         let grads = stack.gradients(loss.backward());
-        stack.map_active(|a| optim.step(1e-2, a, grads));
+        stack.map_trainable(|a| optim.step(1e-2, a, grads));
     }
     assert!(bit_identical(
         &frozen_before.0,
@@ -43,7 +43,7 @@ fn frozen_weights_are_bit_identical_after_many_steps() {
         &frozen_before.1,
         &weights::<Inner, _>(&stack.frozen().middle().to_vec())
     ));
-    let active_after = weights::<B, _>(stack.active());
+    let active_after = weights::<B, _>(stack.trainable());
     assert_eq!(active_before.len(), active_after.len());
     for (before, after) in active_before.iter().zip(&active_after) {
         assert_ne!(
@@ -62,7 +62,7 @@ fn frozen_weights_are_bit_identical_after_many_steps() {
 
 /// The same model trained as a plain Burn module (the whole stack in one
 /// tuple), with the frozen units' gradients removed before the optimizer step.
-fn plain_losses(stack: LayerStack<Embed<B>, Block<B>, Head<B>>, frozen_middle: usize) -> Vec<f32> {
+fn plain_losses(stack: LayerStack<Types>, frozen_middle: usize) -> Vec<f32> {
     let loss_fn = CrossEntropyLossConfig::new().init(&Default::default());
     let (first, middle, last) = stack.into_parts();
     let mut model = (first, middle, last);
@@ -97,14 +97,14 @@ fn frozen_training_matches_plain_training_without_frozen_gradients() {
     let mut stack = FreezableStack::new(base);
     stack.freeze_to(frozen_units).unwrap();
     let loss_fn = CrossEntropyLossConfig::new().init(&Default::default());
-    let mut optim = AdamConfig::new().init::<B, ActiveUnits<Embed<B>, Block<B>, Head<B>>>();
+    let mut optim = AdamConfig::new().init::<B, TrainableUnits<Types>>();
     let mut losses = Vec::new();
     for step in 0..STEPS {
         let (x, y) = batch_of(step);
         let loss = loss_fn.forward(stack.forward(x), y);
         losses.push(loss.clone().into_scalar());
         let grads = stack.gradients(loss.backward());
-        stack.map_active(|a| optim.step(1e-2, a, grads));
+        stack.map_trainable(|a| optim.step(1e-2, a, grads));
     }
     for (step, (a, b)) in losses.iter().zip(&expected).enumerate() {
         assert!((a - b).abs() <= 1e-5, "step {step}: frozen {a}, plain {b}");

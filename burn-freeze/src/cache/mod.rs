@@ -19,6 +19,7 @@ mod cacheable;
 mod disk;
 mod key;
 mod memory;
+mod serve;
 
 use std::collections::{BTreeSet, HashMap};
 use std::marker::PhantomData;
@@ -31,6 +32,7 @@ pub use cacheable::Cacheable;
 use disk::DiskTier;
 pub use key::CacheKey;
 use memory::MemoryTier;
+pub use serve::{StackCache, check_sample_ids, serve_prefix};
 
 use crate::error::CacheError;
 

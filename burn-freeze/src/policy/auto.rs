@@ -1,19 +1,17 @@
 //! AutoFreeze: a policy driving a stack's freeze front.
 
-use burn::optim::GradientsParams;
-use burn::tensor::backend::AutodiffBackend;
-
 use super::{FreezePolicy, FreezeState, LayerMap};
 use crate::error::FreezeError;
-use crate::front::FreezableStack;
-use crate::unit::Unit;
+use crate::freeze_front::FreezeFront;
 
-/// Drives a [`FreezableStack`]'s front with a [`FreezePolicy`], in layers
-/// mapped to units by a [`LayerMap`].
+/// Drives the front of anything with a [`FreezeFront`] (a
+/// [`FreezableStack`](crate::FreezableStack), a `burn_pipe::Pipeline`, a
+/// replica group) with a [`FreezePolicy`], in layers mapped to units by a
+/// [`LayerMap`].
 ///
-/// Call [`after_step`](Self::after_step) with each step's gradients (the ones
-/// given to the optimizer; no extra backward pass) and
-/// [`after_epoch`](Self::after_epoch) at the end of each epoch.
+/// Call [`after_step`](Self::after_step) after each optimizer step (it reads
+/// the step's per-unit gradient norms from the target: no extra backward
+/// pass) and [`after_epoch`](Self::after_epoch) at the end of each epoch.
 ///
 /// ```
 /// use burn_freeze::{AutoFreeze, FixedSchedule, LayerMap};
@@ -45,6 +43,11 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         self.state.frozen_layers
     }
 
+    /// Where training stands: layers frozen, epochs and steps so far.
+    pub fn state(&self) -> FreezeState {
+        self.state
+    }
+
     /// The layer map.
     pub fn map(&self) -> &LayerMap {
         &self.map
@@ -55,42 +58,24 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         &self.policy
     }
 
-    /// Feeds the policy this step's per-layer gradient norms (read from
-    /// `grads`) and applies its decision. Returns the new layer front when it moved.
-    pub fn after_step<B, F, M, L>(
-        &mut self,
-        stack: &mut FreezableStack<B, F, M, L>,
-        grads: &GradientsParams,
-    ) -> Result<Option<usize>, FreezeError>
-    where
-        B: AutodiffBackend,
-        F: Unit<B>,
-        M: Unit<B, Input = F::Output, Output = F::Output>,
-        L: Unit<B, Input = F::Output>,
-    {
-        self.check(stack.len())?;
+    /// Feeds the policy the per-layer gradient norms of the step `target`
+    /// just took and applies its decision. Returns the new layer front when
+    /// it moved.
+    pub fn after_step<T: FreezeFront>(&mut self, target: &mut T) -> Result<Option<usize>, T::Error> {
+        self.check(target.num_units())?;
         self.state.step += 1;
-        let norms = self.map.layer_norms(&stack.unit_gradient_norms(grads));
+        let norms = self.map.layer_norms(&target.last_gradient_norms());
         let decision = self.policy.after_step(self.state, &norms);
-        self.apply(stack, decision)
+        self.apply(target, decision)
     }
 
     /// Asks the policy at the end of an epoch and applies its decision.
     /// Returns the new layer front when it moved.
-    pub fn after_epoch<B, F, M, L>(
-        &mut self,
-        stack: &mut FreezableStack<B, F, M, L>,
-    ) -> Result<Option<usize>, FreezeError>
-    where
-        B: AutodiffBackend,
-        F: Unit<B>,
-        M: Unit<B, Input = F::Output, Output = F::Output>,
-        L: Unit<B, Input = F::Output>,
-    {
-        self.check(stack.len())?;
+    pub fn after_epoch<T: FreezeFront>(&mut self, target: &mut T) -> Result<Option<usize>, T::Error> {
+        self.check(target.num_units())?;
         let decision = self.policy.after_epoch(self.state);
         self.state.epoch += 1;
-        self.apply(stack, decision)
+        self.apply(target, decision)
     }
 
     fn check(&self, len: usize) -> Result<(), FreezeError> {
@@ -103,17 +88,11 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         Ok(())
     }
 
-    fn apply<B, F, M, L>(
+    fn apply<T: FreezeFront>(
         &mut self,
-        stack: &mut FreezableStack<B, F, M, L>,
+        target: &mut T,
         decision: Option<usize>,
-    ) -> Result<Option<usize>, FreezeError>
-    where
-        B: AutodiffBackend,
-        F: Unit<B>,
-        M: Unit<B, Input = F::Output, Output = F::Output>,
-        L: Unit<B, Input = F::Output>,
-    {
+    ) -> Result<Option<usize>, T::Error> {
         let Some(layers) = decision else {
             return Ok(None);
         };
@@ -122,8 +101,8 @@ impl<P: FreezePolicy> AutoFreeze<P> {
             return Ok(None);
         }
         let units = self.map.unit_front(layers);
-        if units > stack.front() {
-            stack.freeze_to(units)?;
+        if units > target.front() {
+            target.freeze_to(units)?;
         }
         tracing::info!(
             from = self.state.frozen_layers,

@@ -34,42 +34,101 @@ impl GradNorm {
     }
 }
 
-struct NormVisitor<'a> {
-    grads: &'a GradientsParams,
-    l1: f64,
-    sq: f64,
-    found: bool,
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for NormVisitor<'_> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if let Some(grad) = self.grads.get::<B::InnerBackend, D>(param.id) {
-            let l1 = grad.clone().abs().sum().into_scalar().elem::<f64>();
-            let sq = grad.powi_scalar(2).sum().into_scalar().elem::<f64>();
-            self.l1 += l1;
-            self.sq += sq;
-            self.found = true;
-        }
-    }
-}
-
 /// Norms of the gradients of `module`'s parameters in `grads`; `None` when
 /// none of them has a gradient.
 pub fn unit_grad_norm<B: AutodiffBackend, U: AutodiffModule<B>>(
     module: &U,
     grads: &GradientsParams,
 ) -> Option<GradNorm> {
-    let mut visitor = NormVisitor {
-        grads,
-        l1: 0.0,
-        sq: 0.0,
-        found: false,
-    };
-    module.visit(&mut visitor);
-    visitor.found.then(|| GradNorm {
-        l1: visitor.l1,
-        l2: visitor.sq.sqrt(),
-    })
+    let mut collector = NormCollector::<B>::new(grads);
+    collector.unit(module);
+    collector.finish().pop().flatten()
+}
+
+/// Per-unit gradient norms of several units, read from the device once:
+/// each unit's sums stay on the device until [`finish`](Self::finish).
+pub(crate) struct NormCollector<'a, B: AutodiffBackend> {
+    grads: &'a GradientsParams,
+    /// Per unit, the index of its two sums (L1, squared L2) in `sums`.
+    units: Vec<Option<usize>>,
+    sums: Vec<Tensor<B::InnerBackend, 1>>,
+}
+
+struct SumVisitor<'a, B: AutodiffBackend> {
+    grads: &'a GradientsParams,
+    l1: Option<Tensor<B::InnerBackend, 1>>,
+    sq: Option<Tensor<B::InnerBackend, 1>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for SumVisitor<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(grad) = self.grads.get::<B::InnerBackend, D>(param.id) {
+            let l1 = grad.clone().abs().sum();
+            let sq = grad.powi_scalar(2).sum();
+            self.l1 = Some(match self.l1.take() {
+                Some(total) => total + l1,
+                None => l1,
+            });
+            self.sq = Some(match self.sq.take() {
+                Some(total) => total + sq,
+                None => sq,
+            });
+        }
+    }
+}
+
+impl<'a, B: AutodiffBackend> NormCollector<'a, B> {
+    pub(crate) fn new(grads: &'a GradientsParams) -> Self {
+        Self {
+            grads,
+            units: Vec::new(),
+            sums: Vec::new(),
+        }
+    }
+
+    /// A unit with no norm (frozen).
+    pub(crate) fn skip(&mut self) {
+        self.units.push(None);
+    }
+
+    /// The next unit.
+    pub(crate) fn unit<U: AutodiffModule<B>>(&mut self, unit: &U) {
+        let mut visitor = SumVisitor::<B> {
+            grads: self.grads,
+            l1: None,
+            sq: None,
+        };
+        unit.visit(&mut visitor);
+        match (visitor.l1, visitor.sq) {
+            (Some(l1), Some(sq)) => {
+                self.units.push(Some(self.sums.len()));
+                self.sums.push(l1);
+                self.sums.push(sq);
+            }
+            _ => self.units.push(None),
+        }
+    }
+
+    /// The norms of every unit, in order.
+    pub(crate) fn finish(self) -> Vec<Option<GradNorm>> {
+        if self.sums.is_empty() {
+            return self.units.iter().map(|_| None).collect();
+        }
+        let values: Vec<f64> = Tensor::cat(self.sums, 0)
+            .into_data()
+            .convert::<f64>()
+            .into_vec()
+            .expect("float sums");
+        self.units
+            .iter()
+            .map(|slot| {
+                slot.map(|i| GradNorm {
+                    l1: values[i],
+                    l2: values[i + 1].sqrt(),
+                })
+            })
+            .collect()
+    }
 }
 
 /// Which units make each layer, for a stack of `units` units.
@@ -192,7 +251,7 @@ impl LayerMap {
     }
 
     /// Per-layer norms from per-unit norms (as from
-    /// [`FreezableStack::unit_gradient_norms`](crate::FreezableStack::unit_gradient_norms)):
+    /// [`FreezeFront::last_gradient_norms`](crate::FreezeFront::last_gradient_norms)):
     /// a layer's norm combines its units'; `None` when none of them has one.
     pub fn layer_norms(&self, unit_norms: &[Option<GradNorm>]) -> Vec<Option<GradNorm>> {
         self.layers

@@ -11,7 +11,7 @@ use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 use burn::tensor::backend::AutodiffBackend;
-use burn_freeze::{InnerOf, LayerStack, Unit};
+use burn_freeze::{InnerOf, LayerStack, StackMarker, Unit};
 
 pub type B = Autodiff<Flex>;
 pub type Inner = Flex;
@@ -59,20 +59,11 @@ impl<B: Backend> Head<B> {
     }
 }
 
-impl<B: AutodiffBackend> Unit<B> for Embed<B> {
-    type Input = Tensor<B, 3>;
-    type Output = Tensor<B, 3>;
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        self.run(x)
-    }
-    fn forward_inner(
-        u: &Embed<B::InnerBackend>,
-        x: InnerOf<B, Tensor<B, 3>>,
-    ) -> InnerOf<B, Tensor<B, 3>> {
-        u.run(x)
-    }
-}
+// Embed and Head: one forward for both backends, through the macro.
+burn_freeze::unit!(Embed<B>: Tensor<B, 3> => Tensor<B, 3>, via run);
+burn_freeze::unit!(Head<B>: Tensor<B, 3> => Tensor<B, 2>, via run);
 
+// Block by hand: its frozen forward also counts the samples it sees.
 impl<B: AutodiffBackend> Unit<B> for Block<B> {
     type Input = Tensor<B, 3>;
     type Output = Tensor<B, 3>;
@@ -88,21 +79,8 @@ impl<B: AutodiffBackend> Unit<B> for Block<B> {
     }
 }
 
-impl<B: AutodiffBackend> Unit<B> for Head<B> {
-    type Input = Tensor<B, 3>;
-    type Output = Tensor<B, 2>;
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 2> {
-        self.run(x)
-    }
-    fn forward_inner(
-        u: &Head<B::InnerBackend>,
-        x: InnerOf<B, Tensor<B, 3>>,
-    ) -> InnerOf<B, Tensor<B, 2>> {
-        u.run(x)
-    }
-}
-
-pub type Stack = LayerStack<Embed<B>, Block<B>, Head<B>>;
+pub type Types = StackMarker<B, Embed<B>, Block<B>, Head<B>>;
+pub type Stack = LayerStack<Types>;
 
 pub const INPUT: usize = 5;
 pub const HIDDEN: usize = 16;

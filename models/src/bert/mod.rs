@@ -8,6 +8,6 @@ mod units;
 
 pub use activation::{BertHidden, BertInput};
 pub use config::BertConfig;
-pub use model::{Bert, BertBlock};
+pub use model::{Bert, BertBlock, BertTypes};
 pub use pooling::{BertPooling, l2_normalize};
 pub use units::{BertEmbeddings, BertHead, BertUnit, PostNormAttention, PostNormFeedForward};

@@ -2,7 +2,7 @@
 
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use burn_freeze::{IntoLayerStack, LayerStack, StackError};
+use burn_freeze::{IntoLayerStack, LayerStack, StackError, StackMarker};
 
 use super::activation::{BertHidden, BertInput};
 use super::config::BertConfig;
@@ -73,12 +73,14 @@ impl<B: Backend> Bert<B> {
     }
 }
 
-impl<B: AutodiffBackend> IntoLayerStack<B> for Bert<B> {
-    type First = BertEmbeddings<B>;
-    type Middle = BertUnit<B>;
-    type Last = BertHead<B>;
+/// The types of BERT's layer stack: embeddings, then attention and
+/// feed-forward units, then the pooler and classifier.
+pub type BertTypes<B> = StackMarker<B, BertEmbeddings<B>, BertUnit<B>, BertHead<B>>;
 
-    fn into_layer_stack(self) -> LayerStack<BertEmbeddings<B>, BertUnit<B>, BertHead<B>> {
+impl<B: AutodiffBackend> IntoLayerStack for Bert<B> {
+    type Types = BertTypes<B>;
+
+    fn into_layer_stack(self) -> LayerStack<BertTypes<B>> {
         let middle = self
             .blocks
             .into_iter()
@@ -93,9 +95,9 @@ impl<B: AutodiffBackend> IntoLayerStack<B> for Bert<B> {
     }
 
     fn from_layer_stack(
-        stack: LayerStack<BertEmbeddings<B>, BertUnit<B>, BertHead<B>>,
+        stack: LayerStack<BertTypes<B>>,
     ) -> Result<Self, StackError> {
-        let found = stack.len();
+        let found = stack.num_units();
         let (embeddings, middle, head) = stack.into_parts();
         if middle.len() % 2 != 0 {
             return Err(StackError::WrongLength {

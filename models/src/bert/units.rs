@@ -7,8 +7,6 @@ use burn::nn::{
     LinearConfig,
 };
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
-use burn_freeze::{InnerOf, Unit};
 
 use super::activation::{BertHidden, BertInput};
 use super::config::BertConfig;
@@ -211,50 +209,7 @@ impl<B: Backend> BertUnit<B> {
     }
 }
 
-impl<B: AutodiffBackend> Unit<B> for BertEmbeddings<B> {
-    type Input = BertInput<B>;
-    type Output = BertHidden<B>;
-
-    fn forward(&self, input: BertInput<B>) -> BertHidden<B> {
-        BertEmbeddings::forward(self, input)
-    }
-
-    fn forward_inner(
-        unit: &BertEmbeddings<B::InnerBackend>,
-        input: InnerOf<B, BertInput<B>>,
-    ) -> InnerOf<B, BertHidden<B>> {
-        unit.forward(input)
-    }
-}
-
-impl<B: AutodiffBackend> Unit<B> for BertUnit<B> {
-    type Input = BertHidden<B>;
-    type Output = BertHidden<B>;
-
-    fn forward(&self, x: BertHidden<B>) -> BertHidden<B> {
-        BertUnit::forward(self, x)
-    }
-
-    fn forward_inner(
-        unit: &BertUnit<B::InnerBackend>,
-        x: InnerOf<B, BertHidden<B>>,
-    ) -> InnerOf<B, BertHidden<B>> {
-        unit.forward(x)
-    }
-}
-
-impl<B: AutodiffBackend> Unit<B> for BertHead<B> {
-    type Input = BertHidden<B>;
-    type Output = Tensor<B, 2>;
-
-    fn forward(&self, x: BertHidden<B>) -> Tensor<B, 2> {
-        BertHead::forward(self, x)
-    }
-
-    fn forward_inner(
-        unit: &BertHead<B::InnerBackend>,
-        x: InnerOf<B, BertHidden<B>>,
-    ) -> InnerOf<B, Tensor<B, 2>> {
-        unit.forward(x)
-    }
-}
+// One forward per unit, for training and for frozen execution.
+burn_freeze::unit!(BertEmbeddings<B>: BertInput<B> => BertHidden<B>);
+burn_freeze::unit!(BertUnit<B>: BertHidden<B> => BertHidden<B>);
+burn_freeze::unit!(BertHead<B>: BertHidden<B> => Tensor<B, 2>);

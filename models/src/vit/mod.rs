@@ -5,5 +5,5 @@ mod model;
 mod units;
 
 pub use config::VitConfig;
-pub use model::{Vit, VitBlock};
+pub use model::{Vit, VitBlock, VitTypes};
 pub use units::{PatchEmbedding, PreNormAttention, PreNormMlp, VitHead, VitUnit};

@@ -3,7 +3,7 @@
 use burn::nn::{LayerNorm, LayerNormConfig};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use burn_freeze::{IntoLayerStack, LayerStack, StackError};
+use burn_freeze::{IntoLayerStack, LayerStack, StackError, StackMarker};
 
 use super::config::VitConfig;
 use super::units::{PatchEmbedding, PreNormAttention, PreNormMlp, VitHead, VitUnit};
@@ -79,12 +79,14 @@ impl<B: Backend> Vit<B> {
     }
 }
 
-impl<B: AutodiffBackend> IntoLayerStack<B> for Vit<B> {
-    type First = PatchEmbedding<B>;
-    type Middle = VitUnit<B>;
-    type Last = VitHead<B>;
+/// The types of ViT's layer stack: patch embedding, then attention, MLP and
+/// norm units, then the head.
+pub type VitTypes<B> = StackMarker<B, PatchEmbedding<B>, VitUnit<B>, VitHead<B>>;
 
-    fn into_layer_stack(self) -> LayerStack<PatchEmbedding<B>, VitUnit<B>, VitHead<B>> {
+impl<B: AutodiffBackend> IntoLayerStack for Vit<B> {
+    type Types = VitTypes<B>;
+
+    fn into_layer_stack(self) -> LayerStack<VitTypes<B>> {
         let mut middle = Vec::with_capacity(2 * self.blocks.len() + 1);
         for block in self.blocks {
             middle.push(VitUnit::Attention(block.attention));
@@ -95,9 +97,9 @@ impl<B: AutodiffBackend> IntoLayerStack<B> for Vit<B> {
     }
 
     fn from_layer_stack(
-        stack: LayerStack<PatchEmbedding<B>, VitUnit<B>, VitHead<B>>,
+        stack: LayerStack<VitTypes<B>>,
     ) -> Result<Self, StackError> {
-        let found = stack.len();
+        let found = stack.num_units();
         let (embedding, middle, head) = stack.into_parts();
         if middle.len() % 2 == 0 {
             return Err(StackError::WrongLength {

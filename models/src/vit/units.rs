@@ -6,8 +6,6 @@ use burn::nn::attention::{MhaInput, MultiHeadAttention, MultiHeadAttentionConfig
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{Dropout, DropoutConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
-use burn_freeze::{InnerOf, Unit};
 
 use super::config::VitConfig;
 use crate::feed_forward::FeedForward;
@@ -178,50 +176,7 @@ impl<B: Backend> VitUnit<B> {
     }
 }
 
-impl<B: AutodiffBackend> Unit<B> for PatchEmbedding<B> {
-    type Input = Tensor<B, 4>;
-    type Output = Tensor<B, 3>;
-
-    fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 3> {
-        PatchEmbedding::forward(self, images)
-    }
-
-    fn forward_inner(
-        unit: &PatchEmbedding<B::InnerBackend>,
-        images: InnerOf<B, Tensor<B, 4>>,
-    ) -> InnerOf<B, Tensor<B, 3>> {
-        unit.forward(images)
-    }
-}
-
-impl<B: AutodiffBackend> Unit<B> for VitUnit<B> {
-    type Input = Tensor<B, 3>;
-    type Output = Tensor<B, 3>;
-
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        VitUnit::forward(self, x)
-    }
-
-    fn forward_inner(
-        unit: &VitUnit<B::InnerBackend>,
-        x: InnerOf<B, Tensor<B, 3>>,
-    ) -> InnerOf<B, Tensor<B, 3>> {
-        unit.forward(x)
-    }
-}
-
-impl<B: AutodiffBackend> Unit<B> for VitHead<B> {
-    type Input = Tensor<B, 3>;
-    type Output = Tensor<B, 2>;
-
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 2> {
-        VitHead::forward(self, x)
-    }
-
-    fn forward_inner(
-        unit: &VitHead<B::InnerBackend>,
-        x: InnerOf<B, Tensor<B, 3>>,
-    ) -> InnerOf<B, Tensor<B, 2>> {
-        unit.forward(x)
-    }
-}
+// One forward per unit, for training and for frozen execution.
+burn_freeze::unit!(PatchEmbedding<B>: Tensor<B, 4> => Tensor<B, 3>);
+burn_freeze::unit!(VitUnit<B>: Tensor<B, 3> => Tensor<B, 3>);
+burn_freeze::unit!(VitHead<B>: Tensor<B, 3> => Tensor<B, 2>);

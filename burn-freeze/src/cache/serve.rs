@@ -1,0 +1,147 @@
+//! Serving a frozen prefix from an [`ActivationCache`]: the piece that
+//! [`FreezableStack::forward_cached`](crate::FreezableStack::forward_cached)
+//! and a pipeline's first stage share.
+
+use std::collections::{BTreeMap, HashSet};
+
+use super::{ActivationCache, Cacheable};
+use crate::activation::Activation;
+use crate::error::CacheError;
+use crate::flow::Flow;
+use crate::frozen::FrozenUnits;
+use crate::types::{InnerBackendOf, InnerHidden, InnerInput, StackTypes};
+
+/// The cache a stack of types `S` uses: per-sample hidden activations on the
+/// inner backend.
+pub type StackCache<S> = ActivationCache<InnerBackendOf<S>, InnerHidden<S>>;
+
+/// Checks that `ids` name the `batch` samples of a batch, once each.
+pub fn check_sample_ids(ids: &[u64], batch: usize) -> Result<(), CacheError> {
+    if ids.len() != batch {
+        return Err(CacheError::IdCount {
+            batch,
+            ids: ids.len(),
+        });
+    }
+    let mut seen = HashSet::with_capacity(ids.len());
+    if let Some(dup) = ids.iter().find(|id| !seen.insert(**id)) {
+        return Err(CacheError::DuplicateId(*dup));
+    }
+    Ok(())
+}
+
+/// The output of frozen units `0..units` for the batch `input`, whose sample
+/// `i` is named `ids[i]`, served from `cache` where it can be and computed
+/// with `frozen` (which must start at unit 0 and hold those units frozen)
+/// where it cannot.
+///
+/// A sample cached at `units` skips the frozen units; one cached at a lower
+/// front runs only the units frozen since; others run the whole prefix, and
+/// every computed output is cached. The result equals running `frozen` on
+/// `input`.
+///
+/// Fails, changing nothing in the cache, when `ids` does not name the batch
+/// (count or duplicates) or a sample id comes back with inputs or outputs
+/// of another shape.
+///
+/// # Panics
+/// When `units` is 0, reaches the stack's last unit, or is not frozen in
+/// `frozen`.
+pub fn serve_prefix<S: StackTypes>(
+    cache: &mut StackCache<S>,
+    frozen: &FrozenUnits<S>,
+    ids: &[u64],
+    input: InnerInput<S>,
+    units: usize,
+) -> Result<InnerHidden<S>, CacheError>
+where
+    InnerInput<S>: Cacheable<InnerBackendOf<S>>,
+    InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
+{
+    assert!(
+        units >= 1 && frozen.units().start == 0 && units <= frozen.units().end,
+        "serve_prefix: units 0..{units} are not frozen in {:?}",
+        frozen.units()
+    );
+    check_sample_ids(ids, input.batch_size())?;
+    let mut input_shapes = input.shapes();
+    for shape in &mut input_shapes {
+        shape[0] = 1;
+    }
+    for &id in ids {
+        cache.check_input(id, &input_shapes)?;
+    }
+    let device = input.device();
+    let run = |flow, from| match frozen.forward_units(flow, from, units) {
+        Flow::Hidden(hidden) => hidden,
+        other => panic!("serve_prefix: unit {units} is not a hidden activation: {}", other.kind()),
+    };
+    // Where each sample starts: 0 (from the input) or a cached front.
+    let mut outputs: Vec<Option<InnerHidden<S>>> = vec![None; ids.len()];
+    let mut groups: BTreeMap<usize, Vec<(usize, Option<InnerHidden<S>>)>> = BTreeMap::new();
+    for (i, &id) in ids.iter().enumerate() {
+        match cache.lookup(id, units, &device) {
+            Some((front, value)) if front == units => {
+                cache.count_hit(true);
+                outputs[i] = Some(value);
+            }
+            Some((front, value)) => {
+                cache.count_hit(false);
+                groups.entry(front).or_default().push((i, Some(value)));
+            }
+            None => {
+                cache.count_miss();
+                groups.entry(0).or_default().push((i, None));
+            }
+        }
+    }
+    let mut computed = Vec::new();
+    let mut singles = None;
+    for (start, members) in groups {
+        let sizes = vec![1; members.len()];
+        let result = if start == 0 {
+            let singles =
+                singles.get_or_insert_with(|| input.clone().split_batch(&vec![1; ids.len()]));
+            let rows = members.iter().map(|(i, _)| singles[*i].clone()).collect();
+            run(Flow::Input(Activation::cat_batch(rows)), 0)
+        } else {
+            let rows = members
+                .iter()
+                .map(|(_, value)| value.clone().expect("cached value"))
+                .collect();
+            run(Flow::Hidden(Activation::cat_batch(rows)), start)
+        };
+        for ((i, _), value) in members.iter().zip(result.split_batch(&sizes)) {
+            computed.push((*i, value));
+        }
+    }
+    // Check every new entry before storing any, so an error changes nothing.
+    for (i, value) in &computed {
+        cache.check_output(ids[*i], value)?;
+    }
+    let reference = computed
+        .first()
+        .map(|(_, v)| v.shapes())
+        .or_else(|| outputs.iter().flatten().next().map(|v| v.shapes()));
+    for (i, value) in outputs.iter().enumerate() {
+        if let (Some(value), Some(reference)) = (value, &reference)
+            && &value.shapes() != reference
+        {
+            return Err(CacheError::ShapeMismatch {
+                sample: ids[i],
+                cached: value.shapes(),
+                found: reference.clone(),
+            });
+        }
+    }
+    for (i, value) in computed {
+        cache.insert(ids[i], units, value.clone(), &input_shapes)?;
+        outputs[i] = Some(value);
+    }
+    Ok(Activation::cat_batch(
+        outputs
+            .into_iter()
+            .map(|v| v.expect("every sample served"))
+            .collect(),
+    ))
+}

@@ -1,0 +1,302 @@
+//! A layer stack with a freeze front, trained on one device.
+
+use std::fmt;
+
+use burn::module::Module;
+use burn::optim::GradientsParams;
+
+use crate::cache::{Cacheable, StackCache, check_sample_ids, serve_prefix};
+use crate::error::{CacheError, FreezeError};
+use crate::flow::{Flow, InnerFlow, flow_from_inner};
+use crate::freeze_front::FreezeFront;
+use crate::frozen::FrozenUnits;
+use crate::policy::GradNorm;
+use crate::range::{TrainableUnits, UnitRange, check_freeze};
+use crate::stack::LayerStack;
+use crate::types::{InnerBackendOf, InnerHidden, InnerInput, InnerOutput, StackTypes};
+
+/// A [`LayerStack`] with a freeze front: units `0..front` are frozen and run on
+/// the inner backend with no autodiff graph, the rest train.
+///
+/// It works on any stack that follows the contract, a user's own as well as the
+/// models of this workspace. The front only moves up through
+/// [`freeze_to`](Self::freeze_to); [`unfreeze_to`](Self::unfreeze_to) moves it
+/// down on explicit request. The optimizer is built for
+/// [`TrainableUnits`] and stepped through [`map_trainable`](Self::map_trainable).
+///
+/// ```
+/// use burn::backend::{Autodiff, Flex};
+/// use burn::nn::{Linear, LinearConfig};
+/// use burn::optim::{Optimizer, SgdConfig};
+/// use burn::prelude::*;
+/// use burn_freeze::{FreezableStack, FreezeFront, LayerStack, StackMarker, TrainableUnits};
+///
+/// #[derive(Module, Debug)]
+/// pub struct Dense<B: Backend> { linear: Linear<B> }
+/// impl<B: Backend> Dense<B> {
+///     fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> { self.linear.forward(x).tanh() }
+/// }
+/// burn_freeze::unit!(Dense<B>: Tensor<B, 2> => Tensor<B, 2>);
+/// type Types = StackMarker<B, Dense<B>, Dense<B>, Dense<B>>;
+///
+/// type B = Autodiff<Flex>;
+/// let device = Default::default();
+/// let dense = |i, o| Dense::<B> { linear: LinearConfig::new(i, o).init(&device) };
+/// let stack = LayerStack::new(dense(3, 8), vec![dense(8, 8), dense(8, 8)], dense(8, 2));
+/// let mut stack = FreezableStack::new(stack);
+/// stack.freeze_to(2).unwrap(); // units 0 and 1
+/// assert_eq!(stack.front(), 2);
+/// assert!(stack.is_frozen(1) && !stack.is_frozen(2));
+/// assert!(stack.freeze_to(9).is_err()); // beyond the stack: nothing changes
+/// assert!(stack.freeze_to(1).is_err()); // the front only moves up
+///
+/// let mut optim = SgdConfig::new().init::<B, TrainableUnits<Types>>();
+/// let x = Tensor::<B, 2>::ones([4, 3], &device);
+/// let loss = stack.forward(x).powi_scalar(2).mean();
+/// let grads = stack.gradients(loss.backward());
+/// stack.map_trainable(|units| optim.step(0.1, units, grads));
+/// assert_eq!(stack.last_gradient_norms()[1], None); // frozen
+/// assert!(stack.last_gradient_norms()[2].is_some());
+/// ```
+pub struct FreezableStack<S: StackTypes> {
+    units: UnitRange<S>,
+    cache: Option<StackCache<S>>,
+    norms: Vec<Option<GradNorm>>,
+}
+
+impl<S: StackTypes> FreezableStack<S> {
+    /// A stack with nothing frozen.
+    pub fn new(stack: LayerStack<S>) -> Self {
+        let len = stack.num_units();
+        Self {
+            units: UnitRange::whole(stack),
+            cache: None,
+            norms: vec![None; len],
+        }
+    }
+
+    /// Number of units, frozen or not.
+    pub fn num_units(&self) -> usize {
+        self.units.num_units()
+    }
+
+    /// The freeze front: units `0..front()` are frozen.
+    pub fn front(&self) -> usize {
+        self.units.frozen().len()
+    }
+
+    /// Whether unit `index` is frozen.
+    pub fn is_frozen(&self, index: usize) -> bool {
+        index < self.front()
+    }
+
+    /// The units, frozen and trainable.
+    pub fn units(&self) -> &UnitRange<S> {
+        &self.units
+    }
+
+    /// The frozen units, in inner-backend form.
+    pub fn frozen(&self) -> &FrozenUnits<S> {
+        self.units.frozen()
+    }
+
+    /// The trainable units: build the optimizer for this type.
+    pub fn trainable(&self) -> &TrainableUnits<S> {
+        self.units.trainable()
+    }
+
+    /// Replaces the trainable units by `f(units)`, e.g. an optimizer step.
+    ///
+    /// # Panics
+    /// When `f` returns another number of units.
+    pub fn map_trainable(&mut self, f: impl FnOnce(TrainableUnits<S>) -> TrainableUnits<S>) {
+        self.units.map_trainable(f);
+    }
+
+    /// Gradients of the trainable parameters only, from a step's backward
+    /// pass (frozen parameters have none: they are not on the autodiff
+    /// backend). Also records each unit's gradient norm for
+    /// [`last_gradient_norms`](FreezeFront::last_gradient_norms).
+    pub fn gradients(&mut self, mut grads: <S::Backend as burn::tensor::backend::AutodiffBackend>::Gradients) -> GradientsParams {
+        let params = GradientsParams::from_module(&mut grads, self.units.trainable());
+        self.norms = self.units.unit_gradient_norms(&params);
+        params
+    }
+
+    /// Freezes units up to (not including) `front`. The front only moves up:
+    /// asking for fewer units than are frozen is an error, and so is a front
+    /// beyond the stack ([`check_freeze`]). On error nothing changes.
+    pub fn freeze_to(&mut self, front: usize) -> Result<(), FreezeError> {
+        let frozen = self.front();
+        check_freeze(front, frozen, self.num_units())?;
+        if front > frozen {
+            self.units.freeze_to(front);
+            tracing::debug!(from = frozen, to = front, units = self.num_units(), "freeze front moved up");
+        }
+        Ok(())
+    }
+
+    /// Unfreezes units `front..`: they train again. Cached activations that
+    /// passed through any of them are dropped. On error nothing changes.
+    pub fn unfreeze_to(&mut self, front: usize) -> Result<(), FreezeError> {
+        let frozen = self.front();
+        if front > frozen {
+            return Err(FreezeError::WouldFreeze {
+                frozen,
+                requested: front,
+            });
+        }
+        if front == frozen {
+            return Ok(());
+        }
+        self.units.unfreeze_to(front);
+        if let Some(cache) = self.cache.as_mut() {
+            cache.invalidate_above(front);
+        }
+        tracing::debug!(from = frozen, to = front, "freeze front moved down (explicit unfreeze)");
+        Ok(())
+    }
+
+    /// The whole stack back, every unit trainable.
+    pub fn into_layer_stack(self) -> LayerStack<S> {
+        UnitRange::join(vec![self.units]).expect("one range covers the stack")
+    }
+
+    /// A copy of the whole stack, every unit on the autodiff backend, to
+    /// evaluate or save the model while training goes on (Burn tensors
+    /// share storage, so this copies no weights).
+    pub fn to_layer_stack(&self) -> LayerStack<S> {
+        UnitRange::join(vec![self.units.clone()]).expect("one range covers the stack")
+    }
+
+    /// Runs the stack: frozen units on the inner backend (no graph), their
+    /// output entering autodiff as a fresh leaf, then the trainable units.
+    pub fn forward(&self, input: S::Input) -> S::Output {
+        match self.units.forward(Flow::Input(input)) {
+            Flow::Output(output) => output,
+            other => unreachable!("a whole stack returns the model output, not {}", other.kind()),
+        }
+    }
+
+    /// The model's output for evaluation: every unit on the inner backend,
+    /// no graph, dropout off.
+    pub fn forward_inner(&self, input: InnerInput<S>) -> InnerOutput<S> {
+        match self.units.forward_inner(Flow::Input(input)) {
+            Flow::Output(output) => output,
+            other => unreachable!("a whole stack returns the model output, not {}", other.kind()),
+        }
+    }
+
+    /// Parameters of the trainable units.
+    pub fn trainable_params(&self) -> usize {
+        self.units.trainable().num_params()
+    }
+
+    /// Attaches an AutoCache, replacing (and returning) any attached before.
+    pub fn attach_cache(&mut self, cache: StackCache<S>) -> Option<StackCache<S>> {
+        self.cache.replace(cache)
+    }
+
+    /// The attached cache.
+    pub fn cache(&self) -> Option<&StackCache<S>> {
+        self.cache.as_ref()
+    }
+
+    /// Detaches the cache (dropping it removes its spill files).
+    pub fn detach_cache(&mut self) -> Option<StackCache<S>> {
+        self.cache.take()
+    }
+
+    /// [`forward`](Self::forward) with the frozen prefix served by the
+    /// attached cache ([`serve_prefix`]): `ids[i]` names sample `i` of the
+    /// batch, the same id for the same sample in every epoch.
+    ///
+    /// The result equals [`forward`](Self::forward)'s. Without a cache, or
+    /// with nothing frozen, this is `forward`.
+    ///
+    /// Fails, changing nothing, when `ids` does not match the batch (count or
+    /// duplicates) or a sample id comes back with inputs of another shape.
+    pub fn forward_cached(&mut self, ids: &[u64], input: S::Input) -> Result<S::Output, CacheError>
+    where
+        InnerInput<S>: Cacheable<InnerBackendOf<S>>,
+        InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
+    {
+        use crate::activation::{Activation, AutodiffActivation};
+        check_sample_ids(ids, input.batch_size())?;
+        let len = self.num_units();
+        let cached_units = self.front().min(len - 1);
+        let Some(cache) = self.cache.as_mut().filter(|_| cached_units > 0) else {
+            return Ok(self.forward(input));
+        };
+        let hidden = serve_prefix(cache, self.units.frozen(), ids, input.inner(), cached_units)?;
+        let flow: InnerFlow<S> = Flow::Hidden(hidden);
+        let flow = if self.front() == len {
+            self.units.frozen().forward_units(flow, len - 1, len)
+        } else {
+            flow
+        };
+        let flow = flow_from_inner::<S>(flow);
+        let flow = UnitRange::<S>::forward_trainable(self.units.trainable(), cached_units, flow);
+        match flow {
+            Flow::Output(output) => Ok(output),
+            other => unreachable!("a whole stack returns the model output, not {}", other.kind()),
+        }
+    }
+}
+
+impl<S: StackTypes> FreezeFront for FreezableStack<S> {
+    type Error = FreezeError;
+
+    fn num_units(&self) -> usize {
+        FreezableStack::num_units(self)
+    }
+
+    fn front(&self) -> usize {
+        FreezableStack::front(self)
+    }
+
+    fn freeze_to(&mut self, front: usize) -> Result<(), FreezeError> {
+        FreezableStack::freeze_to(self, front)
+    }
+
+    fn last_gradient_norms(&self) -> Vec<Option<GradNorm>> {
+        let front = self.front();
+        self.norms
+            .iter()
+            .enumerate()
+            .map(|(unit, norm)| norm.filter(|_| unit >= front))
+            .collect()
+    }
+}
+
+impl<S: StackTypes> Clone for FreezableStack<S> {
+    /// Clones the units; the clone has no cache attached.
+    fn clone(&self) -> Self {
+        Self {
+            units: self.units.clone(),
+            cache: None,
+            norms: self.norms.clone(),
+        }
+    }
+}
+
+impl<S: StackTypes> fmt::Debug for FreezableStack<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FreezableStack")
+            .field("units", &self.num_units())
+            .field("front", &self.front())
+            .field("cache", &self.cache.is_some())
+            .finish()
+    }
+}
+
+/// Freeze-front operations on a plain [`LayerStack`], for code that holds one.
+impl<S: StackTypes> LayerStack<S> {
+    /// Wraps the stack in a [`FreezableStack`] with units `0..front` frozen.
+    pub fn freeze_to(self, front: usize) -> Result<FreezableStack<S>, FreezeError> {
+        check_freeze(front, 0, self.num_units())?;
+        let mut stack = FreezableStack::new(self);
+        stack.freeze_to(front)?;
+        Ok(stack)
+    }
+}

@@ -1,0 +1,55 @@
+//! Anything with a freeze front, so that one policy drives a stack, a
+//! pipeline or a group of replicas alike.
+
+use crate::error::FreezeError;
+use crate::policy::GradNorm;
+
+/// A model whose units `0..front()` are frozen, and which remembers the
+/// per-unit gradient norms of its last training step.
+///
+/// [`AutoFreeze`](crate::AutoFreeze) drives any implementation with any
+/// [`FreezePolicy`](crate::FreezePolicy): [`FreezableStack`](crate::FreezableStack)
+/// in this crate, `burn_pipe::Pipeline` and the replica groups of
+/// `burn-elastic-dp`.
+///
+/// ```
+/// use burn_freeze::{FreezeFront, FreezeError, GradNorm};
+///
+/// /// A stand-in with 4 units and fixed norms.
+/// struct Toy { front: usize }
+/// impl FreezeFront for Toy {
+///     type Error = FreezeError;
+///     fn num_units(&self) -> usize { 4 }
+///     fn front(&self) -> usize { self.front }
+///     fn freeze_to(&mut self, front: usize) -> Result<(), FreezeError> {
+///         burn_freeze::check_freeze(front, self.front, 4)?;
+///         self.front = front;
+///         Ok(())
+///     }
+///     fn last_gradient_norms(&self) -> Vec<Option<GradNorm>> { vec![None; 4] }
+/// }
+///
+/// let mut toy = Toy { front: 0 };
+/// toy.freeze_to(2).unwrap();
+/// assert!(toy.freeze_to(1).is_err());
+/// ```
+pub trait FreezeFront {
+    /// What a refused [`freeze_to`](Self::freeze_to) returns.
+    type Error: std::error::Error + From<FreezeError>;
+
+    /// Number of units, frozen or not.
+    fn num_units(&self) -> usize;
+
+    /// The freeze front: units `0..front()` are frozen.
+    fn front(&self) -> usize;
+
+    /// Freezes units `0..front`. The front only moves up, to at most
+    /// [`num_units`](Self::num_units) ([`check_freeze`](crate::check_freeze)
+    /// is the rule); on error nothing changes.
+    fn freeze_to(&mut self, front: usize) -> Result<(), Self::Error>;
+
+    /// Per-unit gradient norms of the last training step, one entry per
+    /// unit; `None` for frozen units, for units that got no gradient, and
+    /// for every unit before the first step.
+    fn last_gradient_norms(&self) -> Vec<Option<GradNorm>>;
+}
