@@ -1,6 +1,13 @@
-//! How a pipeline runs: schedule, micro-batches, and the bound on every wait.
+//! How a pipeline runs: stages, schedule, micro-batches, and the bound on
+//! every wait.
 
 use burn::config::Config;
+use burn::optim::Optimizer;
+use burn::tensor::Device;
+use burn_freeze::{LayerStack, StackTypes, TrainableUnits};
+
+use crate::error::PipeError;
+use crate::pipeline::Pipeline;
 
 /// Order in which each stage runs the forward and backward passes of its
 /// micro-batches. Both give the same gradients.
@@ -15,7 +22,7 @@ pub enum Schedule {
     OneFOneB,
 }
 
-/// Configuration of a [`Pipeline`](crate::Pipeline).
+/// Configuration of a [`Pipeline`]; [`init`](PipelineConfig::init) builds one.
 ///
 /// ```
 /// use burn_pipe::{PipelineConfig, Schedule};
@@ -35,8 +42,13 @@ pub struct PipelineConfig {
     /// number of stages (see [`default_micro_batches`](crate::default_micro_batches)).
     #[config(default = "None")]
     pub micro_batches: Option<usize>,
+    /// Units per stage; `None` balances the stages by parameter count with
+    /// the exact partitioner ([`balance_exact`](crate::balance_exact)), one
+    /// stage per device.
+    #[config(default = "None")]
+    pub balance: Option<Vec<usize>>,
     /// Longest a stage waits for a neighbour's activation or gradient before
-    /// the step fails, in milliseconds.
+    /// the step fails, in milliseconds (at least 1).
     #[config(default = 120_000)]
     pub timeout_ms: u64,
 }
@@ -46,5 +58,42 @@ impl PipelineConfig {
     pub fn micro_batches_for(&self, stages: usize) -> usize {
         self.micro_batches
             .unwrap_or_else(|| crate::partition::default_micro_batches(stages))
+    }
+
+    /// Builds a pipeline of `stack` with one stage per device, each stage
+    /// with an optimizer made by `make_optimizer` (any Burn optimizer,
+    /// e.g. `|| AdamConfig::new().init()`).
+    ///
+    /// Fails, before touching any unit, on a configuration that does not fit
+    /// the stack and devices: no device, more stages than units, a balance
+    /// with an empty stage, the wrong total or another number of stages than
+    /// devices, 0 micro-batches or a zero timeout.
+    pub fn init<S, O>(
+        &self,
+        stack: LayerStack<S>,
+        devices: Vec<Device<S::Backend>>,
+        make_optimizer: impl Fn() -> O + Send + Sync + 'static,
+    ) -> Result<Pipeline<S, O>, PipeError>
+    where
+        S: StackTypes,
+        O: Optimizer<TrainableUnits<S>, S::Backend>,
+    {
+        let balance = match &self.balance {
+            Some(balance) => balance.clone(),
+            None => {
+                let stages = devices.len();
+                if stages == 0 {
+                    return Err(PipeError::NoStages);
+                }
+                if stages > stack.num_units() {
+                    return Err(PipeError::TooManyStages {
+                        stages,
+                        units: stack.num_units(),
+                    });
+                }
+                crate::partition::balance_exact(&crate::partition::unit_param_costs(&stack), stages)
+            }
+        };
+        Pipeline::new(stack, &balance, devices, self.clone(), make_optimizer)
     }
 }

@@ -32,6 +32,9 @@ pub enum PipeError {
         /// Stages.
         stages: usize,
     },
+    /// A zero bound on waits: every wait would fail at once.
+    #[error("timeout_ms must be at least 1, got 0")]
+    NoTimeout,
     /// Zero micro-batches asked for.
     #[error("micro_batches must be at least 1, got 0")]
     NoMicroBatches,
@@ -94,15 +97,14 @@ pub enum PipeError {
         /// `"forward"` or `"backward"`.
         phase: &'static str,
     },
-    /// A freeze front that would unfreeze units or freeze the last unit.
-    #[error(
-        "cannot move the freeze front to {requested}: it is at {front}, only moves up, and stays below the last of {units} units"
-    )]
-    BadFront {
-        /// Front asked for.
-        requested: usize,
-        /// Current front.
-        front: usize,
+    /// A freeze-front request that does not fit (see
+    /// [`check_freeze`](burn_freeze::check_freeze)), or a freeze policy's
+    /// layer map that does not fit the pipeline.
+    #[error(transparent)]
+    Freeze(#[from] burn_freeze::FreezeError),
+    /// Every unit is frozen: a training step has nothing to train.
+    #[error("every one of the {units} units is frozen: there is nothing to train")]
+    NothingToTrain {
         /// Units in the stack.
         units: usize,
     },

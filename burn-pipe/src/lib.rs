@@ -1,11 +1,14 @@
 //! Pipeline-parallel training of Burn layer stacks.
 //!
 //! A [`LayerStack`](burn_freeze::LayerStack) (from `burn-freeze`) is cut into
-//! stages of contiguous units; each stage runs on its own device and worker
-//! thread, and crossbeam channels carry activations forward and gradients
-//! back. A mini-batch is split into micro-batches that stream through the
-//! stages under a [`Schedule`]: GPipe's fill-drain or 1F1B. Gradients equal
-//! those of plain training, and each stage steps its own optimizer.
+//! stages of contiguous units (each a [`UnitRange`](burn_freeze::UnitRange));
+//! each stage runs on its own device and worker thread, and crossbeam
+//! channels carry activations forward and gradients back. A mini-batch is
+//! split into micro-batches that stream through the stages under a
+//! [`Schedule`]: GPipe's fill-drain or 1F1B. Gradients equal those of plain
+//! training, and each stage steps its own optimizer. [`Pipeline`] has a
+//! freeze front ([`FreezeFront`](burn_freeze::FreezeFront)), so
+//! `burn_freeze::AutoFreeze` drives it with any freeze policy.
 //!
 //! AutoPipe lives in [`partition`]: the exact partitioner
 //! ([`balance_exact`]), the paper's greedy rule for comparison, freeze-aware
@@ -13,19 +16,23 @@
 //! count; [`profile_units`] measures per-unit forward and backward time on
 //! the real backend.
 //!
-//! Files, one concern each: `schedule.rs` (the order of passes),
-//! `microbatch.rs` (splitting), `stage.rs` (a stage's units), `worker.rs`
-//! (one stage's thread), `pipeline.rs` (the public API), `partition.rs`,
-//! `profile.rs`.
+//! Files, one concern each: `config.rs` (the configuration and `init`),
+//! `pipeline.rs` (the public API), `placement.rs` (stages on devices),
+//! `pass.rs` (the threads of one pass), `wiring.rs` (the channels),
+//! `worker.rs` (one stage's thread), `schedule.rs` (the order of passes),
+//! `microbatch.rs` (splitting), `report.rs`, `partition.rs`, `profile.rs`.
 
 mod config;
 mod error;
 mod microbatch;
 pub mod partition;
+mod pass;
 mod pipeline;
+mod placement;
 mod profile;
+mod report;
 mod schedule;
-mod stage;
+mod wiring;
 mod worker;
 
 pub use config::{PipelineConfig, Schedule};
@@ -35,7 +42,7 @@ pub use partition::{
     balance_exact, balance_greedy, compress, default_micro_batches, freeze_aware_costs,
     largest_stage, unit_param_costs,
 };
-pub use pipeline::{Pipeline, StepReport};
+pub use pipeline::Pipeline;
 pub use profile::{UnitProfile, profile_units};
+pub use report::StepReport;
 pub use schedule::{Op, peak_in_flight, stage_ops};
-pub use stage::StageModule;

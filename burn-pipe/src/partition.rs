@@ -2,20 +2,12 @@
 //! paper's greedy balancer (for comparison), pipeline compression, and the
 //! default micro-batch count.
 
-use burn::module::Module;
-use burn::tensor::backend::AutodiffBackend;
-use burn_freeze::LayerStack;
+use burn_freeze::{LayerStack, StackTypes};
 
 /// Parameter count of each unit of `stack`, as costs.
-pub fn unit_param_costs<B, F, M, L>(stack: &LayerStack<F, M, L>) -> Vec<f64>
-where
-    B: AutodiffBackend,
-    F: Module<B>,
-    M: Module<B>,
-    L: Module<B>,
-{
+pub fn unit_param_costs<S: StackTypes>(stack: &LayerStack<S>) -> Vec<f64> {
     stack
-        .unit_params::<B>()
+        .unit_params()
         .into_iter()
         .map(|n| n as f64)
         .collect()

@@ -1,70 +1,25 @@
 //! The public face of burn-pipe: a layer stack trained as a pipeline of stages.
 
-use std::collections::HashMap;
-use std::ops::Range;
 use std::thread;
-use std::time::{Duration, Instant};
 
-use burn::module::{ParamId, list_param_ids};
-use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer};
+use burn::optim::{GradientsAccumulator, Optimizer};
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
-use burn_freeze::{Activation, AutodiffActivation, Differentiable, InnerOf, LayerStack, Unit};
-use crossbeam_channel::unbounded;
+use burn_freeze::{
+    Activation, AutodiffActivation, Flow, FreezeFront, GradNorm, InnerInput,
+    InnerOutput, LayerStack, ParamStates, StackTypes, StatePool, TrainableUnits, UnitRange,
+    check_freeze, flow_to_device, optimizer_for, pool_optimizer_state,
+};
 
 use crate::config::PipelineConfig;
 use crate::error::PipeError;
 use crate::microbatch::micro_batch_sizes;
-use crate::partition::{balance_exact, unit_param_costs};
-use crate::schedule::stage_ops;
-use crate::stage::{StageInput, StageModule, StageOutput, StageUnits, join, ranges, split};
-use crate::worker::{Job, Links, StageReport, run_stage};
-
-/// What one pipelined forward-backward pass measured.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StepReport {
-    /// Mean loss over the mini-batch (micro-batch losses weighted by size).
-    pub loss: f32,
-    /// Micro-batches the mini-batch was split into.
-    pub micro_batches: usize,
-    /// Wall-clock time of the pass.
-    pub wall: Duration,
-    /// Per stage, time spent computing rather than waiting.
-    pub busy: Vec<Duration>,
-    /// Per stage, the most micro-batches whose activations it held at once.
-    pub peak_saved: Vec<usize>,
-    /// Activations and gradients sent between stages.
-    pub messages: usize,
-}
-
-impl StepReport {
-    /// Share of stage-time spent idle: `1 - sum(busy) / (stages * wall)`.
-    /// GPipe's theory for equal stages is `(K - 1) / (M + K - 1)`.
-    pub fn bubble_fraction(&self) -> f64 {
-        let busy: f64 = self.busy.iter().map(Duration::as_secs_f64).sum();
-        let capacity = self.busy.len() as f64 * self.wall.as_secs_f64();
-        if capacity == 0.0 {
-            0.0
-        } else {
-            (1.0 - busy / capacity).max(0.0)
-        }
-    }
-}
-
-/// One stage: its units, its optimizer, its device.
-struct Stage<B: AutodiffBackend, F: Unit<B>, M: Unit<B>, L: Unit<B>, O> {
-    /// `None` only while the units are inside a worker or an optimizer step.
-    units: Option<StageUnits<B, F, M, L>>,
-    optimizer: O,
-    device: B::Device,
-    /// The units this stage holds.
-    range: Range<usize>,
-    /// Gradients accumulated since the last optimizer step.
-    pending: Option<GradientsParams>,
-}
+use crate::pass::run_pass;
+use crate::placement::{Stage, place, validate};
+use crate::report::StepReport;
 
 /// A [`LayerStack`] trained as a pipeline of stages, each a contiguous range of
-/// units on its own device and worker thread, with its own optimizer.
+/// units ([`UnitRange`]) on its own device and worker thread, with its own
+/// optimizer.
 ///
 /// A step splits the mini-batch into micro-batches, streams them through the
 /// stages under the configured [`Schedule`](crate::Schedule), and accumulates
@@ -72,125 +27,103 @@ struct Stage<B: AutodiffBackend, F: Unit<B>, M: Unit<B>, L: Unit<B>, O> {
 /// every stage's optimizer with one learning rate. The gradients equal those of
 /// plain training on the whole batch when the loss is a mean over samples.
 ///
+/// Your own model, pipelined: its units, the [`unit!`](burn_freeze::unit)
+/// lines, and a [`PipelineConfig`]:
+///
 /// ```
 /// use burn::backend::{Autodiff, Flex};
 /// use burn::nn::loss::CrossEntropyLossConfig;
+/// use burn::nn::{Linear, LinearConfig};
 /// use burn::optim::AdamConfig;
 /// use burn::prelude::*;
-/// use burn_freeze::IntoLayerStack;
-/// use burn_pipe::{Pipeline, PipelineConfig};
-/// use models::synthetic::BandImages;
-/// use models::vit::VitConfig;
+/// use burn_freeze::LayerStack;
+/// use burn_pipe::PipelineConfig;
 ///
+/// // The model: any Burn modules, each with one forward for every backend.
+/// #[derive(Module, Debug)]
+/// pub struct Block<B: Backend> { linear: Linear<B> }
+/// impl<B: Backend> Block<B> {
+///     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> { x.clone() + self.linear.forward(x).tanh() }
+/// }
+/// #[derive(Module, Debug)]
+/// pub struct Head<B: Backend> { linear: Linear<B> }
+/// impl<B: Backend> Head<B> {
+///     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> { self.linear.forward(x) }
+/// }
+///
+/// // Pipelining it:
+/// burn_freeze::unit!(Block<B>: Tensor<B, 2> => Tensor<B, 2>);
+/// burn_freeze::unit!(Head<B>: Tensor<B, 2> => Tensor<B, 2>);
 /// type B = Autodiff<Flex>;
 /// let device = Default::default();
-/// let stack = VitConfig::tiny(4).init::<B>(&device).into_layer_stack();
-/// let config = PipelineConfig::new().with_micro_batches(Some(4));
-/// let mut pipeline = Pipeline::new(stack, &[3, 2, 2], vec![device; 3], config, || AdamConfig::new().init())?;
-///
-/// let (images, labels) = BandImages::new(4, 3, 16, 0).batch::<B>(0, 16, &device);
+/// let block = || Block::<B> { linear: LinearConfig::new(8, 8).init(&device) };
+/// let head = Head { linear: LinearConfig::new(8, 3).init(&device) };
+/// let stack = LayerStack::new(block(), (0..4).map(|_| block()).collect(), head);
+/// let mut pipeline = PipelineConfig::new()
+///     .with_micro_batches(Some(4))
+///     .init(stack, vec![device; 3], || AdamConfig::new().init())?;
 /// let loss = CrossEntropyLossConfig::new().init(&device);
-/// let report = pipeline.forward_backward(images, labels, |logits, labels| loss.forward(logits, labels))?;
-/// pipeline.step(1e-3);
+/// let x = Tensor::<B, 2>::ones([16, 8], &device);
+/// let y = Tensor::<B, 1, Int>::zeros([16], &device);
+/// let report = pipeline.train_step(x, y, |logits, y| loss.forward(logits, y), 1e-3)?;
+/// assert_eq!(pipeline.balance().len(), 3);
 /// assert_eq!(report.micro_batches, 4);
-/// assert!(report.loss > 0.0);
 /// # Ok::<(), burn_pipe::PipeError>(())
 /// ```
-pub struct Pipeline<B: AutodiffBackend, F: Unit<B>, M: Unit<B>, L: Unit<B>, O> {
-    stages: Vec<Stage<B, F, M, L, O>>,
+///
+/// A function generic over the stack and the optimizer carries one bound
+/// for each:
+///
+/// ```
+/// use burn::optim::Optimizer;
+/// use burn_freeze::{StackTypes, TrainableUnits};
+/// use burn_pipe::Pipeline;
+///
+/// fn describe<S: StackTypes, O: Optimizer<TrainableUnits<S>, S::Backend>>(p: &Pipeline<S, O>) -> String {
+///     format!("K={} {:?}, front {}", p.num_stages(), p.balance(), p.front())
+/// }
+/// ```
+pub struct Pipeline<S: StackTypes, O> {
+    stages: Vec<Stage<S, O>>,
     /// Units `0..front` are frozen.
     front: usize,
     config: PipelineConfig,
     make_optimizer: Box<dyn Fn() -> O + Send + Sync>,
+    /// Per-unit gradient norms of the last optimizer step.
+    norms: Vec<Option<GradNorm>>,
 }
 
-/// Checks a balance and device list against a stack of `units` units.
-fn validate(
-    balance: &[usize],
-    units: usize,
-    devices: usize,
-    config: &PipelineConfig,
-) -> Result<(), PipeError> {
-    if balance.is_empty() {
-        return Err(PipeError::NoStages);
-    }
-    if balance.len() > units {
-        return Err(PipeError::TooManyStages {
-            stages: balance.len(),
-            units,
-        });
-    }
-    if balance.contains(&0) || balance.iter().sum::<usize>() != units {
-        return Err(PipeError::BadBalance {
-            balance: balance.to_vec(),
-            units,
-        });
-    }
-    if devices != balance.len() {
-        return Err(PipeError::DeviceCount {
-            devices,
-            stages: balance.len(),
-        });
-    }
-    if config.micro_batches == Some(0) {
-        return Err(PipeError::NoMicroBatches);
-    }
-    Ok(())
-}
-
-impl<B, F, M, L, O> Pipeline<B, F, M, L, O>
+impl<S, O> Pipeline<S, O>
 where
-    B: AutodiffBackend,
-    F: Unit<B>,
-    F::Output: Differentiable<B>,
-    M: Unit<B, Input = F::Output, Output = F::Output>,
-    L: Unit<B, Input = F::Output>,
-    O: Optimizer<StageModule<B, F, M, L>, B>,
+    S: StackTypes,
+    O: Optimizer<TrainableUnits<S>, S::Backend>,
 {
     /// Builds a pipeline of `balance.len()` stages, stage `s` holding the next
     /// `balance[s]` units and living on `devices[s]`, each with an optimizer
-    /// made by `make_optimizer`.
+    /// made by `make_optimizer` (the `balance` of `config` is not used; see
+    /// [`PipelineConfig::init`] to balance automatically).
     ///
     /// Fails, before touching any unit, when the balance has no stage, more
     /// stages than units, an empty stage or the wrong total; when there is not
-    /// exactly one device per stage; or when the config asks for 0 micro-batches.
+    /// exactly one device per stage; or when the config asks for 0
+    /// micro-batches or a zero timeout.
     pub fn new(
-        stack: LayerStack<F, M, L>,
+        stack: LayerStack<S>,
         balance: &[usize],
-        devices: Vec<B::Device>,
+        devices: Vec<Device<S::Backend>>,
         config: PipelineConfig,
         make_optimizer: impl Fn() -> O + Send + Sync + 'static,
     ) -> Result<Self, PipeError> {
-        validate(balance, stack.len(), devices.len(), &config)?;
+        let units = stack.num_units();
+        validate(balance, units, devices.len(), &config)?;
         let stages = place(stack, balance, 0, devices, |_| make_optimizer());
         Ok(Self {
             stages,
             front: 0,
             config,
             make_optimizer: Box::new(make_optimizer),
+            norms: vec![None; units],
         })
-    }
-
-    /// Builds a pipeline of `devices.len()` stages balanced by parameter count
-    /// with the exact partitioner ([`balance_exact`]).
-    pub fn balanced(
-        stack: LayerStack<F, M, L>,
-        devices: Vec<B::Device>,
-        config: PipelineConfig,
-        make_optimizer: impl Fn() -> O + Send + Sync + 'static,
-    ) -> Result<Self, PipeError> {
-        let stages = devices.len();
-        if stages == 0 {
-            return Err(PipeError::NoStages);
-        }
-        if stages > stack.len() {
-            return Err(PipeError::TooManyStages {
-                stages,
-                units: stack.len(),
-            });
-        }
-        let balance = balance_exact(&unit_param_costs::<B, F, M, L>(&stack), stages);
-        Self::new(stack, &balance, devices, config, make_optimizer)
     }
 
     /// Number of stages.
@@ -218,20 +151,21 @@ where
         &self.config
     }
 
-    /// The units of stage `stage`.
+    /// The device of each stage.
+    pub fn devices(&self) -> Vec<Device<S::Backend>> {
+        self.stages.iter().map(|s| s.device.clone()).collect()
+    }
+
+    /// The units of stage `stage`, frozen and trainable.
     ///
     /// # Panics
     /// When `stage >= num_stages()`.
-    pub fn stage(&self, stage: usize) -> &StageModule<B, F, M, L> {
-        &self.stages[stage]
-            .units
-            .as_ref()
-            .expect("a stage's units are present between calls")
-            .trainable
+    pub fn stage(&self, stage: usize) -> &UnitRange<S> {
+        self.stages[stage].units()
     }
 
     /// Gradients stage `stage` accumulated since the last optimizer step, if any.
-    pub fn gradients(&self, stage: usize) -> Option<&GradientsParams> {
+    pub fn gradients(&self, stage: usize) -> Option<&burn::optim::GradientsParams> {
         self.stages[stage].pending.as_ref()
     }
 
@@ -251,19 +185,25 @@ where
     /// weights each micro-batch by its share of the batch, so the gradients are
     /// those of the mean loss over the whole batch.
     ///
-    /// On error (a stage panicked or failed, a wait exceeded the configured
-    /// timeout, bad batch sizes) every worker has stopped, no gradient of this
-    /// pass is kept, and the weights are unchanged.
+    /// On error (every unit frozen, a stage panicked or failed, a wait
+    /// exceeded the configured timeout, bad batch sizes) every worker has
+    /// stopped, no gradient of this pass is kept, and the weights are
+    /// unchanged.
     pub fn forward_backward<T, LossFn>(
         &mut self,
-        input: F::Input,
+        input: S::Input,
         targets: T,
         loss: LossFn,
     ) -> Result<StepReport, PipeError>
     where
-        T: Activation<B>,
-        LossFn: Fn(L::Output, T) -> Tensor<B, 1> + Sync,
+        T: Activation<S::Backend>,
+        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
     {
+        if self.front == self.num_units() {
+            return Err(PipeError::NothingToTrain {
+                units: self.num_units(),
+            });
+        }
         let batch = input.batch_size();
         if targets.batch_size() != batch {
             return Err(PipeError::TargetsMismatch {
@@ -271,8 +211,7 @@ where
                 targets: targets.batch_size(),
             });
         }
-        let stages = self.stages.len();
-        let micro_batches = self.config.micro_batches_for(stages);
+        let micro_batches = self.config.micro_batches_for(self.stages.len());
         let sizes = micro_batch_sizes(batch, micro_batches)?;
         let inputs = input.inner().split_batch(&sizes);
         let targets: Vec<(T, f32)> = targets
@@ -282,90 +221,17 @@ where
             .map(|(t, &n)| (t, n as f32 / batch as f32))
             .collect();
 
-        // Channel k links stage k and stage k + 1, one each way.
-        let (mut forward_tx, mut forward_rx) = (Vec::new(), Vec::new());
-        let (mut backward_tx, mut backward_rx) = (Vec::new(), Vec::new());
-        for _ in 1..stages {
-            let (tx, rx) = unbounded();
-            forward_tx.push(Some(tx));
-            forward_rx.push(Some(rx));
-            let (tx, rx) = unbounded();
-            backward_tx.push(Some(tx));
-            backward_rx.push(Some(rx));
-        }
-        let mut inputs = Some(inputs);
-        let mut targets = Some(targets);
-        let timeout = Duration::from_millis(self.config.timeout_ms);
-        let schedule = self.config.schedule;
-        let start = Instant::now();
-        let loss = &loss;
-
-        let front = self.front;
-        let outcomes: Vec<(StageUnits<B, F, M, L>, Result<StageReport, PipeError>)> =
-            thread::scope(|scope| {
-                let handles: Vec<_> = self
-                    .stages
-                    .iter_mut()
-                    .enumerate()
-                    .map(|(s, stage)| {
-                        let units = stage.units.take().expect("units present between calls");
-                        // Gradients cross the boundary before stage s when the
-                        // unit before it trains; frozen units form a prefix.
-                        let grads_upstream = s > 0 && stage.range.start > front;
-                        let grads_downstream = stage.range.end > front;
-                        let links = Links {
-                            from_previous: (s > 0).then(|| forward_rx[s - 1].take()).flatten(),
-                            to_next: forward_tx.get_mut(s).and_then(Option::take),
-                            grads_from_next: backward_rx
-                                .get_mut(s)
-                                .and_then(Option::take)
-                                .filter(|_| grads_downstream),
-                            grads_to_previous: (s > 0)
-                                .then(|| backward_tx[s - 1].take())
-                                .flatten()
-                                .filter(|_| grads_upstream),
-                        };
-                        let job = Job {
-                            stage: s,
-                            device: stage.device.clone(),
-                            ops: stage_ops(schedule, s, stages, micro_batches),
-                            timeout,
-                            inputs: if s == 0 {
-                                inputs.take().unwrap_or_default()
-                            } else {
-                                Vec::new()
-                            },
-                            targets: if s + 1 == stages {
-                                targets.take().unwrap_or_default()
-                            } else {
-                                Vec::new()
-                            },
-                            grads_upstream,
-                        };
-                        thread::Builder::new()
-                            .name(format!("burn-pipe stage {s}"))
-                            .spawn_scoped(scope, move || {
-                                let result = run_stage(&units, job, links, loss);
-                                (units, result)
-                            })
-                            .expect("spawning a stage worker thread")
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|handle| {
-                        handle
-                            .join()
-                            .expect("stage workers catch their panics and return their units")
-                    })
-                    .collect()
-            });
-
-        let wall = start.elapsed();
-        let mut reports = Vec::with_capacity(stages);
+        let (results, wall) = run_pass(
+            &mut self.stages,
+            self.front,
+            &self.config,
+            inputs,
+            targets,
+            &loss,
+        );
+        let mut reports = Vec::with_capacity(results.len());
         let mut errors = Vec::new();
-        for (stage, (units, result)) in self.stages.iter_mut().zip(outcomes) {
-            stage.units = Some(units);
+        for result in results {
             match result {
                 Ok(report) => reports.push(report),
                 Err(error) => errors.push(error),
@@ -380,8 +246,8 @@ where
             loss: 0.0,
             micro_batches,
             wall,
-            busy: Vec::with_capacity(stages),
-            peak_saved: Vec::with_capacity(stages),
+            busy: Vec::with_capacity(reports.len()),
+            peak_saved: Vec::with_capacity(reports.len()),
             messages: 0,
         };
         for (stage, stage_report) in self.stages.iter_mut().zip(reports) {
@@ -392,7 +258,7 @@ where
             stage.pending = Some(match stage.pending.take() {
                 None => stage_report.grads,
                 Some(pending) => {
-                    let module = &stage.units.as_ref().expect("units present").trainable;
+                    let module = stage.units().trainable();
                     let mut accumulator = GradientsAccumulator::new();
                     accumulator.accumulate(module, pending);
                     accumulator.accumulate(module, stage_report.grads);
@@ -404,65 +270,66 @@ where
     }
 
     /// Applies every stage's optimizer to its accumulated gradients with
-    /// learning rate `lr` (one schedule drives all stages), then clears them.
-    /// A stage without gradients (nothing trainable) is left as it is.
+    /// learning rate `lr` (one schedule drives all stages), then clears them,
+    /// recording each unit's gradient norm for
+    /// [`last_gradient_norms`](FreezeFront::last_gradient_norms). A stage
+    /// without gradients (nothing trainable) is left as it is.
     pub fn step(&mut self, lr: f64) {
-        thread::scope(|scope| {
-            for stage in &mut self.stages {
-                let Some(grads) = stage.pending.take() else {
-                    continue;
-                };
-                scope.spawn(move || {
-                    let units = stage.units.as_mut().expect("units present");
-                    let module = std::mem::replace(
-                        &mut units.trainable,
-                        StageModule::new(None, Vec::new(), None),
-                    );
-                    units.trainable = stage.optimizer.step(lr, module, grads);
-                });
-            }
+        let norms: Vec<Vec<Option<GradNorm>>> = thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .stages
+                .iter_mut()
+                .map(|stage| {
+                    scope.spawn(move || {
+                        let Some(grads) = stage.pending.take() else {
+                            return vec![None; stage.range.len()];
+                        };
+                        let units = stage.units.as_mut().expect("units present");
+                        let norms = units.unit_gradient_norms(&grads);
+                        let optimizer = &mut stage.optimizer;
+                        units.map_trainable(|module| optimizer.step(lr, module, grads));
+                        norms
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("an optimizer step does not panic"))
+                .collect()
         });
-    }
-
-    /// The model's output for `input`, for evaluation: every unit runs on the
-    /// inner backend (no graph, dropout off), stage after stage on the
-    /// calling thread, the activation moving to each stage's device.
-    pub fn forward_inner(&self, input: InnerOf<B, F::Input>) -> InnerOf<B, L::Output> {
-        let mut value: StageInput<_, InnerOf<B, F::Output>> = StageInput::Input(input);
-        for stage in &self.stages {
-            let units = stage.units.as_ref().expect("units present between calls");
-            let moved = match value {
-                StageInput::Input(input) => StageInput::Input(input.to_device(&stage.device)),
-                StageInput::Hidden(hidden) => StageInput::Hidden(hidden.to_device(&stage.device)),
-            };
-            let after_frozen = units.frozen.forward(moved);
-            if units.trainable.is_empty() {
-                value = after_frozen;
-                continue;
-            }
-            match units.trainable.forward_inner(after_frozen) {
-                StageOutput::Hidden(hidden) => value = StageInput::Hidden(hidden),
-                StageOutput::Output(output) => return output,
-            }
-        }
-        unreachable!("the last stage holds the last unit")
+        self.norms = norms.into_iter().flatten().collect();
     }
 
     /// [`forward_backward`](Pipeline::forward_backward) then [`step`](Pipeline::step).
     pub fn train_step<T, LossFn>(
         &mut self,
-        input: F::Input,
+        input: S::Input,
         targets: T,
         loss: LossFn,
         lr: f64,
     ) -> Result<StepReport, PipeError>
     where
-        T: Activation<B>,
-        LossFn: Fn(L::Output, T) -> Tensor<B, 1> + Sync,
+        T: Activation<S::Backend>,
+        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
     {
         let report = self.forward_backward(input, targets, loss)?;
         self.step(lr);
         Ok(report)
+    }
+
+    /// The model's output for `input`, for evaluation: every unit runs on the
+    /// inner backend (no graph, dropout off), stage after stage on the
+    /// calling thread, the activation moving to each stage's device.
+    pub fn forward_inner(&self, input: InnerInput<S>) -> InnerOutput<S> {
+        let mut flow = Flow::Input(input);
+        for stage in &self.stages {
+            let moved = flow_to_device::<burn_freeze::InnerBackendOf<S>, _, _, _>(flow, &stage.device);
+            flow = stage.units().forward_inner(moved);
+        }
+        match flow {
+            Flow::Output(output) => output,
+            other => unreachable!("the last stage returns the model output, not {}", other.kind()),
+        }
     }
 
     /// Moves units between stages: afterwards stage `s` holds `balance[s]`
@@ -475,139 +342,113 @@ where
     ///
     /// Fails, changing nothing, on a bad balance or device list, or when
     /// gradients are pending.
-    pub fn repartition<R>(
+    pub fn repartition(
         &mut self,
         balance: &[usize],
-        devices: Vec<B::Device>,
+        devices: Vec<Device<S::Backend>>,
     ) -> Result<(), PipeError>
     where
-        O::Record: IntoIterator<Item = (ParamId, R)> + FromIterator<(ParamId, R)>,
+        O::Record: ParamStates,
     {
         if self.stages.iter().any(|s| s.pending.is_some()) {
             return Err(PipeError::GradientsPending("repartition"));
         }
         validate(balance, self.num_units(), devices.len(), &self.config)?;
-        let mut records: HashMap<ParamId, R> = HashMap::new();
-        let mut all_units = Vec::with_capacity(self.stages.len());
+        let mut pool = StatePool::<O, TrainableUnits<S>, S::Backend>::new();
+        let mut ranges = Vec::with_capacity(self.stages.len());
         for stage in self.stages.drain(..) {
-            records.extend(stage.optimizer.to_record());
-            all_units.push(stage.units.expect("units present"));
+            pool_optimizer_state(&stage.optimizer, &mut pool);
+            ranges.push(stage.units.expect("units present"));
         }
+        let stack = UnitRange::join(ranges).expect("the stages cover the stack in order");
         let make = &self.make_optimizer;
-        let stages = place(join(all_units), balance, self.front, devices, |trainable| {
-            optimizer_for(make, &mut records, trainable)
+        self.stages = place(stack, balance, self.front, devices, |trainable| {
+            optimizer_for(make(), trainable, &mut pool)
         });
-        self.stages = stages;
         tracing::info!(?balance, "pipeline repartitioned");
         Ok(())
     }
 
     /// Freezes units `0..front`: they move to the inner backend on the stage
     /// that holds them, run forward only, and lose their optimizer state. The
-    /// front only moves up, and the last unit always trains.
+    /// front only moves up, to at most every unit
+    /// ([`check_freeze`](burn_freeze::check_freeze), the rule
+    /// [`FreezableStack`](burn_freeze::FreezableStack) follows too); with
+    /// every unit frozen a training step fails with
+    /// [`PipeError::NothingToTrain`].
     ///
     /// Fails, changing nothing, when `front` is below the current front or
-    /// reaches the last unit, or when gradients are pending.
-    pub fn freeze_to<R>(&mut self, front: usize) -> Result<(), PipeError>
+    /// beyond the stack, or when gradients are pending.
+    pub fn freeze_to(&mut self, front: usize) -> Result<(), PipeError>
     where
-        O::Record: IntoIterator<Item = (ParamId, R)> + FromIterator<(ParamId, R)>,
+        O::Record: ParamStates,
     {
         if self.stages.iter().any(|s| s.pending.is_some()) {
             return Err(PipeError::GradientsPending("freeze_to"));
         }
-        let units = self.num_units();
-        if front < self.front || front >= units {
-            return Err(PipeError::BadFront {
-                requested: front,
-                front: self.front,
-                units,
-            });
-        }
+        check_freeze(front, self.front, self.num_units())?;
         for stage in &mut self.stages {
-            let stage_units = stage.units.as_mut().expect("units present");
-            let first_trainable = stage.range.start + stage_units.frozen.len();
-            let count = front.min(stage.range.end).saturating_sub(first_trainable);
-            if count == 0 {
+            if stage.units_mut().freeze_to(front) == 0 {
                 continue;
             }
-            stage_units.freeze_next(count);
-            let mut records: HashMap<ParamId, R> =
-                stage.optimizer.to_record().into_iter().collect();
-            stage.optimizer =
-                optimizer_for(&self.make_optimizer, &mut records, &stage_units.trainable);
+            let mut pool = StatePool::<O, TrainableUnits<S>, S::Backend>::new();
+            pool_optimizer_state(&stage.optimizer, &mut pool);
+            let fresh = (self.make_optimizer)();
+            let trainable = stage.units().trainable();
+            stage.optimizer = optimizer_for(fresh, trainable, &mut pool);
         }
-        tracing::info!(
-            from = self.front,
-            to = front,
-            "pipeline freeze front moved up"
-        );
+        tracing::info!(from = self.front, to = front, "pipeline freeze front moved up");
         self.front = front;
         Ok(())
     }
 
+    /// A copy of the whole model as a layer stack, every unit on the
+    /// autodiff backend on its stage's device, to evaluate or save it while
+    /// training goes on (Burn tensors share storage, so no weight is copied).
+    pub fn to_layer_stack(&self) -> LayerStack<S> {
+        UnitRange::join(self.stages.iter().map(|s| s.units().clone()).collect())
+            .expect("the stages cover the stack in order")
+    }
+
     /// Takes the pipeline apart into its layer stack (units stay on their
     /// stages' devices; frozen units train again).
-    pub fn into_stack(self) -> LayerStack<F, M, L> {
-        join(
+    pub fn into_layer_stack(self) -> LayerStack<S> {
+        UnitRange::join(
             self.stages
                 .into_iter()
                 .map(|s| s.units.expect("units present"))
                 .collect(),
         )
+        .expect("the stages cover the stack in order")
     }
 }
 
-/// Places a stack on stages: stage `s` holds the next `balance[s]` units
-/// (those before `front` frozen) on `devices[s]`, with the optimizer that
-/// `optimizer` gives for its trainable units. `balance` is already validated.
-fn place<B, F, M, L, O>(
-    stack: LayerStack<F, M, L>,
-    balance: &[usize],
-    front: usize,
-    devices: Vec<B::Device>,
-    mut optimizer: impl FnMut(&StageModule<B, F, M, L>) -> O,
-) -> Vec<Stage<B, F, M, L, O>>
+impl<S, O> FreezeFront for Pipeline<S, O>
 where
-    B: AutodiffBackend,
-    F: Unit<B>,
-    M: Unit<B, Input = F::Output, Output = F::Output>,
-    L: Unit<B, Input = F::Output>,
+    S: StackTypes,
+    O: Optimizer<TrainableUnits<S>, S::Backend>,
+    O::Record: ParamStates,
 {
-    split(stack, balance, front)
-        .into_iter()
-        .zip(devices)
-        .zip(ranges(balance))
-        .map(|((units, device), range)| {
-            let units = units.fork(&device);
-            Stage {
-                optimizer: optimizer(&units.trainable),
-                units: Some(units),
-                device,
-                range,
-                pending: None,
-            }
-        })
-        .collect()
-}
+    type Error = PipeError;
 
-/// A fresh optimizer holding the state, taken from `records`, of `module`'s parameters.
-fn optimizer_for<B, F, M, L, O, R>(
-    make: &(dyn Fn() -> O + Send + Sync),
-    records: &mut HashMap<ParamId, R>,
-    module: &StageModule<B, F, M, L>,
-) -> O
-where
-    B: AutodiffBackend,
-    F: Unit<B>,
-    F::Output: Differentiable<B>,
-    M: Unit<B, Input = F::Output, Output = F::Output>,
-    L: Unit<B, Input = F::Output>,
-    O: Optimizer<StageModule<B, F, M, L>, B>,
-    O::Record: FromIterator<(ParamId, R)>,
-{
-    let own: O::Record = list_param_ids(module)
-        .into_iter()
-        .filter_map(|id| records.remove(&id).map(|record| (id, record)))
-        .collect();
-    make().load_record(own)
+    fn num_units(&self) -> usize {
+        Pipeline::num_units(self)
+    }
+
+    fn front(&self) -> usize {
+        self.front
+    }
+
+    fn freeze_to(&mut self, front: usize) -> Result<(), PipeError> {
+        Pipeline::freeze_to(self, front)
+    }
+
+    fn last_gradient_norms(&self) -> Vec<Option<GradNorm>> {
+        let front = self.front;
+        self.norms
+            .iter()
+            .enumerate()
+            .map(|(unit, norm)| norm.filter(|_| unit >= front))
+            .collect()
+    }
 }

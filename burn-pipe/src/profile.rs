@@ -2,8 +2,9 @@
 
 use std::time::{Duration, Instant};
 
+use burn::tensor::Device;
 use burn::tensor::backend::AutodiffBackend;
-use burn_freeze::{AutodiffActivation, Differentiable, LayerStack, Unit};
+use burn_freeze::{AutodiffActivation, Differentiable, LayerStack, StackTypes, Unit};
 
 /// Measured time of one unit for one batch.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -28,40 +29,37 @@ impl UnitProfile {
 
 /// Times each unit's forward and backward pass on `input`, the fastest of
 /// `repeats` runs (at least 1), synchronising the device around each timing.
-pub fn profile_units<B, F, M, L>(
-    stack: &LayerStack<F, M, L>,
-    input: F::Input,
-    device: &B::Device,
+pub fn profile_units<S>(
+    stack: &LayerStack<S>,
+    input: S::Input,
+    device: &Device<S::Backend>,
     repeats: usize,
 ) -> Vec<UnitProfile>
 where
-    B: AutodiffBackend,
-    F: Unit<B>,
-    F::Output: Differentiable<B>,
-    M: Unit<B, Input = F::Output, Output = F::Output>,
-    L: Unit<B, Input = F::Output>,
-    L::Output: Differentiable<B>,
+    S: StackTypes,
+    S::Output: Differentiable<S::Backend>,
 {
-    let mut best: Vec<Option<UnitProfile>> = vec![None; stack.len()];
+    type B<S> = <S as StackTypes>::Backend;
+    let mut best: Vec<Option<UnitProfile>> = vec![None; stack.num_units()];
     for _ in 0..repeats.max(1) {
-        let mut times = Vec::with_capacity(stack.len());
-        let (hidden, time) = time_unit::<B, _, _>(
+        let mut times = Vec::with_capacity(stack.num_units());
+        let (hidden, time) = time_unit::<B<S>, _, _>(
             device,
             || stack.first().forward(input.clone()),
-            None::<&F::Output>,
+            None::<&S::Hidden>,
         );
         times.push(time);
         let mut hidden = hidden;
         for unit in stack.middle() {
-            let leaf = F::Output::from_inner(hidden.inner()).require_grad();
+            let leaf = S::Hidden::from_inner(hidden.inner()).require_grad();
             let (out, time) =
-                time_unit::<B, _, _>(device, || unit.forward(leaf.clone()), Some(&leaf));
+                time_unit::<B<S>, _, _>(device, || unit.forward(leaf.clone()), Some(&leaf));
             times.push(time);
             hidden = out;
         }
-        let leaf = F::Output::from_inner(hidden.inner()).require_grad();
+        let leaf = S::Hidden::from_inner(hidden.inner()).require_grad();
         let (_, time) =
-            time_unit::<B, _, _>(device, || stack.last().forward(leaf.clone()), Some(&leaf));
+            time_unit::<B<S>, _, _>(device, || stack.last().forward(leaf.clone()), Some(&leaf));
         times.push(time);
         for (slot, time) in best.iter_mut().zip(times) {
             *slot = Some(match *slot {
@@ -80,7 +78,7 @@ where
 
 /// Runs `forward`, then a backward pass seeded with the output itself.
 fn time_unit<B, O, Run>(
-    device: &B::Device,
+    device: &Device<B>,
     forward: Run,
     input: Option<&impl Differentiable<B>>,
 ) -> (O, UnitProfile)

@@ -1,4 +1,4 @@
-//! One stage's share of a pipelined step, run on its own thread: receive,
+//! One stage's share of a pipelined pass, run on its own thread: receive,
 //! compute, send, in the order the schedule gives.
 
 use std::any::Any;
@@ -7,46 +7,33 @@ use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
+use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
-use burn_freeze::{Activation, AutodiffActivation, Differentiable, InnerOf, Unit};
+use burn_freeze::{
+    Activation, AutodiffActivation, Differentiable, Flow, InnerInput, StackTypes, TrainableUnits,
+    UnitRange,
+};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::error::PipeError;
 use crate::schedule::Op;
-use crate::stage::{StageInput, StageModule, StageOutput, StageUnits};
+use crate::wiring::{Links, Message};
 
-/// A message between neighbouring stages: a micro-batch number and an
-/// activation (forward) or its gradient (backward), on the inner backend.
-pub(crate) type Message<B, H> = (usize, InnerOf<B, H>);
-
-/// The channel ends a stage uses. Stage 0 has no `from_previous` and the last
-/// stage no `to_next`.
-pub(crate) struct Links<B: AutodiffBackend, H: AutodiffActivation<B>> {
-    pub from_previous: Option<Receiver<Message<B, H>>>,
-    pub to_next: Option<Sender<Message<B, H>>>,
-    pub grads_from_next: Option<Receiver<Message<B, H>>>,
-    pub grads_to_previous: Option<Sender<Message<B, H>>>,
-}
-
-/// What a stage needs besides its links.
-pub(crate) struct Job<B: AutodiffBackend, F: Unit<B>, T> {
+/// What a stage needs besides its units and links.
+pub(crate) struct Job<S: StackTypes, T> {
     pub stage: usize,
-    pub device: B::Device,
+    pub device: Device<S::Backend>,
     pub ops: Vec<Op>,
     pub timeout: Duration,
     /// Micro-batches of the model input (stage 0 only).
-    pub inputs: Vec<InnerOf<B, F::Input>>,
+    pub inputs: Vec<InnerInput<S>>,
     /// Micro-batches of the targets with each one's weight in the mean loss
     /// (last stage only).
     pub targets: Vec<(T, f32)>,
-    /// Whether the previous stage trains, so this stage's input needs a
-    /// gradient to send back.
-    pub grads_upstream: bool,
 }
 
-/// What a stage reports after its share of a step.
+/// What a stage reports after its share of a pass.
 pub(crate) struct StageReport {
     pub grads: GradientsParams,
     /// Per micro-batch loss (last stage only), weighted by its share of the batch.
@@ -60,38 +47,34 @@ pub(crate) struct StageReport {
 }
 
 /// What a micro-batch's backward pass needs from its forward pass.
-struct Saved<B: AutodiffBackend, S, H> {
+struct Saved<S: StackTypes> {
     /// The stage's parameters as fresh leaves of this micro-batch's graph
     /// (same ids, shared storage), so no two live graphs share a node: Burn's
     /// autodiff frees what one backward pass consumed.
-    params: S,
-    /// The input leaf (none on stage 0, whose input is data).
-    input: Option<H>,
+    params: TrainableUnits<S>,
+    /// The input leaf, when the previous stage needs its gradient.
+    input: Option<S::Hidden>,
     /// The stage output, or the weighted loss on the last stage.
-    result: SavedResult<B, H>,
+    result: SavedResult<S>,
 }
 
-enum SavedResult<B: AutodiffBackend, H> {
-    Hidden(H),
-    Loss(Tensor<B, 1>),
+enum SavedResult<S: StackTypes> {
+    Hidden(S::Hidden),
+    Loss(Tensor<S::Backend, 1>),
 }
 
 /// Runs `job` on `units`, turning a panic into [`PipeError::StageFailed`]
 /// naming the stage and micro-batch.
-pub(crate) fn run_stage<B, F, M, L, T, LossFn>(
-    units: &StageUnits<B, F, M, L>,
-    job: Job<B, F, T>,
-    links: Links<B, F::Output>,
+pub(crate) fn run_stage<S, T, LossFn>(
+    units: &UnitRange<S>,
+    job: Job<S, T>,
+    links: Links<S>,
     loss_fn: &LossFn,
 ) -> Result<StageReport, PipeError>
 where
-    B: AutodiffBackend,
-    F: Unit<B>,
-    F::Output: Differentiable<B>,
-    M: Unit<B, Input = F::Output, Output = F::Output>,
-    L: Unit<B, Input = F::Output>,
-    T: Activation<B>,
-    LossFn: Fn(L::Output, T) -> Tensor<B, 1> + Sync,
+    S: StackTypes,
+    T: Activation<S::Backend>,
+    LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
 {
     let stage = job.stage;
     let current = Cell::new(Op::Forward(0));
@@ -123,14 +106,14 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
 }
 
 /// Waits for micro-batch `expected` on `receiver`, within `timeout`.
-fn receive<B: AutodiffBackend, H: AutodiffActivation<B>>(
-    receiver: &Receiver<Message<B, H>>,
+fn receive<S: StackTypes>(
+    receiver: &Receiver<Message<S>>,
     timeout: Duration,
     stage: usize,
     from: usize,
     expected: usize,
     phase: &'static str,
-) -> Result<InnerOf<B, H>, PipeError> {
+) -> Result<burn_freeze::InnerHidden<S>, PipeError> {
     match receiver.recv_timeout(timeout) {
         Ok((micro_batch, value)) => {
             assert_eq!(
@@ -155,9 +138,9 @@ fn receive<B: AutodiffBackend, H: AutodiffActivation<B>>(
     }
 }
 
-fn send<B: AutodiffBackend, H: AutodiffActivation<B>>(
-    sender: &Sender<Message<B, H>>,
-    message: Message<B, H>,
+fn send<S: StackTypes>(
+    sender: &Sender<Message<S>>,
+    message: Message<S>,
     stage: usize,
     to: usize,
     phase: &'static str,
@@ -171,21 +154,17 @@ fn send<B: AutodiffBackend, H: AutodiffActivation<B>>(
     })
 }
 
-fn run_ops<B, F, M, L, T, LossFn>(
-    units: &StageUnits<B, F, M, L>,
-    job: Job<B, F, T>,
-    links: Links<B, F::Output>,
+fn run_ops<S, T, LossFn>(
+    units: &UnitRange<S>,
+    job: Job<S, T>,
+    links: Links<S>,
     loss_fn: &LossFn,
     current: &Cell<Op>,
 ) -> Result<StageReport, PipeError>
 where
-    B: AutodiffBackend,
-    F: Unit<B>,
-    F::Output: Differentiable<B>,
-    M: Unit<B, Input = F::Output, Output = F::Output>,
-    L: Unit<B, Input = F::Output>,
-    T: Activation<B>,
-    LossFn: Fn(L::Output, T) -> Tensor<B, 1> + Sync,
+    S: StackTypes,
+    T: Activation<S::Backend>,
+    LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
 {
     let Job {
         stage,
@@ -194,13 +173,15 @@ where
         timeout,
         inputs,
         targets,
-        grads_upstream,
     } = job;
-    let module = &units.trainable;
+    let module = units.trainable();
+    let trains = units.num_trainable() > 0;
+    let first_trainable = units.first_trainable();
+    let grads_upstream = links.grads_upstream();
     let mut inputs = inputs.into_iter();
     let mut targets = targets.into_iter();
-    let mut saved: VecDeque<Saved<B, StageModule<B, F, M, L>, F::Output>> = VecDeque::new();
-    let mut accumulator = GradientsAccumulator::<StageModule<B, F, M, L>>::new();
+    let mut saved: VecDeque<Saved<S>> = VecDeque::new();
+    let mut accumulator = GradientsAccumulator::<TrainableUnits<S>>::new();
     let mut report = StageReport {
         grads: GradientsParams::new(),
         losses: Vec::new(),
@@ -213,74 +194,64 @@ where
         current.set(op);
         match op {
             // A stage whose units are all frozen has no backward pass.
-            Op::Backward(_) if module.is_empty() => {}
+            Op::Backward(_) if !trains => {}
             Op::Forward(n) => {
                 let input = match &links.from_previous {
-                    None => StageInput::Input(
+                    None => Flow::Input(
                         inputs
                             .next()
                             .expect("one input per micro-batch")
                             .to_device(&device),
                     ),
                     Some(receiver) => {
-                        let hidden = receive::<B, F::Output>(
-                            receiver,
-                            timeout,
-                            stage,
-                            stage - 1,
-                            n,
-                            "forward",
-                        )?;
-                        StageInput::Hidden(hidden.to_device(&device))
+                        let hidden = receive::<S>(receiver, timeout, stage, stage - 1, n, "forward")?;
+                        Flow::Hidden(hidden.to_device(&device))
                     }
                 };
                 let start = Instant::now();
-                let input = units.frozen.forward(input);
-                if module.is_empty() {
-                    let StageInput::Hidden(hidden) = input else {
-                        unreachable!("a stage of frozen units holds at least one unit")
-                    };
+                let input = units.frozen().forward(input);
+                if !trains {
+                    let hidden = input.expect_hidden(units.units().end);
                     let to_next = links
                         .to_next
                         .as_ref()
-                        .expect("the last unit is never frozen");
+                        .expect("a stage of frozen units has a next stage");
                     report.busy += start.elapsed();
-                    send::<B, F::Output>(to_next, (n, hidden), stage, stage + 1, "forward")?;
+                    send::<S>(to_next, (n, hidden), stage, stage + 1, "forward")?;
                     report.messages += 1;
                     continue;
                 }
-                let (stage_input, input_leaf) = match input {
-                    StageInput::Input(input) => {
-                        (StageInput::Input(F::Input::from_inner(input)), None)
+                let (flow, input_leaf) = match input {
+                    Flow::Input(input) => (Flow::Input(S::Input::from_inner(input)), None),
+                    Flow::Hidden(hidden) if grads_upstream => {
+                        let leaf = S::Hidden::from_inner(hidden).require_grad();
+                        (Flow::Hidden(leaf.clone()), Some(leaf))
                     }
-                    StageInput::Hidden(hidden) if grads_upstream => {
-                        let leaf = F::Output::from_inner(hidden).require_grad();
-                        (StageInput::Hidden(leaf.clone()), Some(leaf))
-                    }
-                    StageInput::Hidden(hidden) => {
-                        (StageInput::Hidden(F::Output::from_inner(hidden)), None)
-                    }
+                    Flow::Hidden(hidden) => (Flow::Hidden(S::Hidden::from_inner(hidden)), None),
+                    Flow::Output(_) => unreachable!("a stage that trains ends after its input"),
                 };
                 let params = module.clone().fork(&device);
-                let result = match params.forward(stage_input) {
-                    StageOutput::Hidden(output) => {
+                let result = match UnitRange::<S>::forward_trainable(&params, first_trainable, flow)
+                {
+                    Flow::Hidden(output) => {
                         let to_next = links
                             .to_next
                             .as_ref()
                             .expect("a stage without the last unit has a next stage");
                         let message = (n, output.clone().inner());
                         report.busy += start.elapsed();
-                        send::<B, F::Output>(to_next, message, stage, stage + 1, "forward")?;
+                        send::<S>(to_next, message, stage, stage + 1, "forward")?;
                         report.messages += 1;
                         SavedResult::Hidden(output)
                     }
-                    StageOutput::Output(output) => {
+                    Flow::Output(output) => {
                         let (target, weight) = targets.next().expect("one target per micro-batch");
                         let loss = loss_fn(output, target.to_device(&device)).mul_scalar(weight);
                         report.busy += start.elapsed();
                         report.losses.push(loss.clone().into_scalar().elem::<f32>());
                         SavedResult::Loss(loss)
                     }
+                    Flow::Input(_) => unreachable!("units turn the input into a hidden activation"),
                 };
                 saved.push_back(Saved {
                     params,
@@ -304,15 +275,8 @@ where
                         let receiver = links
                             .grads_from_next
                             .as_ref()
-                            .expect("a stage before the last has a next stage");
-                        let grad = receive::<B, F::Output>(
-                            receiver,
-                            timeout,
-                            stage,
-                            stage + 1,
-                            n,
-                            "backward",
-                        )?;
+                            .expect("a stage before a training stage receives gradients");
+                        let grad = receive::<S>(receiver, timeout, stage, stage + 1, n, "backward")?;
                         let start = Instant::now();
                         (output.seed(grad.to_device(&device)).backward(), start)
                     }
@@ -326,7 +290,7 @@ where
                 accumulator.accumulate(module, stage_grads);
                 report.busy += start.elapsed();
                 if let (Some(grad), Some(sender)) = (upstream, &links.grads_to_previous) {
-                    send::<B, F::Output>(sender, (n, grad), stage, stage - 1, "backward")?;
+                    send::<S>(sender, (n, grad), stage, stage - 1, "backward")?;
                     report.messages += 1;
                 }
             }

@@ -11,7 +11,7 @@ use burn::module::{AutodiffModule, Module};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::prelude::*;
-use burn_freeze::{Activation, IntoLayerStack, LayerStack, Unit};
+use burn_freeze::{Activation, IntoLayerStack, LayerStack, StackTypes};
 use burn_pipe::{Pipeline, PipelineConfig, Schedule, balance_exact, unit_param_costs};
 use common::{B, CompareGrads, MaxGrad, user_batch, user_stack};
 use models::bert::BertConfig;
@@ -22,24 +22,21 @@ const TOLERANCE: f32 = 1e-5;
 
 /// For every K and M in `micro_batches` and both schedules, checks the
 /// pipelined loss and gradients against `plain_loss` and `plain_grads`.
-fn check_all_partitions<F, M, L, T>(
-    stack: &LayerStack<F, M, L>,
-    input: F::Input,
+fn check_all_partitions<S, T>(
+    stack: &LayerStack<S>,
+    input: S::Input,
     targets: T,
     plain_loss: f32,
     plain_grads: &GradientsParams,
     micro_batches: &[usize],
 ) where
-    F: Unit<B> + Clone,
-    F::Output: burn_freeze::Differentiable<B>,
-    M: Unit<B, Input = F::Output, Output = F::Output> + Clone,
-    L: Unit<B, Input = F::Output, Output = Tensor<B, 2>> + Clone,
+    S: StackTypes<Backend = B, Output = Tensor<B, 2>>,
     T: Activation<B> + Clone,
     Tensor<B, 1, Int>: From<T>,
 {
     let device = Default::default();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let costs = unit_param_costs::<B, F, M, L>(stack);
+    let costs = unit_param_costs(stack);
     let mut max = MaxGrad {
         grads: plain_grads,
         max: 0.0,
@@ -49,7 +46,7 @@ fn check_all_partitions<F, M, L, T>(
     stack.last().visit(&mut max);
     let zero_below = 1e-6 * max.max;
     let mut runs = 0;
-    for stages in 1..=stack.len() {
+    for stages in 1..=stack.num_units() {
         let balance = balance_exact(&costs, stages);
         for &m in micro_batches {
             for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
@@ -79,7 +76,7 @@ fn check_all_partitions<F, M, L, T>(
                 for s in 0..stages {
                     let grads = pipeline.gradients(s).expect("gradients after a pass");
                     let mut compare = CompareGrads::new(grads, plain_grads, zero_below);
-                    pipeline.stage(s).visit(&mut compare);
+                    pipeline.stage(s).trainable().visit(&mut compare);
                     assert!(
                         compare.missing.is_empty(),
                         "{what}: stage {s} lacks gradients: {} of {} (pipeline has {}, plain {})",
@@ -105,7 +102,7 @@ fn check_all_partitions<F, M, L, T>(
             }
         }
     }
-    assert_eq!(runs, stack.len() * micro_batches.len() * 2);
+    assert_eq!(runs, stack.num_units() * micro_batches.len() * 2);
 }
 
 #[test]

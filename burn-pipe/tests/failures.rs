@@ -8,12 +8,13 @@ use std::time::{Duration, Instant};
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig};
-use burn::optim::SgdConfig;
+use burn::module::Module;
+use burn::optim::{GradientsParams, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use burn_freeze::{InnerOf, IntoLayerStack, LayerStack, Unit};
-use burn_pipe::{PipeError, Pipeline, PipelineConfig};
-use common::{B, Classify, Project, user_batch, user_stack};
+use burn_freeze::{InnerOf, IntoLayerStack, LayerStack, StackMarker, Unit};
+use burn_pipe::{PipeError, Pipeline, PipelineConfig, Schedule};
+use common::{B, Classify, CompareGrads, Project, user_batch, user_stack};
 use models::vit::VitConfig;
 
 /// A middle unit that misbehaves on micro-batches of exactly `trip` samples:
@@ -51,7 +52,7 @@ impl<B: AutodiffBackend> Unit<B> for Tripwire<B> {
     }
 }
 
-fn tripwire_stack(trip: usize, stall_ms: u64) -> LayerStack<Project<B>, Tripwire<B>, Classify<B>> {
+fn tripwire_stack(trip: usize, stall_ms: u64) -> LayerStack<StackMarker<B, Project<B>, Tripwire<B>, Classify<B>>> {
     let device = Default::default();
     let (first, _, last) = user_stack(4, 8, 1, 2).into_parts();
     let wire = |trip| Tripwire {
@@ -107,7 +108,7 @@ fn a_panicking_stage_is_named_with_its_micro_batch_and_loses_nothing() {
         .train_step(x, labels, |logits, t| loss_fn.forward(logits, t), 0.1)
         .unwrap();
     assert!(report.loss.is_finite());
-    assert_eq!(pipeline.into_stack().len(), 4);
+    assert_eq!(pipeline.into_layer_stack().num_units(), 4);
 }
 
 #[test]
@@ -152,11 +153,11 @@ fn bad_configurations_are_refused_at_construction() {
         .err()
         .unwrap();
     assert!(matches!(error, PipeError::NoStages));
-    let error = Pipeline::balanced(stack(), vec![], config.clone(), sgd)
+    let error = config.init(stack(), vec![], sgd)
         .err()
         .unwrap();
     assert!(matches!(error, PipeError::NoStages));
-    let error = Pipeline::balanced(stack(), vec![device; 8], config.clone(), sgd)
+    let error = config.init(stack(), vec![device; 8], sgd)
         .err()
         .unwrap();
     assert!(
@@ -235,28 +236,42 @@ fn a_stage_with_no_trainable_parameter_works() {
     // The user stack's units: project, residual, tanh (no parameter), classify.
     let device = Default::default();
     let stack = user_stack(4, 8, 1, 2);
-    assert_eq!(stack.unit_params::<B>()[2], 0);
+    assert_eq!(stack.unit_params()[2], 0);
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let (x, labels) = user_batch(5, 9, 4, 2);
+    // Plain training's gradients on the same batch, on its own fresh leaves.
+    let plain = stack.clone().fork(&device);
+    let plain_loss = loss_fn.forward(plain.forward(x.clone()), labels.clone());
+    let mut raw = plain_loss.clone().backward();
+    let plain_grads = GradientsParams::from_module(&mut raw, &(plain.first().clone(), plain.middle().to_vec(), plain.last().clone()));
     let mut pipeline = Pipeline::new(
         stack,
         &[2, 1, 1],
         vec![device; 3],
-        PipelineConfig::new().with_micro_batches(Some(3)),
+        PipelineConfig::new()
+            .with_micro_batches(Some(3))
+            .with_schedule(Schedule::GPipe),
         || SgdConfig::new().init(),
     )
     .unwrap();
-    let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let mut losses = Vec::new();
-    for step in 0..3 {
-        let (x, labels) = user_batch(5, 9, 4, 2);
-        let report = pipeline
-            .train_step(x, labels, |l, t| loss_fn.forward(l, t), 0.05)
-            .unwrap();
-        losses.push(report.loss);
-        assert_eq!(
-            pipeline.gradients(1).map(|g| g.len()),
-            None,
-            "step {step}: gradients applied"
-        );
-    }
-    assert!(losses[2] < losses[0], "{losses:?}");
+    let report = pipeline
+        .forward_backward(x, labels, |l, t| loss_fn.forward(l, t))
+        .unwrap();
+    // Stage 1 is the parameter-free tanh: it trains (it is not frozen), holds
+    // no parameter, gets no gradient of its own, and passes the gradient on.
+    assert_eq!(pipeline.stage(1).num_trainable(), 1);
+    assert_eq!(pipeline.stage(1).trainable().num_params(), 0);
+    assert_eq!(pipeline.gradients(1).map_or(0, |g| g.len()), 0);
+    assert_eq!(report.peak_saved[1], 3, "stage 1 held every micro-batch (GPipe)");
+    let relative = (report.loss - plain_loss.into_scalar()).abs() / report.loss.abs();
+    assert!(relative < 1e-5, "loss {} vs plain", report.loss);
+    // Stage 0 sits before it: its gradients crossed stage 1 and equal plain training's.
+    let grads = pipeline.gradients(0).expect("stage 0 trains");
+    let mut compare = CompareGrads::new(grads, &plain_grads, 0.0);
+    pipeline.stage(0).trainable().visit(&mut compare);
+    assert!(compare.missing.is_empty(), "stage 0 lacks {:?}", compare.missing);
+    assert!(compare.compared >= 4, "compared {}", compare.compared);
+    assert!(compare.worst <= 1e-5, "stage 0 differs by {}", compare.worst);
+    pipeline.step(0.05);
+    assert!(pipeline.gradients(0).is_none(), "the step applied the gradients");
 }

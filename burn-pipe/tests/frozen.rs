@@ -29,7 +29,7 @@ fn frozen_prefix_gradients_equal_plain_frozen_training() {
             grads: &plain_grads,
             max: 0.0,
         };
-        burn::module::Module::visit(plain.active(), &mut max);
+        burn::module::Module::visit(plain.trainable(), &mut max);
 
         for (balance, m, schedule) in [
             (vec![7], 3, Schedule::GPipe),
@@ -60,16 +60,16 @@ fn frozen_prefix_gradients_equal_plain_frozen_training() {
             );
             let mut trainable_units = 0;
             for s in 0..stages {
-                trainable_units += pipeline.stage(s).len();
+                trainable_units += pipeline.stage(s).num_trainable();
                 let Some(grads) = pipeline.gradients(s) else {
                     assert!(
-                        pipeline.stage(s).is_empty(),
+                        pipeline.stage(s).num_trainable() == 0,
                         "{what}: stage {s} trains but has no gradient"
                     );
                     continue;
                 };
                 let mut compare = CompareGrads::new(grads, &plain_grads, 1e-6 * max.max);
-                burn::module::Module::visit(pipeline.stage(s), &mut compare);
+                burn::module::Module::visit(pipeline.stage(s).trainable(), &mut compare);
                 assert!(
                     compare.missing.is_empty() && compare.not_zero.is_empty(),
                     "{what}: stage {s}"
@@ -101,7 +101,7 @@ fn a_stage_of_frozen_units_trains_with_the_rest_and_its_weights_never_move() {
     )
     .unwrap();
     pipeline.freeze_to(3).unwrap();
-    assert!(pipeline.stage(0).is_empty());
+    assert_eq!(pipeline.stage(0).num_trainable(), 0);
     for step in 0..15 {
         let (images, labels) = task.batch::<B>(step, 16, &device);
         let report = pipeline
@@ -110,7 +110,7 @@ fn a_stage_of_frozen_units_trains_with_the_rest_and_its_weights_never_move() {
         assert_eq!(report.peak_saved[0], 0, "a frozen stage keeps no graph");
         assert!(report.loss.is_finite(), "step {step}: loss {}", report.loss);
     }
-    let trained = Vit::from_layer_stack(pipeline.into_stack()).unwrap();
+    let trained = Vit::from_layer_stack(pipeline.into_layer_stack()).unwrap();
     let before = Weights::of(&vit.embedding);
     let after = Weights::of(&trained.embedding);
     assert_eq!(after.relative_diff(&before), 0.0, "frozen embedding moved");
@@ -126,34 +126,49 @@ fn a_stage_of_frozen_units_trains_with_the_rest_and_its_weights_never_move() {
 }
 
 #[test]
-fn the_freeze_front_only_moves_up_and_never_takes_the_last_unit() {
+fn the_freeze_front_follows_the_stacks_rule() {
     let device = Default::default();
+    let task = BandImages::new(4, 3, 16, 12);
     let vit = VitConfig::tiny(4).init::<B>(&device);
+    let stack = vit.into_layer_stack();
+    // Read the weights before cloning: Burn initialises them lazily.
+    let _ = stack.forward(task.batch::<B>(0, 1, &device).0);
     let mut pipeline = Pipeline::new(
-        vit.into_layer_stack(),
+        stack.clone(),
         &[3, 4],
         vec![device; 2],
-        PipelineConfig::new(),
+        PipelineConfig::new().with_micro_batches(Some(2)),
         || AdamConfig::new().init(),
     )
     .unwrap();
     pipeline.freeze_to(4).unwrap();
-    assert!(matches!(
-        pipeline.freeze_to(2),
-        Err(PipeError::BadFront {
-            requested: 2,
-            front: 4,
-            units: 7
-        })
-    ));
-    assert!(matches!(
-        pipeline.freeze_to(7),
-        Err(PipeError::BadFront { .. })
-    ));
+    // The same rule as FreezableStack (burn_freeze::check_freeze), the same errors.
+    let mut plain = FreezableStack::new(stack);
+    plain.freeze_to(4).unwrap();
+    for front in [2, 8] {
+        let Err(PipeError::Freeze(pipe_error)) = pipeline.freeze_to(front) else {
+            panic!("freeze_to({front}) was accepted");
+        };
+        assert_eq!(pipe_error, plain.freeze_to(front).unwrap_err());
+    }
     assert_eq!(pipeline.front(), 4);
     // Repartitioning keeps frozen units frozen.
     pipeline.repartition(&[5, 2], vec![device; 2]).unwrap();
     assert_eq!(pipeline.front(), 4);
-    assert_eq!(pipeline.stage(0).len(), 1);
-    assert_eq!(pipeline.stage(1).len(), 2);
+    assert_eq!(pipeline.stage(0).num_trainable(), 1);
+    assert_eq!(pipeline.stage(1).num_trainable(), 2);
+    // Every unit may be frozen, as in the stack; a step then has nothing to
+    // train and says so, while evaluation still runs.
+    pipeline.freeze_to(7).unwrap();
+    plain.freeze_to(7).unwrap();
+    let (images, labels) = task.batch::<B>(0, 4, &device);
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    assert!(matches!(
+        pipeline.forward_backward(images.clone(), labels, |l, t| loss_fn.forward(l, t)),
+        Err(PipeError::NothingToTrain { units: 7 })
+    ));
+    pipeline
+        .forward_inner(images.clone().inner())
+        .into_data()
+        .assert_approx_eq::<f32>(&plain.forward_inner(images.inner()).into_data(), Default::default());
 }

@@ -58,8 +58,8 @@ fn training_continues_exactly_after_a_repartition() {
             b.loss
         );
     }
-    let fixed = Vit::from_layer_stack(fixed.into_stack()).unwrap();
-    let moved = Vit::from_layer_stack(moving.into_stack()).unwrap();
+    let fixed = Vit::from_layer_stack(fixed.into_layer_stack()).unwrap();
+    let moved = Vit::from_layer_stack(moving.into_layer_stack()).unwrap();
     let diff = Weights::of(&moved).relative_diff(&Weights::of(&fixed));
     assert!(diff <= 1e-5, "weights differ by {diff}");
 }
@@ -106,6 +106,6 @@ fn a_bad_repartition_changes_nothing() {
     ));
     pipeline.clear_gradients();
     pipeline.repartition(&[2, 5], vec![device; 2]).unwrap();
-    let after = Weights::of(&Vit::from_layer_stack(pipeline.into_stack()).unwrap());
+    let after = Weights::of(&Vit::from_layer_stack(pipeline.into_layer_stack()).unwrap());
     assert_eq!(after.relative_diff(&before), 0.0);
 }

@@ -112,7 +112,7 @@ fn pipelined_training_follows_plain_training() {
                 "{schedule:?} step {step}"
             );
         }
-        let trained = Vit::from_layer_stack(pipeline.into_stack()).unwrap();
+        let trained = Vit::from_layer_stack(pipeline.into_layer_stack()).unwrap();
         let diff = Weights::of(&trained).relative_diff(&Weights::of(&plain));
         assert!(diff <= 1e-5, "{schedule:?}: weights differ by {diff}");
         assert!(
@@ -159,8 +159,8 @@ fn accumulating_two_half_batches_equals_one_full_batch() {
             .unwrap();
     }
     halves.step(0.5);
-    let diff = Weights::of(&Vit::from_layer_stack(halves.into_stack()).unwrap()).relative_diff(
-        &Weights::of(&Vit::from_layer_stack(whole.into_stack()).unwrap()),
+    let diff = Weights::of(&Vit::from_layer_stack(halves.into_layer_stack()).unwrap()).relative_diff(
+        &Weights::of(&Vit::from_layer_stack(whole.into_layer_stack()).unwrap()),
     );
     assert!(diff <= 1e-5, "{diff}");
     let _ = vit.num_params();

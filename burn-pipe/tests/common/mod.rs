@@ -8,7 +8,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use burn_freeze::{InnerOf, LayerStack, Unit};
+use burn_freeze::{LayerStack, StackMarker};
 
 pub type B = Autodiff<Flex>;
 pub type Inner = Flex;
@@ -185,49 +185,25 @@ impl<B: Backend> Block<B> {
     }
 }
 
-impl<B: AutodiffBackend> Unit<B> for Project<B> {
-    type Input = Tensor<B, 2>;
-    type Output = Tensor<B, 2>;
-    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+impl<B: Backend> Project<B> {
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         self.linear.forward(x)
     }
-    fn forward_inner(
-        unit: &Project<B::InnerBackend>,
-        x: InnerOf<B, Tensor<B, 2>>,
-    ) -> InnerOf<B, Tensor<B, 2>> {
-        unit.linear.forward(x)
-    }
 }
 
-impl<B: AutodiffBackend> Unit<B> for Block<B> {
-    type Input = Tensor<B, 2>;
-    type Output = Tensor<B, 2>;
-    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        Block::forward(self, x)
-    }
-    fn forward_inner(
-        unit: &Block<B::InnerBackend>,
-        x: InnerOf<B, Tensor<B, 2>>,
-    ) -> InnerOf<B, Tensor<B, 2>> {
-        unit.forward(x)
-    }
-}
-
-impl<B: AutodiffBackend> Unit<B> for Classify<B> {
-    type Input = Tensor<B, 2>;
-    type Output = Tensor<B, 2>;
-    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+impl<B: Backend> Classify<B> {
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         self.linear.forward(x)
     }
-    fn forward_inner(
-        unit: &Classify<B::InnerBackend>,
-        x: InnerOf<B, Tensor<B, 2>>,
-    ) -> InnerOf<B, Tensor<B, 2>> {
-        unit.linear.forward(x)
-    }
 }
 
-pub type UserStack = LayerStack<Project<B>, Block<B>, Classify<B>>;
+// The units: one line each, the forward written once above.
+burn_freeze::unit!(Project<B>: Tensor<B, 2> => Tensor<B, 2>);
+burn_freeze::unit!(Block<B>: Tensor<B, 2> => Tensor<B, 2>);
+burn_freeze::unit!(Classify<B>: Tensor<B, 2> => Tensor<B, 2>);
+
+pub type UserTypes = StackMarker<B, Project<B>, Block<B>, Classify<B>>;
+pub type UserStack = LayerStack<UserTypes>;
 
 /// `Project(inputs -> width)`, `blocks` residual blocks with a `tanh` after
 /// the first, and `Classify(width -> classes)`.
