@@ -71,7 +71,7 @@ fn measure(preset: &Preset, frozen_layers: usize, cached: bool) -> Result<Measur
     <Train as Backend>::seed(&device, 0);
     let config = &preset.config;
     let stack = config.init::<Train>(&device).into_layer_stack();
-    let map = LayerMap::uniform(1, 2, config.layers, stack.len()).map_err(err)?;
+    let map = LayerMap::uniform(1, 2, config.layers, stack.num_units()).map_err(err)?;
     let mut stack = FreezableStack::new(stack);
     stack
         .freeze_to(map.unit_front(frozen_layers))
@@ -105,7 +105,7 @@ fn measure(preset: &Preset, frozen_layers: usize, cached: bool) -> Result<Measur
             };
             let loss = loss_fn.forward(logits, y.clone());
             let grads = stack.gradients(loss.backward());
-            stack.map_active(|active| optim.step(1e-4, active, grads));
+            stack.map_trainable(|active| optim.step(1e-4, active, grads));
             let _ = loss.into_scalar();
             if pass > 0 {
                 times.push(start.elapsed().as_secs_f64());

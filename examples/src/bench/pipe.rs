@@ -22,13 +22,13 @@ use burn::prelude::*;
 use burn_freeze::{IntoLayerStack, LayerStack};
 use burn_pipe::{Pipeline, PipelineConfig, Schedule, balance_exact, profile_units};
 use models::synthetic::BandImages;
-use models::vit::{PatchEmbedding, VitConfig, VitHead, VitUnit};
+use models::vit::{VitConfig, VitTypes};
 use serde::Serialize;
 
 use super::{BenchError, write_report};
 use crate::backend::{self, Inner, Train};
 
-type Stack = LayerStack<PatchEmbedding<Train>, VitUnit<Train>, VitHead<Train>>;
+type Stack = LayerStack<VitTypes<Train>>;
 
 #[derive(Debug, Serialize)]
 struct Row {

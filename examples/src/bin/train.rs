@@ -1,4 +1,6 @@
-//! The main job: train a model on the chosen backend and print the loss per epoch.
+//! The main job: train a model on the chosen backend and print the loss and
+//! held-out accuracy per epoch, plainly or as a pipeline whose frozen prefix
+//! grows.
 //!
 //! ```text
 //! cargo run --release -p examples --bin train            # tiny ViT, generated images
@@ -9,18 +11,20 @@
 
 use std::time::Instant;
 
-use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::optim::{AdamConfig, Optimizer};
 use burn::prelude::*;
-use burn_freeze::IntoLayerStack;
+use burn_freeze::{
+    AutoFreeze, AutodiffActivation, FixedSchedule, FreezableStack, IntoLayerStack, LayerMap,
+    LayerStack, StackTypes,
+};
 use clap::{Parser, ValueEnum};
 use examples::backend::{self, Train};
-use examples::elastic::{ElasticRun, train_elastic};
+use examples::elastic::{ElasticError, ElasticRun, accuracy, train_elastic};
 use indicatif::{ProgressBar, ProgressStyle};
-use models::bert::{Bert, BertConfig};
+use models::bert::BertConfig;
 use models::synthetic::{BandImages, MajorityTokens};
-use models::vit::{Vit, VitConfig};
+use models::vit::VitConfig;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum ModelKind {
@@ -36,228 +40,169 @@ struct Args {
     /// Which model and generated task.
     #[arg(long, value_enum, default_value = "vit")]
     model: ModelKind,
+    /// Transformer layers (blocks) of the model.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=48))]
+    layers: u32,
     /// Number of epochs.
-    #[arg(long, default_value_t = 5)]
-    epochs: usize,
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    epochs: u32,
     /// Optimizer steps per epoch.
-    #[arg(long, default_value_t = 40)]
-    steps: usize,
+    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u32).range(1..))]
+    steps: u32,
     /// Samples per step.
-    #[arg(long, default_value_t = 32)]
-    batch_size: usize,
-    /// Adam learning rate.
-    #[arg(long, default_value_t = 3e-3)]
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    batch_size: u32,
+    /// Adam learning rate, in (0, 1].
+    #[arg(long, default_value_t = 3e-3, value_parser = learning_rate)]
     lr: f64,
     /// Seed of the generated data.
     #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Number of classes (ViT only; BERT's task has 2).
-    #[arg(long, default_value_t = 4)]
-    classes: usize,
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=1000))]
+    classes: u32,
     /// Pipeline stages (one device each; on CPU they share the one device).
     /// With more than 1, or with --freeze-alpha, training runs as a pipeline.
-    #[arg(long, default_value_t = 1)]
-    stages: usize,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    stages: u32,
     /// Micro-batches per step in a pipeline (default: the paper's choice for K).
-    #[arg(long)]
-    micro_batches: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    micro_batches: Option<u32>,
     /// Freeze layers with the alpha schedule, once per epoch, compressing the
-    /// pipeline as the active part shrinks.
-    #[arg(long)]
+    /// pipeline as the active part shrinks; alpha in (0, 1).
+    #[arg(long, value_parser = alpha)]
     freeze_alpha: Option<f64>,
 }
 
-/// A model and its generated task, behind one interface for the loop below.
-enum Job {
-    Vit(Vit<Train>, BandImages),
-    Bert(Bert<Train>, MajorityTokens),
-}
-
-impl Job {
-    /// Logits and labels of batch `index`, on the autodiff backend.
-    fn step(
-        &self,
-        index: usize,
-        batch: usize,
-        device: &Device<Train>,
-    ) -> (Tensor<Train, 2>, Tensor<Train, 1, Int>) {
-        match self {
-            Job::Vit(model, task) => {
-                let (images, labels) = task.batch(index, batch, device);
-                (model.forward(images), labels)
-            }
-            Job::Bert(model, task) => {
-                let (input, labels) = task.batch(index, batch, device);
-                (model.forward(input), labels)
-            }
-        }
-    }
-
-    /// Accuracy on a held-out batch, without autodiff.
-    fn accuracy(&self, batch: usize, device: &Device<Train>) -> f32 {
-        let held_out = usize::MAX / 2;
-        let (predicted, labels) = match self {
-            Job::Vit(model, task) => {
-                let (images, labels) = task.batch::<Train>(held_out, batch, device);
-                (model.valid().forward(images.inner()), labels.inner())
-            }
-            Job::Bert(model, task) => {
-                let (input, labels) = task.batch::<backend::Inner>(held_out, batch, device);
-                (model.valid().forward(input), labels)
-            }
-        };
-        let correct = predicted
-            .argmax(1)
-            .flatten::<1>(0, 1)
-            .equal(labels)
-            .int()
-            .sum()
-            .into_scalar()
-            .elem::<i64>();
-        correct as f32 / batch as f32
-    }
-
-    fn num_params(&self) -> usize {
-        match self {
-            Job::Vit(model, _) => model.num_params(),
-            Job::Bert(model, _) => model.num_params(),
-        }
+fn learning_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(lr) if lr > 0.0 && lr <= 1.0 => Ok(lr),
+        _ => Err(format!("expected a learning rate in (0, 1], got {text}")),
     }
 }
 
-/// Trains through `examples::elastic` (a pipeline, optionally freezing) and
-/// prints the held-out accuracy of the result.
-fn main_pipelined(args: &Args) -> Result<(), examples::elastic::ElasticError> {
+fn alpha(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(a) if a > 0.0 && a < 1.0 => Ok(a),
+        _ => Err(format!("expected alpha in (0, 1), got {text}")),
+    }
+}
+
+/// Trains any model's layer stack: plainly (one device, nothing frozen) or
+/// through the freeze-and-compress pipeline loop. `batch(index, size)` gives
+/// a batch of the task; `layers` is the model's block count (two units each,
+/// after unit 0).
+fn train<S>(
+    stack: LayerStack<S>,
+    layers: usize,
+    batch: impl Fn(usize, usize) -> (S::Input, Tensor<Train, 1, Int>),
+    args: &Args,
+) -> Result<(), ElasticError>
+where
+    S: StackTypes<Backend = Train, Output = Tensor<Train, 2>>,
+{
     let device = backend::device(0);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let loss = |logits, labels| loss_fn.forward(logits, labels);
-    let run = |layers| ElasticRun {
-        stages: args.stages,
-        micro_batches: args.micro_batches,
-        freeze_alpha: args.freeze_alpha,
-        layers,
-        epochs: args.epochs,
-        steps: args.steps,
-        lr: args.lr,
-    };
+    let (epochs, steps, batch_size) = (args.epochs as usize, args.steps as usize, args.batch_size as usize);
+    let held_out = batch(usize::MAX / 2, 256);
+    let params: usize = stack.unit_params().iter().sum();
     println!(
-        "training tiny {:?} on {} as a pipeline of {} stages{}",
+        "training tiny {:?} ({params} parameters, {} units) on {}: {epochs} epochs x {steps} steps x {batch_size} samples{}",
         args.model,
+        stack.num_units(),
         backend::NAME,
-        args.stages,
-        args.freeze_alpha
-            .map_or(String::new(), |a| format!(", freezing with alpha {a}"))
-    );
-    let job = match args.model {
-        ModelKind::Vit => {
-            let config = VitConfig::tiny(args.classes).with_layers(4);
-            let task = BandImages::new(args.classes, 3, 16, args.seed);
-            let stack = config.init::<Train>(&device).into_layer_stack();
-            let held_out = task.batch(usize::MAX / 2, 256, &device);
-            let trained = train_elastic(
-                stack,
-                &run(config.layers),
-                |i| task.batch(i, args.batch_size, &device),
-                held_out,
-                loss,
-            )?;
-            Job::Vit(
-                Vit::from_layer_stack(trained).expect("the pipeline returns every unit"),
-                task,
+        if args.stages > 1 || args.freeze_alpha.is_some() {
+            format!(
+                ", as a pipeline of {} stages{}",
+                args.stages,
+                args.freeze_alpha
+                    .map_or(String::new(), |a| format!(", freezing with alpha {a}"))
             )
+        } else {
+            String::new()
         }
-        ModelKind::Bert => {
-            let config = BertConfig::tiny(2).with_layers(4);
-            let task = MajorityTokens::new(64, 5, 15, args.seed);
-            let stack = config.init::<Train>(&device).into_layer_stack();
-            let held_out = task.batch(usize::MAX / 2, 256, &device);
-            let trained = train_elastic(
-                stack,
-                &run(config.layers),
-                |i| task.batch(i, args.batch_size, &device),
-                held_out,
-                loss,
-            )?;
-            Job::Bert(
-                Bert::from_layer_stack(trained).expect("the pipeline returns every unit"),
-                task,
-            )
-        }
-    };
-    println!(
-        "held-out accuracy {:.1}%",
-        100.0 * job.accuracy(256, &device)
     );
+    if args.stages > 1 || args.freeze_alpha.is_some() {
+        let map = LayerMap::uniform(1, 2, layers, stack.num_units())?;
+        // Without --freeze-alpha nothing freezes: a schedule of 0 layers.
+        let policy = match args.freeze_alpha {
+            Some(alpha) => FixedSchedule::alpha(layers, alpha),
+            None => FixedSchedule::Fronts(vec![0]),
+        };
+        let run = ElasticRun {
+            stages: args.stages as usize,
+            micro_batches: args.micro_batches.map(|m| m as usize),
+            epochs,
+            steps,
+            lr: args.lr,
+        };
+        let trained = train_elastic(
+            stack,
+            &run,
+            AutoFreeze::new(policy, map),
+            |step| batch(step, batch_size),
+            held_out.clone(),
+            loss,
+        )?;
+        let (input, labels) = held_out;
+        let evaluated = FreezableStack::new(trained).forward_inner(input.inner());
+        println!("held-out accuracy {:.1}%", 100.0 * accuracy(evaluated, labels.inner()));
+        return Ok(());
+    }
+    let mut stack = FreezableStack::new(stack);
+    let mut optim = AdamConfig::new().init::<Train, burn_freeze::TrainableUnits<S>>();
+    let bar = ProgressBar::new((epochs * steps) as u64).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} steps {msg}").expect("valid template"),
+    );
+    for epoch in 0..epochs {
+        let start = Instant::now();
+        let mut total = 0.0;
+        for step in 0..steps {
+            let (input, labels) = batch(epoch * steps + step, batch_size);
+            let loss = loss(stack.forward(input), labels);
+            let value = loss.clone().into_scalar().elem::<f32>();
+            total += value;
+            let grads = stack.gradients(loss.backward());
+            stack.map_trainable(|units| optim.step(args.lr, units, grads));
+            bar.inc(1);
+            bar.set_message(format!("loss {value:.4}"));
+        }
+        let (input, labels) = held_out.clone();
+        let held_out_accuracy = accuracy(stack.forward_inner(input.inner()), labels.inner());
+        bar.suspend(|| {
+            println!(
+                "epoch {epoch}: mean loss {:.4}, held-out accuracy {:.1}%, {:.2}s",
+                total / steps as f32,
+                100.0 * held_out_accuracy,
+                start.elapsed().as_secs_f64()
+            )
+        });
+    }
+    bar.finish_and_clear();
     Ok(())
 }
 
 fn main() {
     examples::init_logging();
     let args = Args::parse();
-    if args.stages != 1 || args.freeze_alpha.is_some() {
-        if let Err(error) = main_pipelined(&args) {
-            eprintln!("training failed: {error}");
-            std::process::exit(1);
-        }
-        return;
-    }
     let device = backend::device(0);
-    let mut job = match args.model {
-        ModelKind::Vit => Job::Vit(
-            VitConfig::tiny(args.classes).init(&device),
-            BandImages::new(args.classes, 3, 16, args.seed),
-        ),
-        ModelKind::Bert => Job::Bert(
-            BertConfig::tiny(2).init(&device),
-            MajorityTokens::new(64, 5, 15, args.seed),
-        ),
-    };
-    println!(
-        "training tiny {:?} ({} parameters) on {}: {} epochs x {} steps x {} samples",
-        args.model,
-        job.num_params(),
-        backend::NAME,
-        args.epochs,
-        args.steps,
-        args.batch_size
-    );
-    let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let mut vit_optim = AdamConfig::new().init::<Train, Vit<Train>>();
-    let mut bert_optim = AdamConfig::new().init::<Train, Bert<Train>>();
-    let bar = ProgressBar::new((args.epochs * args.steps) as u64).with_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} steps {msg}").expect("valid template"),
-    );
-    for epoch in 0..args.epochs {
-        let start = Instant::now();
-        let mut total = 0.0;
-        for step in 0..args.steps {
-            let (logits, labels) = job.step(epoch * args.steps + step, args.batch_size, &device);
-            let loss = loss_fn.forward(logits, labels);
-            let value = loss.clone().into_scalar().elem::<f32>();
-            total += value;
-            let grads = loss.backward();
-            job = match job {
-                Job::Vit(model, task) => {
-                    let grads = GradientsParams::from_grads(grads, &model);
-                    Job::Vit(vit_optim.step(args.lr, model, grads), task)
-                }
-                Job::Bert(model, task) => {
-                    let grads = GradientsParams::from_grads(grads, &model);
-                    Job::Bert(bert_optim.step(args.lr, model, grads), task)
-                }
-            };
-            bar.inc(1);
-            bar.set_message(format!("loss {value:.4}"));
+    let layers = args.layers as usize;
+    let result = match args.model {
+        ModelKind::Vit => {
+            let classes = args.classes as usize;
+            let task = BandImages::new(classes, 3, 16, args.seed);
+            let model = VitConfig::tiny(classes).with_layers(layers).init::<Train>(&device);
+            train(model.into_layer_stack(), layers, |i, n| task.batch(i, n, &device), &args)
         }
-        let accuracy = job.accuracy(256, &device);
-        bar.suspend(|| {
-            println!(
-                "epoch {epoch}: mean loss {:.4}, held-out accuracy {:.1}%, {:.2}s",
-                total / args.steps as f32,
-                100.0 * accuracy,
-                start.elapsed().as_secs_f64()
-            )
-        });
+        ModelKind::Bert => {
+            let task = MajorityTokens::new(64, 5, 15, args.seed);
+            let model = BertConfig::tiny(2).with_layers(layers).init::<Train>(&device);
+            train(model.into_layer_stack(), layers, |i, n| task.batch(i, n, &device), &args)
+        }
+    };
+    if let Err(error) = result {
+        eprintln!("training failed: {error}");
+        std::process::exit(1);
     }
-    bar.finish_and_clear();
 }
