@@ -1,0 +1,138 @@
+//! One freeze policy drives a `FreezableStack` and a `Pipeline` alike through
+//! `FreezeFront`: on the same run, the same policy moves both fronts at the
+//! same steps to the same units.
+
+mod common;
+
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::{GradientsParams, Optimizer, SgdConfig, momentum::MomentumConfig};
+use burn_freeze::{
+    AlphaArgmin, AlphaArgminConfig, AutoFreeze, ChangeRate, ChangeRateConfig, FreezableStack,
+    FreezeFront, FreezePolicy, GradNorm, LayerMap, ParamStates, TrainableUnits,
+};
+use burn_pipe::{Pipeline, PipelineConfig};
+use common::{B, UserStack, UserTypes, user_batch, user_stack};
+
+const STEPS_PER_EPOCH: usize = 6;
+const EPOCHS: usize = 3;
+const LR: f64 = 0.05;
+
+fn sgd() -> impl Optimizer<TrainableUnits<UserTypes>, B, Record: ParamStates> {
+    SgdConfig::new()
+        .with_momentum(Some(MomentumConfig::new()))
+        .init()
+}
+
+/// What the policy saw and did: the front after every step and epoch, and
+/// the per-unit gradient norms it was fed.
+#[derive(Debug, Default)]
+struct Trace {
+    fronts: Vec<usize>,
+    norms: Vec<Vec<Option<GradNorm>>>,
+}
+
+impl Trace {
+    fn record(&mut self, target: &impl FreezeFront) {
+        self.fronts.push(target.front());
+        self.norms.push(target.last_gradient_norms());
+    }
+}
+
+/// Layers of two units after the projection (unit 0): the user stack with
+/// 4 residual blocks has units project, residual, tanh, residual x3, classify.
+fn layer_map() -> LayerMap {
+    LayerMap::uniform(1, 2, 3, 7).unwrap()
+}
+
+fn run_stack<P: FreezePolicy>(stack: UserStack, policy: P) -> Trace {
+    let device = Default::default();
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let mut stack = FreezableStack::new(stack.fork(&device));
+    let mut auto = AutoFreeze::new(policy, layer_map());
+    let mut optim = sgd();
+    let mut trace = Trace::default();
+    for epoch in 0..EPOCHS {
+        for step in 0..STEPS_PER_EPOCH {
+            let (x, y) = user_batch((epoch * STEPS_PER_EPOCH + step) as u64, 24, 6, 3);
+            let loss = loss_fn.forward(stack.forward(x), y);
+            let grads: GradientsParams = stack.gradients(loss.backward());
+            stack.map_trainable(|units| optim.step(LR, units, grads));
+            auto.after_step(&mut stack).unwrap();
+            trace.record(&stack);
+            optim = burn_freeze::retain_optimizer_state(optim, stack.trainable());
+        }
+        auto.after_epoch(&mut stack).unwrap();
+        trace.record(&stack);
+        optim = burn_freeze::retain_optimizer_state(optim, stack.trainable());
+    }
+    trace
+}
+
+fn run_pipeline<P: FreezePolicy>(stack: UserStack, policy: P) -> Trace {
+    let device = Default::default();
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let mut pipeline = Pipeline::new(
+        stack,
+        &[3, 2, 2],
+        vec![device; 3],
+        PipelineConfig::new().with_micro_batches(Some(4)),
+        sgd,
+    )
+    .unwrap();
+    let mut auto = AutoFreeze::new(policy, layer_map());
+    let mut trace = Trace::default();
+    for epoch in 0..EPOCHS {
+        for step in 0..STEPS_PER_EPOCH {
+            let (x, y) = user_batch((epoch * STEPS_PER_EPOCH + step) as u64, 24, 6, 3);
+            pipeline
+                .train_step(x, y, |l, t| loss_fn.forward(l, t), LR)
+                .unwrap();
+            auto.after_step(&mut pipeline).unwrap();
+            trace.record(&pipeline);
+        }
+        auto.after_epoch(&mut pipeline).unwrap();
+        trace.record(&pipeline);
+    }
+    trace
+}
+
+fn assert_same_run(stack: &Trace, pipeline: &Trace, policy: &str) {
+    assert_eq!(stack.fronts, pipeline.fronts, "{policy}: fronts differ");
+    assert!(
+        stack.fronts.last() > stack.fronts.first(),
+        "{policy}: the front never moved ({:?}), so nothing was compared",
+        stack.fronts
+    );
+    for (step, (a, b)) in stack.norms.iter().zip(&pipeline.norms).enumerate() {
+        assert_eq!(a.len(), b.len());
+        for (unit, (a, b)) in a.iter().zip(b).enumerate() {
+            match (a, b) {
+                (Some(a), Some(b)) => assert!(
+                    (a.l2 - b.l2).abs() <= 1e-4 * a.l2.max(1e-6)
+                        && (a.l1 - b.l1).abs() <= 1e-4 * a.l1.max(1e-6),
+                    "{policy}: record {step}, unit {unit}: {a:?} vs {b:?}"
+                ),
+                (None, None) => {}
+                _ => panic!("{policy}: record {step}, unit {unit}: {a:?} vs {b:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn the_change_rate_rule_moves_a_pipeline_as_it_moves_a_stack() {
+    let policy = || ChangeRate::new(ChangeRateConfig::new().with_every_steps(3));
+    let model = user_stack(6, 16, 4, 3);
+    let stack = run_stack(model.clone(), policy());
+    let pipeline = run_pipeline(model, policy());
+    assert_same_run(&stack, &pipeline, "change rate");
+}
+
+#[test]
+fn the_papers_rule_moves_a_pipeline_as_it_moves_a_stack() {
+    let policy = || AlphaArgmin::new(AlphaArgminConfig::new().with_alpha(0.5));
+    let model = user_stack(6, 16, 4, 3);
+    let stack = run_stack(model.clone(), policy());
+    let pipeline = run_pipeline(model, policy());
+    assert_same_run(&stack, &pipeline, "alpha argmin");
+}
