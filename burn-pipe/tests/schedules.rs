@@ -1,11 +1,14 @@
 //! The runtime's own counter shows 1F1B's activation bound, and both
 //! schedules train to the same weights as plain training.
 //!
-//! Multi-step comparisons of weights use SGD with momentum: Adam divides by
-//! the gradient's running magnitude, so a gradient that is zero in exact
-//! arithmetic (attention's key bias) turns its 1e-9 rounding noise into full
-//! steps in a noise-chosen direction, in plain training as in any other.
-//! Adam's state moving with its units is tested in `repartition.rs`.
+//! Multi-step comparisons of weights use SGD with momentum. A gradient that
+//! is zero in exact arithmetic (attention's key bias) is ~1e-9 of rounding
+//! noise whose sign differs between two summation orders; Adam divides it by
+//! its own magnitude plus epsilon (1e-5 by default), so it moves that
+//! zero-initialised bias by about 1e-4 of the learning rate in a
+//! noise-chosen direction, which a relative comparison of a near-zero
+//! tensor cannot bound; SGD moves it by the noise itself. Adam's state
+//! moving with its units is tested in `repartition.rs`.
 
 mod common;
 

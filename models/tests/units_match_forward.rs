@@ -19,7 +19,7 @@ fn vit_units_in_sequence_match_the_model_forward() {
 
     let expected = vit.forward(images.clone());
     let stack = vit.into_layer_stack();
-    assert_eq!(stack.len(), config.num_units());
+    assert_eq!(stack.num_units(), config.num_units());
     let actual = stack.forward(images.clone());
     assert!(relative_max_diff(actual, expected.clone()) <= 1e-5);
 
@@ -44,7 +44,7 @@ fn bert_units_in_sequence_match_the_model_forward_with_padding() {
 
     let expected = bert.forward(input.clone());
     let stack = bert.into_layer_stack();
-    assert_eq!(stack.len(), config.num_units());
+    assert_eq!(stack.num_units(), config.num_units());
     let actual = stack.forward(input.clone());
     assert!(relative_max_diff(actual, expected.clone()) <= 1e-5);
 

