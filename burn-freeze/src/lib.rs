@@ -43,6 +43,7 @@ mod flow;
 mod freezable;
 mod freeze_front;
 mod frozen;
+mod leaves;
 mod optim_state;
 mod policy;
 mod range;
@@ -60,6 +61,7 @@ pub use flow::{Flow, InnerFlow, TrainFlow, flow_from_inner, flow_into_inner, flo
 pub use freezable::FreezableStack;
 pub use freeze_front::FreezeFront;
 pub use frozen::FrozenUnits;
+pub use leaves::fresh_leaves;
 pub use optim_state::{
     ParamStates, StatePool, optimizer_for, pool_optimizer_state, retain_optimizer_state,
 };

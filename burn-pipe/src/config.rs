@@ -14,7 +14,8 @@ use crate::pipeline::Pipeline;
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
 pub enum Schedule {
     /// Fill-drain (GPipe): every forward pass, then every backward pass.
-    /// Stage `s` holds the activations of all `M` micro-batches at its peak.
+    /// Stage `s` holds the activations of all `M` micro-batches at its peak
+    /// (with a single stage, one: see [`stage_ops`](crate::stage_ops)).
     GPipe,
     /// One-forward-one-backward (PipeDream-Flush): after a warm-up of
     /// `K - s - 1` forward passes, stage `s` alternates forward and backward,

@@ -39,6 +39,23 @@ where
     let timeout = Duration::from_millis(config.timeout_ms);
     let start = Instant::now();
 
+    if count == 1 {
+        // One stage waits for no neighbour: run it on this thread.
+        let stage = &mut stages[0];
+        let units = stage.units.take().expect("units present between calls");
+        let links = links.next().expect("one link set per stage");
+        let job = Job {
+            stage: 0,
+            device: stage.device.clone(),
+            ops: stage_ops(config.schedule, 0, 1, micro_batches),
+            timeout,
+            inputs: inputs.take().unwrap_or_default(),
+            targets: targets.take().unwrap_or_default(),
+        };
+        let result = run_stage(&units, job, links, loss);
+        stage.units = Some(units);
+        return (vec![result], start.elapsed());
+    }
     let outcomes: Vec<(UnitRange<S>, Result<StageReport, PipeError>)> = thread::scope(|scope| {
         let handles: Vec<_> = stages
             .iter_mut()

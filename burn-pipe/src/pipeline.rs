@@ -251,7 +251,7 @@ where
             messages: 0,
         };
         for (stage, stage_report) in self.stages.iter_mut().zip(reports) {
-            report.loss += stage_report.losses.iter().sum::<f32>();
+            report.loss += stage_report.loss;
             report.busy.push(stage_report.busy);
             report.peak_saved.push(stage_report.peak_saved);
             report.messages += stage_report.messages;

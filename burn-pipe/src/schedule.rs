@@ -17,6 +17,11 @@ pub enum Op {
 /// micro-batch order, so messages between neighbours arrive in the order they
 /// are consumed.
 ///
+/// With a single stage there is no pipeline to fill or drain, so both
+/// schedules run each micro-batch's backward right after its forward and
+/// hold one micro-batch's activations (GPipe's fill-drain order would only
+/// keep all of them alive at once, for the same gradients).
+///
 /// ```
 /// use burn_pipe::{stage_ops, Op, Schedule};
 ///
@@ -25,13 +30,21 @@ pub enum Op {
 ///     stage_ops(Schedule::OneFOneB, 0, 2, 3),
 ///     vec![Op::Forward(0), Op::Forward(1), Op::Backward(0), Op::Forward(2), Op::Backward(1), Op::Backward(2)]
 /// );
+/// // One stage: forward then backward, micro-batch by micro-batch.
+/// assert_eq!(
+///     stage_ops(Schedule::GPipe, 0, 1, 2),
+///     vec![Op::Forward(0), Op::Backward(0), Op::Forward(1), Op::Backward(1)]
+/// );
 /// ```
 pub fn stage_ops(schedule: Schedule, stage: usize, stages: usize, micro_batches: usize) -> Vec<Op> {
     assert!(stage < stages, "stage {stage} of {stages}");
     let forwards = (0..micro_batches).map(Op::Forward);
     let backwards = (0..micro_batches).map(Op::Backward);
     match schedule {
-        Schedule::GPipe => forwards.chain(backwards).collect(),
+        Schedule::GPipe if stages > 1 => forwards.chain(backwards).collect(),
+        Schedule::GPipe => (0..micro_batches)
+            .flat_map(|n| [Op::Forward(n), Op::Backward(n)])
+            .collect(),
         Schedule::OneFOneB => {
             let warmup = (stages - stage - 1).min(micro_batches);
             let mut ops: Vec<Op> = (0..warmup).map(Op::Forward).collect();

@@ -7,12 +7,11 @@ use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
-use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
 use burn_freeze::{
     Activation, AutodiffActivation, Differentiable, Flow, InnerInput, StackTypes, TrainableUnits,
-    UnitRange,
+    UnitRange, fresh_leaves,
 };
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
@@ -36,8 +35,9 @@ pub(crate) struct Job<S: StackTypes, T> {
 /// What a stage reports after its share of a pass.
 pub(crate) struct StageReport {
     pub grads: GradientsParams,
-    /// Per micro-batch loss (last stage only), weighted by its share of the batch.
-    pub losses: Vec<f32>,
+    /// Sum of the micro-batch losses, each weighted by its share of the
+    /// batch (last stage only; 0 elsewhere).
+    pub loss: f32,
     /// Time spent computing (not waiting).
     pub busy: Duration,
     /// Most micro-batches whose activations were held at once.
@@ -182,9 +182,10 @@ where
     let mut targets = targets.into_iter();
     let mut saved: VecDeque<Saved<S>> = VecDeque::new();
     let mut accumulator = GradientsAccumulator::<TrainableUnits<S>>::new();
+    let mut losses = Vec::new();
     let mut report = StageReport {
         grads: GradientsParams::new(),
-        losses: Vec::new(),
+        loss: 0.0,
         busy: Duration::ZERO,
         peak_saved: 0,
         messages: 0,
@@ -230,7 +231,7 @@ where
                     Flow::Hidden(hidden) => (Flow::Hidden(S::Hidden::from_inner(hidden)), None),
                     Flow::Output(_) => unreachable!("a stage that trains ends after its input"),
                 };
-                let params = module.clone().fork(&device);
+                let params = fresh_leaves(module.clone());
                 let result = match UnitRange::<S>::forward_trainable(&params, first_trainable, flow)
                 {
                     Flow::Hidden(output) => {
@@ -248,7 +249,8 @@ where
                         let (target, weight) = targets.next().expect("one target per micro-batch");
                         let loss = loss_fn(output, target.to_device(&device)).mul_scalar(weight);
                         report.busy += start.elapsed();
-                        report.losses.push(loss.clone().into_scalar().elem::<f32>());
+                        // Read once at the end of the pass: one device sync, not one per micro-batch.
+                        losses.push(loss.clone().inner());
                         SavedResult::Loss(loss)
                     }
                     Flow::Input(_) => unreachable!("units turn the input into a hidden activation"),
@@ -297,5 +299,8 @@ where
         }
     }
     report.grads = accumulator.grads();
+    if !losses.is_empty() {
+        report.loss = Tensor::cat(losses, 0).sum().into_scalar().elem::<f32>();
+    }
     Ok(report)
 }

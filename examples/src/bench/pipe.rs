@@ -17,12 +17,12 @@
 use std::time::{Duration, Instant};
 
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::optim::{GradientsParams, SgdConfig};
+use burn::optim::{GradientsAccumulator, GradientsParams, SgdConfig};
 use burn::prelude::*;
 use burn_freeze::{IntoLayerStack, LayerStack};
 use burn_pipe::{Pipeline, PipelineConfig, Schedule, balance_exact, profile_units};
 use models::synthetic::BandImages;
-use models::vit::{VitConfig, VitTypes};
+use models::vit::{Vit, VitConfig, VitTypes};
 use serde::Serialize;
 
 use super::{BenchError, write_report};
@@ -71,41 +71,32 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 /// The same micro-batches, forward and backward one after another on this
-/// thread through the plain stack; median seconds per mini-batch.
-fn sequential(
-    stack: &Stack,
+/// thread through the plain stack, their gradients accumulated as plain Burn
+/// does it (`GradientsAccumulator`), so the baseline ends with the same
+/// gradients the pipeline does; once, in seconds.
+fn sequential_once(
+    model: &Vit<Train>,
     images: &Tensor<Train, 4>,
     labels: &Tensor<Train, 1, Int>,
-    m: usize,
-    reps: usize,
+    sizes: &[usize],
 ) -> f64 {
     let device = images.device();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let batch = images.dims()[0];
-    let sizes = burn_pipe::micro_batch_sizes(batch, m).expect("M <= batch");
-    let mut times = Vec::new();
-    for rep in 0..=reps {
-        let start = Instant::now();
-        let mut offset = 0;
-        for &n in &sizes {
-            let logits = stack.forward(images.clone().narrow(0, offset, n));
-            let loss = loss_fn
-                .forward(logits, labels.clone().narrow(0, offset, n))
-                .mul_scalar(n as f32 / batch as f32);
-            let mut grads = loss.backward();
-            let _ = GradientsParams::from_module(&mut grads, stack.first());
-            for unit in stack.middle() {
-                let _ = GradientsParams::from_module(&mut grads, unit);
-            }
-            let _ = GradientsParams::from_module(&mut grads, stack.last());
-            offset += n;
-        }
-        Inner::sync(&device).expect("device sync");
-        if rep > 0 {
-            times.push(start.elapsed().as_secs_f64());
-        }
+    let start = Instant::now();
+    let mut offset = 0;
+    let mut accumulator = GradientsAccumulator::new();
+    for &n in sizes {
+        let logits = model.forward(images.clone().narrow(0, offset, n));
+        let loss = loss_fn
+            .forward(logits, labels.clone().narrow(0, offset, n))
+            .mul_scalar(n as f32 / batch as f32);
+        accumulator.accumulate(model, GradientsParams::from_grads(loss.backward(), model));
+        offset += n;
     }
-    median(times)
+    let _ = accumulator.grads();
+    Inner::sync(&device).expect("device sync");
+    start.elapsed().as_secs_f64()
 }
 
 /// Round trip of `message` between two threads over crossbeam channels; the
@@ -142,7 +133,7 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
                 .with_mlp_dim(192)
                 .with_layers(3),
             32,
-            3,
+            7,
         )
     } else {
         (
@@ -165,6 +156,8 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
     );
     let vit = config.init::<Train>(&device);
     let stack: Stack = vit.into_layer_stack();
+    // The same weights as a plain Burn model, for the sequential baseline.
+    let plain = Vit::from_layer_stack(stack.clone()).map_err(|e| BenchError::Run(e.to_string()))?;
     let (images, labels) =
         BandImages::new(10, 3, config.image_size, 1).batch::<Train>(0, batch, &device);
 
@@ -201,7 +194,7 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
         if m > batch {
             continue;
         }
-        let sequential_s = sequential(&stack, &images, &labels, m, reps);
+        let sizes = burn_pipe::micro_batch_sizes(batch, m).expect("M <= batch");
         for stages in [1, 2, 4] {
             let balance = balance_exact(&costs, stages);
             for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
@@ -217,9 +210,13 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
                 )
                 .map_err(|e| BenchError::Run(e.to_string()))?;
                 let mut walls = Vec::new();
+                let mut sequential_walls = Vec::new();
                 let mut bubbles = Vec::new();
                 let mut last = None;
+                // The baseline runs between the pipeline's repetitions, so
+                // both see the same state of the machine.
                 for rep in 0..=reps {
+                    let sequential_s = sequential_once(&plain, &images, &labels, &sizes);
                     let report = pipeline
                         .forward_backward(images.clone(), labels.clone(), |logits, labels| {
                             loss_fn.forward(logits, labels)
@@ -227,6 +224,7 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
                         .map_err(|e| BenchError::Run(e.to_string()))?;
                     pipeline.clear_gradients();
                     if rep > 0 {
+                        sequential_walls.push(sequential_s);
                         walls.push(report.wall.as_secs_f64());
                         bubbles.push(report.bubble_fraction());
                         last = Some(report);
@@ -234,6 +232,7 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
                 }
                 let report = last.expect("at least one timed repetition");
                 let step_s = median(walls);
+                let sequential_s = median(sequential_walls);
                 let row = Row {
                     stages,
                     micro_batches: m,
