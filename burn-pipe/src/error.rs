@@ -102,6 +102,10 @@ pub enum PipeError {
     /// layer map that does not fit the pipeline.
     #[error(transparent)]
     Freeze(#[from] burn_freeze::FreezeError),
+    /// The AutoCache could not serve the frozen prefix (sample ids that do
+    /// not match the batch, or a sample that came back with another shape).
+    #[error(transparent)]
+    Cache(#[from] burn_freeze::CacheError),
     /// Every unit is frozen: a training step has nothing to train.
     #[error("every one of the {units} units is frozen: there is nothing to train")]
     NothingToTrain {

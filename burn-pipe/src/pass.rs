@@ -4,7 +4,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use burn::prelude::*;
-use burn_freeze::{Activation, InnerInput, StackTypes, UnitRange};
+use burn_freeze::{Activation, InnerFlow, StackTypes, UnitRange};
 
 use crate::config::PipelineConfig;
 use crate::error::PipeError;
@@ -13,15 +13,17 @@ use crate::schedule::stage_ops;
 use crate::wiring::wire;
 use crate::worker::{Job, StageReport, run_stage};
 
-/// Runs the micro-batches `inputs` (with `targets` and their weights)
-/// through `stages`, each on a scoped thread of its own, and returns each
+/// Runs the micro-batches `inputs`, entering stage 0 at stack unit `entry`
+/// (with `targets` and their weights), through `stages`, each on a scoped
+/// thread of its own (a single stage on this thread), and returns each
 /// stage's result in stage order with the wall time. Every stage's units are
 /// back in place when this returns, whatever happened.
 pub(crate) fn run_pass<S, O, T, LossFn>(
     stages: &mut [Stage<S, O>],
     front: usize,
     config: &PipelineConfig,
-    inputs: Vec<InnerInput<S>>,
+    inputs: Vec<InnerFlow<S>>,
+    entry: usize,
     targets: Vec<(T, f32)>,
     loss: &LossFn,
 ) -> (Vec<Result<StageReport, PipeError>>, Duration)
@@ -50,6 +52,7 @@ where
             ops: stage_ops(config.schedule, 0, 1, micro_batches),
             timeout,
             inputs: inputs.take().unwrap_or_default(),
+            entry,
             targets: targets.take().unwrap_or_default(),
         };
         let result = run_stage(&units, job, links, loss);
@@ -73,6 +76,7 @@ where
                     } else {
                         Vec::new()
                     },
+                    entry,
                     targets: if s + 1 == count {
                         targets.take().unwrap_or_default()
                     } else {

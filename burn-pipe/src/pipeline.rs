@@ -5,9 +5,10 @@ use std::thread;
 use burn::optim::{GradientsAccumulator, Optimizer};
 use burn::prelude::*;
 use burn_freeze::{
-    Activation, AutodiffActivation, Flow, FreezeFront, GradNorm, InnerInput,
-    InnerOutput, LayerStack, ParamStates, StackTypes, StatePool, TrainableUnits, UnitRange,
-    check_freeze, flow_to_device, optimizer_for, pool_optimizer_state,
+    Activation, AutodiffActivation, Cacheable, Flow, FreezeFront, GradNorm, InnerBackendOf,
+    InnerFlow, InnerHidden, InnerInput, InnerOutput, LayerStack, ParamStates, StackCache,
+    StackTypes, StatePool, TrainableUnits, UnitRange, check_freeze, check_sample_ids,
+    flow_to_device, optimizer_for, pool_optimizer_state, serve_prefix,
 };
 
 use crate::config::PipelineConfig;
@@ -91,6 +92,27 @@ pub struct Pipeline<S: StackTypes, O> {
     make_optimizer: Box<dyn Fn() -> O + Send + Sync>,
     /// Per-unit gradient norms of the last optimizer step.
     norms: Vec<Option<GradNorm>>,
+    /// AutoCache for stage 0's frozen units.
+    cache: Option<StackCache<S>>,
+}
+
+/// A whole batch as a flow, with its size.
+fn flow_batch<S: StackTypes>(flow: InnerFlow<S>) -> (InnerFlow<S>, usize) {
+    let batch = match &flow {
+        Flow::Input(x) => x.batch_size(),
+        Flow::Hidden(x) => x.batch_size(),
+        Flow::Output(x) => x.batch_size(),
+    };
+    (flow, batch)
+}
+
+/// A flow split into micro-batches of `sizes`.
+fn split_flow<S: StackTypes>(flow: InnerFlow<S>, sizes: &[usize]) -> Vec<InnerFlow<S>> {
+    match flow {
+        Flow::Input(x) => x.split_batch(sizes).into_iter().map(Flow::Input).collect(),
+        Flow::Hidden(x) => x.split_batch(sizes).into_iter().map(Flow::Hidden).collect(),
+        Flow::Output(x) => x.split_batch(sizes).into_iter().map(Flow::Output).collect(),
+    }
 }
 
 impl<S, O> Pipeline<S, O>
@@ -123,6 +145,7 @@ where
             config,
             make_optimizer: Box::new(make_optimizer),
             norms: vec![None; units],
+            cache: None,
         })
     }
 
@@ -199,6 +222,53 @@ where
         T: Activation<S::Backend>,
         LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
     {
+        self.check_batch(&input, &targets)?;
+        let flows = flow_batch::<S>(Flow::Input(input.inner()));
+        self.run(flows, 0, targets, loss)
+    }
+
+    /// [`forward_backward`](Pipeline::forward_backward) with the frozen
+    /// units of stage 0 served by the attached AutoCache
+    /// ([`serve_prefix`](burn_freeze::serve_prefix)): `ids[i]` names sample
+    /// `i` of the batch, the same id for the same sample in every epoch.
+    /// The cache holds the output of the frozen units on stage 0 (at most
+    /// every unit but the last); frozen units on later stages run as usual.
+    /// Gradients and loss equal `forward_backward`'s. Without a cache, or
+    /// with no frozen unit on stage 0, this is `forward_backward`.
+    ///
+    /// Fails, changing nothing, when `ids` does not name the batch (count or
+    /// duplicates) or a sample comes back with another shape, and as
+    /// `forward_backward` does.
+    pub fn forward_backward_cached<T, LossFn>(
+        &mut self,
+        ids: &[u64],
+        input: S::Input,
+        targets: T,
+        loss: LossFn,
+    ) -> Result<StepReport, PipeError>
+    where
+        T: Activation<S::Backend>,
+        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+        InnerInput<S>: Cacheable<InnerBackendOf<S>>,
+        InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
+    {
+        self.check_batch(&input, &targets)?;
+        check_sample_ids(ids, input.batch_size())?;
+        let first = &self.stages[0];
+        let cached = first.units().frozen().units().end.min(self.num_units() - 1);
+        let Some(cache) = self.cache.as_mut().filter(|_| cached > 0) else {
+            let flows = flow_batch::<S>(Flow::Input(input.inner()));
+            return self.run(flows, 0, targets, loss);
+        };
+        let input = input.inner().to_device(&first.device);
+        let hidden = serve_prefix(cache, first.units().frozen(), ids, input, cached)?;
+        let flows = flow_batch::<S>(Flow::Hidden(hidden));
+        self.run(flows, cached, targets, loss)
+    }
+
+    /// Checks a batch before any work: something to train, as many targets
+    /// as inputs.
+    fn check_batch<T: Activation<S::Backend>>(&self, input: &S::Input, targets: &T) -> Result<(), PipeError> {
         if self.front == self.num_units() {
             return Err(PipeError::NothingToTrain {
                 units: self.num_units(),
@@ -211,9 +281,27 @@ where
                 targets: targets.batch_size(),
             });
         }
+        micro_batch_sizes(batch, self.config.micro_batches_for(self.stages.len()))?;
+        Ok(())
+    }
+
+    /// One pass over `flows` (the whole batch, entering stage 0 at unit
+    /// `entry`) split into micro-batches.
+    fn run<T, LossFn>(
+        &mut self,
+        flows: (InnerFlow<S>, usize),
+        entry: usize,
+        targets: T,
+        loss: LossFn,
+    ) -> Result<StepReport, PipeError>
+    where
+        T: Activation<S::Backend>,
+        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+    {
+        let (flow, batch) = flows;
         let micro_batches = self.config.micro_batches_for(self.stages.len());
         let sizes = micro_batch_sizes(batch, micro_batches)?;
-        let inputs = input.inner().split_batch(&sizes);
+        let inputs = split_flow::<S>(flow, &sizes);
         let targets: Vec<(T, f32)> = targets
             .split_batch(&sizes)
             .into_iter()
@@ -226,6 +314,7 @@ where
             self.front,
             &self.config,
             inputs,
+            entry,
             targets,
             &loss,
         );
@@ -400,6 +489,23 @@ where
         tracing::info!(from = self.front, to = front, "pipeline freeze front moved up");
         self.front = front;
         Ok(())
+    }
+
+    /// Attaches an AutoCache for
+    /// [`forward_backward_cached`](Pipeline::forward_backward_cached),
+    /// replacing (and returning) any attached before.
+    pub fn attach_cache(&mut self, cache: StackCache<S>) -> Option<StackCache<S>> {
+        self.cache.replace(cache)
+    }
+
+    /// The attached cache.
+    pub fn cache(&self) -> Option<&StackCache<S>> {
+        self.cache.as_ref()
+    }
+
+    /// Detaches the cache (dropping it removes its spill files).
+    pub fn detach_cache(&mut self) -> Option<StackCache<S>> {
+        self.cache.take()
     }
 
     /// A copy of the whole model as a layer stack, every unit on the

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
 use burn_freeze::{
-    Activation, AutodiffActivation, Differentiable, Flow, InnerInput, StackTypes, TrainableUnits,
-    UnitRange, fresh_leaves,
+    Activation, AutodiffActivation, Differentiable, Flow, InnerBackendOf, InnerFlow, StackTypes,
+    TrainableUnits, UnitRange, flow_to_device, fresh_leaves,
 };
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
@@ -25,8 +25,12 @@ pub(crate) struct Job<S: StackTypes, T> {
     pub device: Device<S::Backend>,
     pub ops: Vec<Op>,
     pub timeout: Duration,
-    /// Micro-batches of the model input (stage 0 only).
-    pub inputs: Vec<InnerInput<S>>,
+    /// Micro-batches entering stage 0 at stack unit `entry` (stage 0 only):
+    /// the model input at unit 0, or the output of a frozen prefix served
+    /// from the cache.
+    pub inputs: Vec<InnerFlow<S>>,
+    /// The stack unit at which stage 0's inputs enter.
+    pub entry: usize,
     /// Micro-batches of the targets with each one's weight in the mean loss
     /// (last stage only).
     pub targets: Vec<(T, f32)>,
@@ -172,6 +176,7 @@ where
         ops,
         timeout,
         inputs,
+        entry,
         targets,
     } = job;
     let module = units.trainable();
@@ -197,20 +202,19 @@ where
             // A stage whose units are all frozen has no backward pass.
             Op::Backward(_) if !trains => {}
             Op::Forward(n) => {
-                let input = match &links.from_previous {
-                    None => Flow::Input(
-                        inputs
-                            .next()
-                            .expect("one input per micro-batch")
-                            .to_device(&device),
-                    ),
+                let (input, at) = match &links.from_previous {
+                    None => {
+                        let flow = inputs.next().expect("one input per micro-batch");
+                        (flow_to_device::<InnerBackendOf<S>, _, _, _>(flow, &device), entry)
+                    }
                     Some(receiver) => {
                         let hidden = receive::<S>(receiver, timeout, stage, stage - 1, n, "forward")?;
-                        Flow::Hidden(hidden.to_device(&device))
+                        (Flow::Hidden(hidden.to_device(&device)), units.units().start)
                     }
                 };
                 let start = Instant::now();
-                let input = units.frozen().forward(input);
+                let frozen = units.frozen();
+                let input = frozen.forward_units(input, at, frozen.units().end);
                 if !trains {
                     let hidden = input.expect_hidden(units.units().end);
                     let to_next = links

@@ -1,0 +1,92 @@
+//! AutoCache in a pipeline: stage 0's frozen units served from the cache
+//! give the losses and weights of the uncached pipeline, step for step, as
+//! the front moves.
+
+mod common;
+
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::SgdConfig;
+use burn::optim::momentum::MomentumConfig;
+use burn_freeze::{ActivationCache, CacheConfig, CacheError, IntoLayerStack};
+use burn_pipe::{PipeError, Pipeline, PipelineConfig};
+use common::{B, Weights};
+use models::synthetic::BandImages;
+use models::vit::{Vit, VitConfig};
+
+/// Trains a 2-stage pipeline of a tiny ViT over 3 batches of 8 per epoch,
+/// moving the front to `fronts[epoch]` first, through the cache when
+/// `cached`; the loss of every step and the trained model.
+fn train(vit: Vit<B>, fronts: &[usize], cached: bool) -> (Vec<f32>, Vit<B>, Option<burn_freeze::CacheStats>) {
+    let device = Default::default();
+    let task = BandImages::new(4, 3, 16, 31);
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let sgd = || SgdConfig::new().with_momentum(Some(MomentumConfig::new())).init();
+    let config = PipelineConfig::new().with_micro_batches(Some(2));
+    let mut pipeline = Pipeline::new(vit.into_layer_stack(), &[5, 6], vec![device; 2], config, sgd).unwrap();
+    if cached {
+        pipeline.attach_cache(ActivationCache::new(CacheConfig::new(64 << 20)).unwrap());
+    }
+    let mut losses = Vec::new();
+    for (epoch, &front) in fronts.iter().enumerate() {
+        pipeline.freeze_to(front).unwrap();
+        for b in 0..3 {
+            let index = (b + epoch) % 3;
+            let (images, labels) = task.batch::<B>(index, 8, &device);
+            let ids: Vec<u64> = (0..8).map(|i| (index * 8 + i) as u64).collect();
+            let loss = |l, t| loss_fn.forward(l, t);
+            let report = if cached {
+                pipeline.forward_backward_cached(&ids, images, labels, loss).unwrap()
+            } else {
+                pipeline.forward_backward(images, labels, loss).unwrap()
+            };
+            pipeline.step(0.05);
+            losses.push(report.loss);
+        }
+    }
+    let stats = pipeline.cache().map(|c| c.stats());
+    (losses, Vit::from_layer_stack(pipeline.into_layer_stack()).unwrap(), stats)
+}
+
+#[test]
+fn a_cached_pipeline_trains_as_the_uncached_one() {
+    let device = Default::default();
+    let vit = VitConfig::tiny(4).with_layers(4).init::<B>(&device);
+    // Read the weights before cloning: Burn initialises them lazily.
+    let _ = vit.forward(BandImages::new(4, 3, 16, 31).batch::<B>(0, 1, &device).0);
+    // Fronts 0, 3 and 5: within stage 0 (units 0..5), then all of it.
+    let fronts = [0, 3, 3, 5, 5];
+    let (expected, plain, _) = train(vit.clone(), &fronts, false);
+    let (losses, cached, stats) = train(vit, &fronts, true);
+    for (step, (a, b)) in losses.iter().zip(&expected).enumerate() {
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "step {step}: cached {a}, plain {b}");
+    }
+    let diff = Weights::of(&cached.head).relative_diff(&Weights::of(&plain.head));
+    assert!(diff <= 1e-5, "heads differ by {diff}");
+    let stats = stats.unwrap();
+    // Epoch 2 meets every sample again at front 3 (hits); epoch 3 at front 5
+    // starts from the front-3 entries (partial hits).
+    assert!(stats.hits > 0 && stats.partial_hits > 0 && stats.misses > 0, "{stats:?}");
+}
+
+#[test]
+fn bad_sample_ids_change_nothing() {
+    let device = Default::default();
+    let vit = VitConfig::tiny(4).with_layers(4).init::<B>(&device);
+    let sgd = || SgdConfig::new().init();
+    let config = PipelineConfig::new().with_micro_batches(Some(2));
+    let mut pipeline = Pipeline::new(vit.into_layer_stack(), &[5, 6], vec![device; 2], config, sgd).unwrap();
+    pipeline.attach_cache(ActivationCache::new(CacheConfig::new(1 << 20)).unwrap());
+    pipeline.freeze_to(3).unwrap();
+    let (images, labels) = BandImages::new(4, 3, 16, 32).batch::<B>(0, 4, &device);
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let error = pipeline
+        .forward_backward_cached(&[1, 2, 2, 3], images.clone(), labels.clone(), |l, t| loss_fn.forward(l, t))
+        .unwrap_err();
+    assert!(matches!(error, PipeError::Cache(CacheError::DuplicateId(2))), "{error}");
+    let error = pipeline
+        .forward_backward_cached(&[1, 2], images, labels, |l, t| loss_fn.forward(l, t))
+        .unwrap_err();
+    assert!(matches!(error, PipeError::Cache(CacheError::IdCount { batch: 4, ids: 2 })), "{error}");
+    assert!(pipeline.gradients(0).is_none() && pipeline.gradients(1).is_none());
+    assert_eq!(pipeline.cache().unwrap().len(), 0);
+}
