@@ -31,7 +31,9 @@ pub enum StackError {
         units: usize,
     },
     /// Ranges to join that do not follow one another.
-    #[error("ranges to join do not follow one another: expected one starting at unit {expected}, found {found:?}")]
+    #[error(
+        "ranges to join do not follow one another: expected one starting at unit {expected}, found {found:?}"
+    )]
     NotContiguous {
         /// Where the next range should start.
         expected: usize,

@@ -54,7 +54,10 @@ impl<I, H, O> Flow<I, H, O> {
     pub fn expect_hidden(self, unit: usize) -> H {
         match self {
             Flow::Hidden(hidden) => hidden,
-            other => panic!("unit {unit} takes a hidden activation, got {}", other.kind()),
+            other => panic!(
+                "unit {unit} takes a hidden activation, got {}",
+                other.kind()
+            ),
         }
     }
 }

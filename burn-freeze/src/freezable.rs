@@ -117,7 +117,10 @@ impl<S: StackTypes> FreezableStack<S> {
     /// pass (frozen parameters have none: they are not on the autodiff
     /// backend). Also records each unit's gradient norm for
     /// [`last_gradient_norms`](FreezeFront::last_gradient_norms).
-    pub fn gradients(&mut self, mut grads: <S::Backend as burn::tensor::backend::AutodiffBackend>::Gradients) -> GradientsParams {
+    pub fn gradients(
+        &mut self,
+        mut grads: <S::Backend as burn::tensor::backend::AutodiffBackend>::Gradients,
+    ) -> GradientsParams {
         let params = GradientsParams::from_module(&mut grads, self.units.trainable());
         self.norms = self.units.unit_gradient_norms(&params);
         params
@@ -131,7 +134,12 @@ impl<S: StackTypes> FreezableStack<S> {
         check_freeze(front, frozen, self.num_units())?;
         if front > frozen {
             self.units.freeze_to(front);
-            tracing::debug!(from = frozen, to = front, units = self.num_units(), "freeze front moved up");
+            tracing::debug!(
+                from = frozen,
+                to = front,
+                units = self.num_units(),
+                "freeze front moved up"
+            );
         }
         Ok(())
     }
@@ -153,7 +161,11 @@ impl<S: StackTypes> FreezableStack<S> {
         if let Some(cache) = self.cache.as_mut() {
             cache.invalidate_above(front);
         }
-        tracing::debug!(from = frozen, to = front, "freeze front moved down (explicit unfreeze)");
+        tracing::debug!(
+            from = frozen,
+            to = front,
+            "freeze front moved down (explicit unfreeze)"
+        );
         Ok(())
     }
 
@@ -174,7 +186,10 @@ impl<S: StackTypes> FreezableStack<S> {
     pub fn forward(&self, input: S::Input) -> S::Output {
         match self.units.forward(Flow::Input(input)) {
             Flow::Output(output) => output,
-            other => unreachable!("a whole stack returns the model output, not {}", other.kind()),
+            other => unreachable!(
+                "a whole stack returns the model output, not {}",
+                other.kind()
+            ),
         }
     }
 
@@ -183,7 +198,10 @@ impl<S: StackTypes> FreezableStack<S> {
     pub fn forward_inner(&self, input: InnerInput<S>) -> InnerOutput<S> {
         match self.units.forward_inner(Flow::Input(input)) {
             Flow::Output(output) => output,
-            other => unreachable!("a whole stack returns the model output, not {}", other.kind()),
+            other => unreachable!(
+                "a whole stack returns the model output, not {}",
+                other.kind()
+            ),
         }
     }
 
@@ -239,7 +257,10 @@ impl<S: StackTypes> FreezableStack<S> {
         let flow = UnitRange::<S>::forward_trainable(self.units.trainable(), cached_units, flow);
         match flow {
             Flow::Output(output) => Ok(output),
-            other => unreachable!("a whole stack returns the model output, not {}", other.kind()),
+            other => unreachable!(
+                "a whole stack returns the model output, not {}",
+                other.kind()
+            ),
         }
     }
 }

@@ -117,7 +117,11 @@ impl<S: StackTypes> FrozenUnits<S> {
         Self {
             start: self.start,
             first: self.first.map(|u| u.to_device(device)),
-            middle: self.middle.into_iter().map(|u| u.to_device(device)).collect(),
+            middle: self
+                .middle
+                .into_iter()
+                .map(|u| u.to_device(device))
+                .collect(),
             last: self.last.map(|u| u.to_device(device)),
         }
     }

@@ -12,7 +12,11 @@ impl<B: Backend> ModuleMapper<B> for FreshLeaves {
         let (id, tensor, mapper) = param.consume();
         let tracked = tensor.is_require_grad();
         let tensor = tensor.detach();
-        let tensor = if tracked { tensor.require_grad() } else { tensor };
+        let tensor = if tracked {
+            tensor.require_grad()
+        } else {
+            tensor
+        };
         Param::from_mapped_value(id, tensor, mapper)
     }
 }

@@ -258,7 +258,9 @@ impl<S: StackTypes> UnitRange<S> {
         }
         let middles = count.min(self.trainable.1.len());
         let moved: Vec<S::Middle> = self.trainable.1.drain(..middles).collect();
-        self.frozen.middle.extend(moved.iter().map(|unit| unit.valid()));
+        self.frozen
+            .middle
+            .extend(moved.iter().map(|unit| unit.valid()));
         count -= middles;
         if count > 0 {
             let last = self.trainable.2.take().expect("the last unit trains");
@@ -340,15 +342,24 @@ impl<S: StackTypes> UnitRange<S> {
         let mut index = self.first_trainable();
         let (first, middle, last) = &self.trainable;
         if let Some(unit) = first {
-            flow = Flow::Hidden(S::First::forward_inner(&unit.valid(), flow.expect_input(index)));
+            flow = Flow::Hidden(S::First::forward_inner(
+                &unit.valid(),
+                flow.expect_input(index),
+            ));
             index += 1;
         }
         for unit in middle {
-            flow = Flow::Hidden(S::Middle::forward_inner(&unit.valid(), flow.expect_hidden(index)));
+            flow = Flow::Hidden(S::Middle::forward_inner(
+                &unit.valid(),
+                flow.expect_hidden(index),
+            ));
             index += 1;
         }
         if let Some(unit) = last {
-            flow = Flow::Output(S::Last::forward_inner(&unit.valid(), flow.expect_hidden(index)));
+            flow = Flow::Output(S::Last::forward_inner(
+                &unit.valid(),
+                flow.expect_hidden(index),
+            ));
         }
         flow
     }

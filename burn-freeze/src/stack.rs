@@ -143,10 +143,7 @@ impl<S: StackTypes> LayerStack<S> {
     }
 
     /// Moves every unit to `device`.
-    pub fn to_device(
-        self,
-        device: &burn::tensor::Device<S::Backend>,
-    ) -> Self {
+    pub fn to_device(self, device: &burn::tensor::Device<S::Backend>) -> Self {
         Self {
             first: self.first.to_device(device),
             middle: self
@@ -171,7 +168,11 @@ impl<S: StackTypes> LayerStack<S> {
     pub fn fork(self, device: &burn::tensor::Device<S::Backend>) -> Self {
         Self {
             first: self.first.fork(device),
-            middle: self.middle.into_iter().map(|unit| unit.fork(device)).collect(),
+            middle: self
+                .middle
+                .into_iter()
+                .map(|unit| unit.fork(device))
+                .collect(),
             last: self.last.fork(device),
         }
     }

@@ -5,7 +5,7 @@ mod common;
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, Optimizer};
-use burn_freeze::{ActivationCache, TrainableUnits, CacheConfig, FreezableStack};
+use burn_freeze::{ActivationCache, CacheConfig, FreezableStack, TrainableUnits};
 use common::*;
 
 const SAMPLES: u64 = 24;
@@ -23,11 +23,7 @@ fn epoch_batches(epoch: usize) -> Vec<Vec<u64>> {
 
 /// Trains for `fronts.len()` epochs, freezing `fronts[e]` units in epoch `e`;
 /// returns every step's loss.
-fn train(
-    stack: &mut FreezableStack<Types>,
-    fronts: &[usize],
-    cached: bool,
-) -> Vec<f32> {
+fn train(stack: &mut FreezableStack<Types>, fronts: &[usize], cached: bool) -> Vec<f32> {
     let loss_fn = CrossEntropyLossConfig::new().init(&Default::default());
     let mut optim = AdamConfig::new().init::<B, TrainableUnits<Types>>();
     let mut losses = Vec::new();

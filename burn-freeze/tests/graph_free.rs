@@ -72,7 +72,10 @@ fn the_frozen_output_enters_autodiff_as_a_leaf() {
     let (x, _) = batch(&[1, 2, 3], 4);
     let mut stack = FreezableStack::new(stack(4, 0.0, 2));
     stack.freeze_to(3).unwrap();
-    let h = stack.frozen().forward(Flow::Input(x.inner())).expect_hidden(3);
+    let h = stack
+        .frozen()
+        .forward(Flow::Input(x.inner()))
+        .expect_hidden(3);
     assert_eq!(graph_depth(Tensor::<B, 3>::from_inner(h)), 0);
 }
 

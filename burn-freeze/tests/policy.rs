@@ -6,8 +6,8 @@ mod common;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn_freeze::{
     AlphaArgmin, AlphaArgminConfig, AutoFreeze, ChangeRate, ChangeRateConfig, ChangeRateReading,
-    FixedSchedule, FreezableStack, FreezeFront, FreezePolicy, FreezeState, GradNorm, LayerMap, alpha_front,
-    change_rate_front, percentile,
+    FixedSchedule, FreezableStack, FreezeFront, FreezePolicy, FreezeState, GradNorm, LayerMap,
+    alpha_front, change_rate_front, percentile,
 };
 use common::*;
 

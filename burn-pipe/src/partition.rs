@@ -6,11 +6,7 @@ use burn_freeze::{LayerStack, StackTypes};
 
 /// Parameter count of each unit of `stack`, as costs.
 pub fn unit_param_costs<S: StackTypes>(stack: &LayerStack<S>) -> Vec<f64> {
-    stack
-        .unit_params()
-        .into_iter()
-        .map(|n| n as f64)
-        .collect()
+    stack.unit_params().into_iter().map(|n| n as f64).collect()
 }
 
 /// Costs once the first `frozen` units are frozen: a frozen unit runs only

@@ -268,7 +268,11 @@ where
 
     /// Checks a batch before any work: something to train, as many targets
     /// as inputs.
-    fn check_batch<T: Activation<S::Backend>>(&self, input: &S::Input, targets: &T) -> Result<(), PipeError> {
+    fn check_batch<T: Activation<S::Backend>>(
+        &self,
+        input: &S::Input,
+        targets: &T,
+    ) -> Result<(), PipeError> {
         if self.front == self.num_units() {
             return Err(PipeError::NothingToTrain {
                 units: self.num_units(),
@@ -412,12 +416,16 @@ where
     pub fn forward_inner(&self, input: InnerInput<S>) -> InnerOutput<S> {
         let mut flow = Flow::Input(input);
         for stage in &self.stages {
-            let moved = flow_to_device::<burn_freeze::InnerBackendOf<S>, _, _, _>(flow, &stage.device);
+            let moved =
+                flow_to_device::<burn_freeze::InnerBackendOf<S>, _, _, _>(flow, &stage.device);
             flow = stage.units().forward_inner(moved);
         }
         match flow {
             Flow::Output(output) => output,
-            other => unreachable!("the last stage returns the model output, not {}", other.kind()),
+            other => unreachable!(
+                "the last stage returns the model output, not {}",
+                other.kind()
+            ),
         }
     }
 
@@ -486,7 +494,11 @@ where
             let trainable = stage.units().trainable();
             stage.optimizer = optimizer_for(fresh, trainable, &mut pool);
         }
-        tracing::info!(from = self.front, to = front, "pipeline freeze front moved up");
+        tracing::info!(
+            from = self.front,
+            to = front,
+            "pipeline freeze front moved up"
+        );
         self.front = front;
         Ok(())
     }

@@ -205,10 +205,14 @@ where
                 let (input, at) = match &links.from_previous {
                     None => {
                         let flow = inputs.next().expect("one input per micro-batch");
-                        (flow_to_device::<InnerBackendOf<S>, _, _, _>(flow, &device), entry)
+                        (
+                            flow_to_device::<InnerBackendOf<S>, _, _, _>(flow, &device),
+                            entry,
+                        )
                     }
                     Some(receiver) => {
-                        let hidden = receive::<S>(receiver, timeout, stage, stage - 1, n, "forward")?;
+                        let hidden =
+                            receive::<S>(receiver, timeout, stage, stage - 1, n, "forward")?;
                         (Flow::Hidden(hidden.to_device(&device)), units.units().start)
                     }
                 };
@@ -282,7 +286,8 @@ where
                             .grads_from_next
                             .as_ref()
                             .expect("a stage before a training stage receives gradients");
-                        let grad = receive::<S>(receiver, timeout, stage, stage + 1, n, "backward")?;
+                        let grad =
+                            receive::<S>(receiver, timeout, stage, stage + 1, n, "backward")?;
                         let start = Instant::now();
                         (output.seed(grad.to_device(&device)).backward(), start)
                     }

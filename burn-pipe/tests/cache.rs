@@ -16,13 +16,28 @@ use models::vit::{Vit, VitConfig};
 /// Trains a 2-stage pipeline of a tiny ViT over 3 batches of 8 per epoch,
 /// moving the front to `fronts[epoch]` first, through the cache when
 /// `cached`; the loss of every step and the trained model.
-fn train(vit: Vit<B>, fronts: &[usize], cached: bool) -> (Vec<f32>, Vit<B>, Option<burn_freeze::CacheStats>) {
+fn train(
+    vit: Vit<B>,
+    fronts: &[usize],
+    cached: bool,
+) -> (Vec<f32>, Vit<B>, Option<burn_freeze::CacheStats>) {
     let device = Default::default();
     let task = BandImages::new(4, 3, 16, 31);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let sgd = || SgdConfig::new().with_momentum(Some(MomentumConfig::new())).init();
+    let sgd = || {
+        SgdConfig::new()
+            .with_momentum(Some(MomentumConfig::new()))
+            .init()
+    };
     let config = PipelineConfig::new().with_micro_batches(Some(2));
-    let mut pipeline = Pipeline::new(vit.into_layer_stack(), &[5, 6], vec![device; 2], config, sgd).unwrap();
+    let mut pipeline = Pipeline::new(
+        vit.into_layer_stack(),
+        &[5, 6],
+        vec![device; 2],
+        config,
+        sgd,
+    )
+    .unwrap();
     if cached {
         pipeline.attach_cache(ActivationCache::new(CacheConfig::new(64 << 20)).unwrap());
     }
@@ -35,7 +50,9 @@ fn train(vit: Vit<B>, fronts: &[usize], cached: bool) -> (Vec<f32>, Vit<B>, Opti
             let ids: Vec<u64> = (0..8).map(|i| (index * 8 + i) as u64).collect();
             let loss = |l, t| loss_fn.forward(l, t);
             let report = if cached {
-                pipeline.forward_backward_cached(&ids, images, labels, loss).unwrap()
+                pipeline
+                    .forward_backward_cached(&ids, images, labels, loss)
+                    .unwrap()
             } else {
                 pipeline.forward_backward(images, labels, loss).unwrap()
             };
@@ -44,7 +61,11 @@ fn train(vit: Vit<B>, fronts: &[usize], cached: bool) -> (Vec<f32>, Vit<B>, Opti
         }
     }
     let stats = pipeline.cache().map(|c| c.stats());
-    (losses, Vit::from_layer_stack(pipeline.into_layer_stack()).unwrap(), stats)
+    (
+        losses,
+        Vit::from_layer_stack(pipeline.into_layer_stack()).unwrap(),
+        stats,
+    )
 }
 
 #[test]
@@ -58,14 +79,20 @@ fn a_cached_pipeline_trains_as_the_uncached_one() {
     let (expected, plain, _) = train(vit.clone(), &fronts, false);
     let (losses, cached, stats) = train(vit, &fronts, true);
     for (step, (a, b)) in losses.iter().zip(&expected).enumerate() {
-        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "step {step}: cached {a}, plain {b}");
+        assert!(
+            (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+            "step {step}: cached {a}, plain {b}"
+        );
     }
     let diff = Weights::of(&cached.head).relative_diff(&Weights::of(&plain.head));
     assert!(diff <= 1e-5, "heads differ by {diff}");
     let stats = stats.unwrap();
     // Epoch 2 meets every sample again at front 3 (hits); epoch 3 at front 5
     // starts from the front-3 entries (partial hits).
-    assert!(stats.hits > 0 && stats.partial_hits > 0 && stats.misses > 0, "{stats:?}");
+    assert!(
+        stats.hits > 0 && stats.partial_hits > 0 && stats.misses > 0,
+        "{stats:?}"
+    );
 }
 
 #[test]
@@ -74,19 +101,37 @@ fn bad_sample_ids_change_nothing() {
     let vit = VitConfig::tiny(4).with_layers(4).init::<B>(&device);
     let sgd = || SgdConfig::new().init();
     let config = PipelineConfig::new().with_micro_batches(Some(2));
-    let mut pipeline = Pipeline::new(vit.into_layer_stack(), &[5, 6], vec![device; 2], config, sgd).unwrap();
+    let mut pipeline = Pipeline::new(
+        vit.into_layer_stack(),
+        &[5, 6],
+        vec![device; 2],
+        config,
+        sgd,
+    )
+    .unwrap();
     pipeline.attach_cache(ActivationCache::new(CacheConfig::new(1 << 20)).unwrap());
     pipeline.freeze_to(3).unwrap();
     let (images, labels) = BandImages::new(4, 3, 16, 32).batch::<B>(0, 4, &device);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let error = pipeline
-        .forward_backward_cached(&[1, 2, 2, 3], images.clone(), labels.clone(), |l, t| loss_fn.forward(l, t))
+        .forward_backward_cached(&[1, 2, 2, 3], images.clone(), labels.clone(), |l, t| {
+            loss_fn.forward(l, t)
+        })
         .unwrap_err();
-    assert!(matches!(error, PipeError::Cache(CacheError::DuplicateId(2))), "{error}");
+    assert!(
+        matches!(error, PipeError::Cache(CacheError::DuplicateId(2))),
+        "{error}"
+    );
     let error = pipeline
         .forward_backward_cached(&[1, 2], images, labels, |l, t| loss_fn.forward(l, t))
         .unwrap_err();
-    assert!(matches!(error, PipeError::Cache(CacheError::IdCount { batch: 4, ids: 2 })), "{error}");
+    assert!(
+        matches!(
+            error,
+            PipeError::Cache(CacheError::IdCount { batch: 4, ids: 2 })
+        ),
+        "{error}"
+    );
     assert!(pipeline.gradients(0).is_none() && pipeline.gradients(1).is_none());
     assert_eq!(pipeline.cache().unwrap().len(), 0);
 }

@@ -6,9 +6,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig};
-use burn::module::Module;
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
@@ -52,7 +52,10 @@ impl<B: AutodiffBackend> Unit<B> for Tripwire<B> {
     }
 }
 
-fn tripwire_stack(trip: usize, stall_ms: u64) -> LayerStack<StackMarker<B, Project<B>, Tripwire<B>, Classify<B>>> {
+fn tripwire_stack(
+    trip: usize,
+    stall_ms: u64,
+) -> LayerStack<StackMarker<B, Project<B>, Tripwire<B>, Classify<B>>> {
     let device = Default::default();
     let (first, _, last) = user_stack(4, 8, 1, 2).into_parts();
     let wire = |trip| Tripwire {
@@ -153,13 +156,9 @@ fn bad_configurations_are_refused_at_construction() {
         .err()
         .unwrap();
     assert!(matches!(error, PipeError::NoStages));
-    let error = config.init(stack(), vec![], sgd)
-        .err()
-        .unwrap();
+    let error = config.init(stack(), vec![], sgd).err().unwrap();
     assert!(matches!(error, PipeError::NoStages));
-    let error = config.init(stack(), vec![device; 8], sgd)
-        .err()
-        .unwrap();
+    let error = config.init(stack(), vec![device; 8], sgd).err().unwrap();
     assert!(
         matches!(
             error,
@@ -243,7 +242,14 @@ fn a_stage_with_no_trainable_parameter_works() {
     let plain = stack.clone().fork(&device);
     let plain_loss = loss_fn.forward(plain.forward(x.clone()), labels.clone());
     let mut raw = plain_loss.clone().backward();
-    let plain_grads = GradientsParams::from_module(&mut raw, &(plain.first().clone(), plain.middle().to_vec(), plain.last().clone()));
+    let plain_grads = GradientsParams::from_module(
+        &mut raw,
+        &(
+            plain.first().clone(),
+            plain.middle().to_vec(),
+            plain.last().clone(),
+        ),
+    );
     let mut pipeline = Pipeline::new(
         stack,
         &[2, 1, 1],
@@ -262,16 +268,30 @@ fn a_stage_with_no_trainable_parameter_works() {
     assert_eq!(pipeline.stage(1).num_trainable(), 1);
     assert_eq!(pipeline.stage(1).trainable().num_params(), 0);
     assert_eq!(pipeline.gradients(1).map_or(0, |g| g.len()), 0);
-    assert_eq!(report.peak_saved[1], 3, "stage 1 held every micro-batch (GPipe)");
+    assert_eq!(
+        report.peak_saved[1], 3,
+        "stage 1 held every micro-batch (GPipe)"
+    );
     let relative = (report.loss - plain_loss.into_scalar()).abs() / report.loss.abs();
     assert!(relative < 1e-5, "loss {} vs plain", report.loss);
     // Stage 0 sits before it: its gradients crossed stage 1 and equal plain training's.
     let grads = pipeline.gradients(0).expect("stage 0 trains");
     let mut compare = CompareGrads::new(grads, &plain_grads, 0.0);
     pipeline.stage(0).trainable().visit(&mut compare);
-    assert!(compare.missing.is_empty(), "stage 0 lacks {:?}", compare.missing);
+    assert!(
+        compare.missing.is_empty(),
+        "stage 0 lacks {:?}",
+        compare.missing
+    );
     assert!(compare.compared >= 4, "compared {}", compare.compared);
-    assert!(compare.worst <= 1e-5, "stage 0 differs by {}", compare.worst);
+    assert!(
+        compare.worst <= 1e-5,
+        "stage 0 differs by {}",
+        compare.worst
+    );
     pipeline.step(0.05);
-    assert!(pipeline.gradients(0).is_none(), "the step applied the gradients");
+    assert!(
+        pipeline.gradients(0).is_none(),
+        "the step applied the gradients"
+    );
 }

@@ -170,5 +170,8 @@ fn the_freeze_front_follows_the_stacks_rule() {
     pipeline
         .forward_inner(images.clone().inner())
         .into_data()
-        .assert_approx_eq::<f32>(&plain.forward_inner(images.inner()).into_data(), Default::default());
+        .assert_approx_eq::<f32>(
+            &plain.forward_inner(images.inner()).into_data(),
+            Default::default(),
+        );
 }

@@ -162,9 +162,10 @@ fn accumulating_two_half_batches_equals_one_full_batch() {
             .unwrap();
     }
     halves.step(0.5);
-    let diff = Weights::of(&Vit::from_layer_stack(halves.into_layer_stack()).unwrap()).relative_diff(
-        &Weights::of(&Vit::from_layer_stack(whole.into_layer_stack()).unwrap()),
-    );
+    let diff = Weights::of(&Vit::from_layer_stack(halves.into_layer_stack()).unwrap())
+        .relative_diff(&Weights::of(
+            &Vit::from_layer_stack(whole.into_layer_stack()).unwrap(),
+        ));
     assert!(diff <= 1e-5, "{diff}");
     let _ = vit.num_params();
 }

@@ -9,7 +9,9 @@ use std::time::Instant;
 
 use burn::optim::AdamConfig;
 use burn::prelude::*;
-use burn_freeze::{AutoFreeze, AutodiffActivation, FreezeError, FreezePolicy, LayerStack, StackTypes};
+use burn_freeze::{
+    AutoFreeze, AutodiffActivation, FreezeError, FreezePolicy, LayerStack, StackTypes,
+};
 use burn_pipe::{
     PipeError, PipelineConfig, balance_exact, compress, freeze_aware_costs, largest_stage,
     unit_param_costs,

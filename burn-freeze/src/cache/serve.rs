@@ -74,7 +74,10 @@ where
     let device = input.device();
     let run = |flow, from| match frozen.forward_units(flow, from, units) {
         Flow::Hidden(hidden) => hidden,
-        other => panic!("serve_prefix: unit {units} is not a hidden activation: {}", other.kind()),
+        other => panic!(
+            "serve_prefix: unit {units} is not a hidden activation: {}",
+            other.kind()
+        ),
     };
     // Where each sample starts: 0 (from the input) or a cached front.
     let mut outputs: Vec<Option<InnerHidden<S>>> = vec![None; ids.len()];

@@ -61,7 +61,10 @@ impl<P: FreezePolicy> AutoFreeze<P> {
     /// Feeds the policy the per-layer gradient norms of the step `target`
     /// just took and applies its decision. Returns the new layer front when
     /// it moved.
-    pub fn after_step<T: FreezeFront>(&mut self, target: &mut T) -> Result<Option<usize>, T::Error> {
+    pub fn after_step<T: FreezeFront>(
+        &mut self,
+        target: &mut T,
+    ) -> Result<Option<usize>, T::Error> {
         self.check(target.num_units())?;
         self.state.step += 1;
         let norms = self.map.layer_norms(&target.last_gradient_norms());
@@ -71,7 +74,10 @@ impl<P: FreezePolicy> AutoFreeze<P> {
 
     /// Asks the policy at the end of an epoch and applies its decision.
     /// Returns the new layer front when it moved.
-    pub fn after_epoch<T: FreezeFront>(&mut self, target: &mut T) -> Result<Option<usize>, T::Error> {
+    pub fn after_epoch<T: FreezeFront>(
+        &mut self,
+        target: &mut T,
+    ) -> Result<Option<usize>, T::Error> {
         self.check(target.num_units())?;
         let decision = self.policy.after_epoch(self.state);
         self.state.epoch += 1;

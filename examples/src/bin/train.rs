@@ -104,7 +104,11 @@ where
     let device = backend::device(0);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let loss = |logits, labels| loss_fn.forward(logits, labels);
-    let (epochs, steps, batch_size) = (args.epochs as usize, args.steps as usize, args.batch_size as usize);
+    let (epochs, steps, batch_size) = (
+        args.epochs as usize,
+        args.steps as usize,
+        args.batch_size as usize,
+    );
     let held_out = batch(usize::MAX / 2, 256);
     let params: usize = stack.unit_params().iter().sum();
     println!(
@@ -147,7 +151,10 @@ where
         )?;
         let (input, labels) = held_out;
         let evaluated = FreezableStack::new(trained).forward_inner(input.inner());
-        println!("held-out accuracy {:.1}%", 100.0 * accuracy(evaluated, labels.inner()));
+        println!(
+            "held-out accuracy {:.1}%",
+            100.0 * accuracy(evaluated, labels.inner())
+        );
         return Ok(());
     }
     let mut stack = FreezableStack::new(stack);
@@ -192,13 +199,27 @@ fn main() {
         ModelKind::Vit => {
             let classes = args.classes as usize;
             let task = BandImages::new(classes, 3, 16, args.seed);
-            let model = VitConfig::tiny(classes).with_layers(layers).init::<Train>(&device);
-            train(model.into_layer_stack(), layers, |i, n| task.batch(i, n, &device), &args)
+            let model = VitConfig::tiny(classes)
+                .with_layers(layers)
+                .init::<Train>(&device);
+            train(
+                model.into_layer_stack(),
+                layers,
+                |i, n| task.batch(i, n, &device),
+                &args,
+            )
         }
         ModelKind::Bert => {
             let task = MajorityTokens::new(64, 5, 15, args.seed);
-            let model = BertConfig::tiny(2).with_layers(layers).init::<Train>(&device);
-            train(model.into_layer_stack(), layers, |i, n| task.batch(i, n, &device), &args)
+            let model = BertConfig::tiny(2)
+                .with_layers(layers)
+                .init::<Train>(&device);
+            train(
+                model.into_layer_stack(),
+                layers,
+                |i, n| task.batch(i, n, &device),
+                &args,
+            )
         }
     };
     if let Err(error) = result {

@@ -94,9 +94,7 @@ impl<B: AutodiffBackend> IntoLayerStack for Bert<B> {
         LayerStack::new(self.embeddings, middle, self.head)
     }
 
-    fn from_layer_stack(
-        stack: LayerStack<BertTypes<B>>,
-    ) -> Result<Self, StackError> {
+    fn from_layer_stack(stack: LayerStack<BertTypes<B>>) -> Result<Self, StackError> {
         let found = stack.num_units();
         let (embeddings, middle, head) = stack.into_parts();
         if middle.len() % 2 != 0 {

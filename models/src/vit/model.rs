@@ -96,9 +96,7 @@ impl<B: AutodiffBackend> IntoLayerStack for Vit<B> {
         LayerStack::new(self.embedding, middle, self.head)
     }
 
-    fn from_layer_stack(
-        stack: LayerStack<VitTypes<B>>,
-    ) -> Result<Self, StackError> {
+    fn from_layer_stack(stack: LayerStack<VitTypes<B>>) -> Result<Self, StackError> {
         let found = stack.num_units();
         let (embedding, middle, head) = stack.into_parts();
         if middle.len() % 2 == 0 {

