@@ -3,9 +3,7 @@
 use std::fmt;
 
 use burn::module::Module;
-use burn::tensor::backend::AutodiffBackend;
 
-use crate::activation::Differentiable;
 use crate::error::StackError;
 use crate::types::{StackMarker, StackTypes};
 use crate::unit::Unit;
@@ -61,14 +59,11 @@ pub struct LayerStack<S: StackTypes> {
 
 impl<B, F, M, L> LayerStack<StackMarker<B, F, M, L>>
 where
-    B: AutodiffBackend,
-    F: Unit<B>,
-    F::Output: Differentiable<B>,
-    M: Unit<B, Input = F::Output, Output = F::Output>,
-    L: Unit<B, Input = F::Output>,
+    StackMarker<B, F, M, L>: StackTypes<First = F, Middle = M, Last = L>,
 {
     /// Builds a stack from its first unit, its middle units in order, and
-    /// its last unit; the unit types make its [`StackTypes`].
+    /// its last unit; the unit types make its [`StackTypes`]
+    /// ([`StackMarker`]), so the compiler checks that they chain.
     pub fn new(first: F, middle: Vec<M>, last: L) -> Self {
         Self::from_parts(first, middle, last)
     }
