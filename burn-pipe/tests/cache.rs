@@ -7,11 +7,33 @@ mod common;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::SgdConfig;
 use burn::optim::momentum::MomentumConfig;
-use burn_freeze::{ActivationCache, CacheConfig, CacheError, IntoLayerStack};
+use burn_freeze::{
+    ActivationCache, CacheConfig, CacheError, IntoLayerStack, ParamStates, TrainableUnits,
+};
 use burn_pipe::{PipeError, Pipeline, PipelineConfig};
 use common::{B, Weights};
 use models::synthetic::BandImages;
-use models::vit::{Vit, VitConfig};
+use models::vit::{Vit, VitConfig, VitTypes};
+
+/// The 11 units of a 4-layer tiny ViT on 2 stages of 5 and 6 units, 2
+/// micro-batches, SGD with momentum.
+fn two_stages(
+    vit: Vit<B>,
+) -> Pipeline<
+    VitTypes<B>,
+    impl burn::optim::Optimizer<TrainableUnits<VitTypes<B>>, B, Record: ParamStates>,
+> {
+    let sgd = || {
+        SgdConfig::new()
+            .with_momentum(Some(MomentumConfig::new()))
+            .init()
+    };
+    PipelineConfig::new()
+        .with_micro_batches(Some(2))
+        .with_balance(Some(vec![5, 6]))
+        .init(vit.into_layer_stack(), vec![Default::default(); 2], sgd)
+        .unwrap()
+}
 
 /// Trains a 2-stage pipeline of a tiny ViT over 3 batches of 8 per epoch,
 /// moving the front to `fronts[epoch]` first, through the cache when
@@ -24,20 +46,7 @@ fn train(
     let device = Default::default();
     let task = BandImages::new(4, 3, 16, 31);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let sgd = || {
-        SgdConfig::new()
-            .with_momentum(Some(MomentumConfig::new()))
-            .init()
-    };
-    let config = PipelineConfig::new().with_micro_batches(Some(2));
-    let mut pipeline = Pipeline::new(
-        vit.into_layer_stack(),
-        &[5, 6],
-        vec![device; 2],
-        config,
-        sgd,
-    )
-    .unwrap();
+    let mut pipeline = two_stages(vit);
     if cached {
         pipeline.attach_cache(ActivationCache::new(CacheConfig::new(64 << 20)).unwrap());
     }
@@ -98,17 +107,7 @@ fn a_cached_pipeline_trains_as_the_uncached_one() {
 #[test]
 fn bad_sample_ids_change_nothing() {
     let device = Default::default();
-    let vit = VitConfig::tiny(4).with_layers(4).init::<B>(&device);
-    let sgd = || SgdConfig::new().init();
-    let config = PipelineConfig::new().with_micro_batches(Some(2));
-    let mut pipeline = Pipeline::new(
-        vit.into_layer_stack(),
-        &[5, 6],
-        vec![device; 2],
-        config,
-        sgd,
-    )
-    .unwrap();
+    let mut pipeline = two_stages(VitConfig::tiny(4).with_layers(4).init::<B>(&device));
     pipeline.attach_cache(ActivationCache::new(CacheConfig::new(1 << 20)).unwrap());
     pipeline.freeze_to(3).unwrap();
     let (images, labels) = BandImages::new(4, 3, 16, 32).batch::<B>(0, 4, &device);
