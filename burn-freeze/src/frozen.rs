@@ -13,6 +13,7 @@ use std::fmt;
 use burn::module::{AutodiffModule, Module};
 
 use crate::flow::{Flow, InnerFlow};
+use crate::range::TrainableUnits;
 use crate::types::{InnerFirst, InnerLast, InnerMiddle, StackTypes};
 use crate::unit::Unit;
 
@@ -127,7 +128,7 @@ impl<S: StackTypes> FrozenUnits<S> {
     }
 
     /// Unfreezes every unit: `(first, middle, last)` back on the autodiff backend.
-    pub(crate) fn thaw(self) -> (Option<S::First>, Vec<S::Middle>, Option<S::Last>) {
+    pub(crate) fn thaw(self) -> TrainableUnits<S> {
         (
             self.first.map(S::First::from_inner),
             self.middle.into_iter().map(S::Middle::from_inner).collect(),

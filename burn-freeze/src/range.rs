@@ -170,7 +170,7 @@ impl<S: StackTypes> UnitRange<S> {
 
     /// This range's units, frozen and trainable, back on the autodiff
     /// backend: `(first, middle, last)`.
-    fn into_parts(self) -> (Option<S::First>, Vec<S::Middle>, Option<S::Last>) {
+    fn into_parts(self) -> TrainableUnits<S> {
         let (first, mut middle, last) = self.frozen.thaw();
         let (t_first, t_middle, t_last) = self.trainable;
         middle.extend(t_middle);
@@ -230,7 +230,7 @@ impl<S: StackTypes> UnitRange<S> {
     pub fn map_trainable(&mut self, f: impl FnOnce(TrainableUnits<S>) -> TrainableUnits<S>) {
         let counts = |t: &TrainableUnits<S>| (t.0.is_some(), t.1.len(), t.2.is_some());
         let before = counts(&self.trainable);
-        let trainable = std::mem::replace(&mut self.trainable, (None, Vec::new(), None));
+        let trainable = std::mem::take(&mut self.trainable);
         self.trainable = f(trainable);
         assert_eq!(
             before,

@@ -57,8 +57,11 @@ pub trait StackTypes: Sized + Send + Sync {
 ///
 /// [`LayerStack::new`]: crate::LayerStack::new
 pub struct StackMarker<B, F, M, L> {
-    _types: PhantomData<fn() -> (B, F, M, L)>,
+    _types: PhantomData<Types<B, F, M, L>>,
 }
+
+/// What [`StackMarker`] holds: nothing but its types (always `Send` and `Sync`).
+type Types<B, F, M, L> = fn() -> (B, F, M, L);
 
 impl<B, F, M, L> StackTypes for StackMarker<B, F, M, L>
 where

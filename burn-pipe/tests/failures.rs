@@ -52,10 +52,10 @@ impl<B: AutodiffBackend> Unit<B> for Tripwire<B> {
     }
 }
 
-fn tripwire_stack(
-    trip: usize,
-    stall_ms: u64,
-) -> LayerStack<StackMarker<B, Project<B>, Tripwire<B>, Classify<B>>> {
+/// The user stack with tripwire middle units.
+type TripwireTypes = StackMarker<B, Project<B>, Tripwire<B>, Classify<B>>;
+
+fn tripwire_stack(trip: usize, stall_ms: u64) -> LayerStack<TripwireTypes> {
     let device = Default::default();
     let (first, _, last) = user_stack(4, 8, 1, 2).into_parts();
     let wire = |trip| Tripwire {

@@ -60,7 +60,7 @@ fn bert_padding_does_not_change_the_real_tokens_result() {
     let short = vec![1, 7, 9, 20];
     let long = vec![1, 3, 4, 5, 6, 8, 10, 11];
     let alone = bert.forward(models::bert::BertInput::from_token_ids(
-        &[short.clone()],
+        std::slice::from_ref(&short),
         0,
         &device,
     ));

@@ -15,6 +15,10 @@ use crate::types::{InnerBackendOf, InnerHidden, InnerInput, StackTypes};
 /// inner backend.
 pub type StackCache<S> = ActivationCache<InnerBackendOf<S>, InnerHidden<S>>;
 
+/// Where a sample's frozen prefix starts: its position in the batch and the
+/// cached value it starts from (`None`: from the input).
+type Start<S> = (usize, Option<InnerHidden<S>>);
+
 /// Checks that `ids` name the `batch` samples of a batch, once each.
 pub fn check_sample_ids(ids: &[u64], batch: usize) -> Result<(), CacheError> {
     if ids.len() != batch {
@@ -81,7 +85,8 @@ where
     };
     // Where each sample starts: 0 (from the input) or a cached front.
     let mut outputs: Vec<Option<InnerHidden<S>>> = vec![None; ids.len()];
-    let mut groups: BTreeMap<usize, Vec<(usize, Option<InnerHidden<S>>)>> = BTreeMap::new();
+    // Samples by the front they start from: (position in the batch, cached value).
+    let mut groups: BTreeMap<usize, Vec<Start<S>>> = BTreeMap::new();
     for (i, &id) in ids.iter().enumerate() {
         match cache.lookup(id, units, &device) {
             Some((front, value)) if front == units => {
