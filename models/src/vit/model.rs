@@ -37,7 +37,7 @@ pub struct VitBlock<B: Backend> {
 /// assert_eq!(vit.forward(images.clone()).dims(), [2, 10]);
 ///
 /// let stack = vit.into_layer_stack();
-/// assert_eq!(stack.len(), config.num_units());
+/// assert_eq!(stack.num_units(), config.num_units());
 /// assert_eq!(stack.forward(images).dims(), [2, 10]);
 /// ```
 #[derive(Module, Debug)]
