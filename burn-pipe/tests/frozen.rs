@@ -4,6 +4,7 @@
 
 mod common;
 
+use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, SgdConfig};
 use burn_freeze::{FreezableStack, IntoLayerStack};
@@ -174,4 +175,52 @@ fn the_freeze_front_follows_the_stacks_rule() {
             &plain.forward_inner(images.inner()).into_data(),
             Default::default(),
         );
+}
+
+#[test]
+fn the_whole_model_can_be_copied_out_mid_training() {
+    let device = Default::default();
+    let vit = materialize(VitConfig::tiny(4).init::<B>(&device));
+    let task = BandImages::new(4, 3, 16, 13);
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let mut pipeline = Pipeline::new(
+        vit.into_layer_stack(),
+        &[3, 4],
+        vec![device; 2],
+        PipelineConfig::new().with_micro_batches(Some(2)),
+        || AdamConfig::new().init(),
+    )
+    .unwrap();
+    pipeline.freeze_to(2).unwrap();
+    let step = |pipeline: &mut Pipeline<_, _>, index| {
+        let (images, labels) = task.batch::<B>(index, 8, &device);
+        pipeline
+            .train_step(images, labels, |l, t| loss_fn.forward(l, t), 1e-2)
+            .unwrap();
+    };
+    step(&mut pipeline, 0);
+    // A copy of every unit, frozen ones included, as the model type: it
+    // evaluates as the pipeline does, and the pipeline trains on.
+    let (images, _) = task.batch::<B>(99, 8, &device);
+    let copy = Vit::from_layer_stack(pipeline.to_layer_stack()).unwrap();
+    let expected = pipeline.forward_inner(images.clone().inner());
+    copy.valid()
+        .forward(images.clone().inner())
+        .into_data()
+        .assert_approx_eq::<f32>(&expected.clone().into_data(), Default::default());
+    step(&mut pipeline, 1);
+    assert_eq!(pipeline.front(), 2);
+    let moved = pipeline.forward_inner(images.clone().inner());
+    assert!(
+        (moved - expected).abs().max().into_scalar() > 0.0,
+        "training went on after the copy"
+    );
+    // The copy kept the weights it was taken with.
+    let head_then = Weights::of(&copy.head);
+    let head_now = Weights::of(
+        &Vit::from_layer_stack(pipeline.into_layer_stack())
+            .unwrap()
+            .head,
+    );
+    assert!(head_now.relative_diff(&head_then) > 0.0);
 }
