@@ -69,6 +69,11 @@ impl PipelineConfig {
     /// the stack and devices: no device, more stages than units, a balance
     /// with an empty stage, the wrong total or another number of stages than
     /// devices, 0 micro-batches or a zero timeout.
+    ///
+    /// Burn initialises parameters lazily, on first read: to compare a
+    /// pipeline with plain training from the same weights, read the weights
+    /// (a forward pass) before cloning the stack, or the two clones get
+    /// different random weights.
     pub fn init<S, O>(
         &self,
         stack: LayerStack<S>,
