@@ -1,8 +1,32 @@
-//! Elastic data parallelism over Burn pipelines (not implemented yet).
+//! Elastic data parallelism over Burn pipelines: AutoDP's replicas.
 //!
-//! This crate will replicate `burn-pipe` pipelines over the devices that
-//! freezing frees (AutoDP: `devices / K` replicas), all-reduce gradients
-//! across replicas with burn-collective, and own the PipeTransformer loop that
-//! moves the freeze front, re-plans the pipeline and resizes the replica group
-//! each epoch. It has no public API yet; see `../shared/ARCHITECTURE.md` for
-//! the plan.
+//! A [`ReplicaGroup`] runs R replicas of a `burn-pipe` [`Pipeline`]
+//! (`burn_pipe::Pipeline`), each on its own devices and thread; after each
+//! replica's forward and backward pass on its shard of the batch the
+//! gradients are all-reduced through burn-collective (Burn's own collective
+//! engine), so the replicas step together and stay identical. The group has a
+//! freeze front (`burn_freeze::FreezeFront`), so a freeze policy drives it as
+//! it drives one pipeline. Every wait is bounded: a replica that fails or
+//! stalls ends the step with an error naming it, and the collective is reset
+//! so that no other replica stays blocked.
+//!
+//! Files, one concern each: `config.rs` (the configuration and `init`),
+//! `group.rs` (the replicas and their threads), `collective.rs` (the
+//! burn-collective glue: forming, all-reducing, dissolving and resetting a
+//! group with bounded waits), `error.rs`.
+//!
+//! Still to come (see the issue "burn-elastic-dp"): resizing the group at a
+//! step boundary, a sampler giving every sample once per epoch whatever the
+//! replica count, bucketed all-reduce, groups across processes, and the
+//! PipeTransformer trainer on top.
+//!
+//! [`Pipeline`]: burn_pipe::Pipeline
+
+mod collective;
+mod config;
+mod error;
+mod group;
+
+pub use config::ReplicaConfig;
+pub use error::ElasticError;
+pub use group::{GroupReport, ReplicaGroup};

@@ -192,6 +192,26 @@ where
         self.stages[stage].pending.as_ref()
     }
 
+    /// Replaces each stage's accumulated gradients by `f(stage, gradients)`
+    /// (stages without gradients are skipped), e.g. to all-reduce them across
+    /// data-parallel replicas before [`step`](Pipeline::step). On the first
+    /// error the remaining stages keep their gradients and the failing
+    /// stage's are dropped.
+    pub fn map_gradients<E>(
+        &mut self,
+        mut f: impl FnMut(
+            usize,
+            burn::optim::GradientsParams,
+        ) -> Result<burn::optim::GradientsParams, E>,
+    ) -> Result<(), E> {
+        for (index, stage) in self.stages.iter_mut().enumerate() {
+            if let Some(grads) = stage.pending.take() {
+                stage.pending = Some(f(index, grads)?);
+            }
+        }
+        Ok(())
+    }
+
     /// Drops accumulated gradients without applying them.
     pub fn clear_gradients(&mut self) {
         for stage in &mut self.stages {

@@ -1,0 +1,146 @@
+//! The burn-collective glue: one group per process, formed by registering
+//! every replica's peer, dissolved by finishing them, reset after a failure;
+//! every blocking call bounded.
+//!
+//! burn-collective 0.21 keeps one local server per backend type per process
+//! and its calls have no timeout: a registration waits for every peer, an
+//! all-reduce for every registered peer. The group therefore registers from
+//! threads that run nothing else (so none can fail half-way), bounds those
+//! waits, and on a failure resets the collective, which drops every pending
+//! operation so that no caller stays blocked.
+
+use std::sync::OnceLock;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use burn::collective::{
+    CollectiveConfig, PeerId, ReduceOperation, finish_collective, register, reset_collective,
+};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::Backend;
+use crossbeam_channel::{Receiver, Sender, bounded};
+
+use crate::error::ElasticError;
+
+/// The process's one collective group: a token taken by the live group and
+/// given back when it is dropped.
+fn token() -> &'static (Sender<()>, Receiver<()>) {
+    static TOKEN: OnceLock<(Sender<()>, Receiver<()>)> = OnceLock::new();
+    TOKEN.get_or_init(|| {
+        let (tx, rx) = bounded(1);
+        tx.send(()).expect("a fresh channel has room");
+        (tx, rx)
+    })
+}
+
+/// Holds the process's collective while alive.
+#[derive(Debug)]
+pub(crate) struct GroupToken(());
+
+impl GroupToken {
+    /// Takes the token, waiting at most `timeout` for another group to end.
+    pub fn acquire(timeout: Duration) -> Result<Self, ElasticError> {
+        token()
+            .1
+            .recv_timeout(timeout)
+            .map(|()| GroupToken(()))
+            .map_err(|_| ElasticError::GroupBusy { waited: timeout })
+    }
+}
+
+impl Drop for GroupToken {
+    fn drop(&mut self) {
+        let _ = token().0.try_send(());
+    }
+}
+
+/// The peer of replica `replica`.
+pub(crate) fn peer(replica: usize) -> PeerId {
+    PeerId::from(replica)
+}
+
+/// Registers `devices.len()` peers (one per replica, on that replica's
+/// device) with backend `B`, from one thread each, waiting at most
+/// `timeout`. On failure the collective is reset.
+pub(crate) fn form<B: Backend>(
+    devices: &[B::Device],
+    timeout: Duration,
+) -> Result<(), ElasticError> {
+    let config = CollectiveConfig::default().with_num_devices(devices.len());
+    let (tx, rx) = crossbeam_channel::unbounded();
+    for (replica, device) in devices.iter().enumerate() {
+        let (tx, device, config) = (tx.clone(), device.clone(), config.clone());
+        // Detached: a registration only waits for the others, and a reset
+        // releases it; nothing else runs on these threads.
+        thread::Builder::new()
+            .name(format!("burn-elastic-dp register {replica}"))
+            .spawn(move || {
+                let result = register::<B>(peer(replica), device, config);
+                let _ = tx.send((replica, result));
+            })
+            .expect("spawning a registration thread");
+    }
+    drop(tx);
+    let deadline = Instant::now() + timeout;
+    let mut done = vec![false; devices.len()];
+    while done.iter().any(|d| !d) {
+        match rx.recv_deadline(deadline) {
+            Ok((replica, Ok(()))) => done[replica] = true,
+            Ok((replica, Err(error))) => {
+                reset_collective::<B>();
+                return Err(ElasticError::Collective {
+                    replica,
+                    operation: "register".into(),
+                    message: format!("{error:?}"),
+                });
+            }
+            Err(_) => {
+                reset_collective::<B>();
+                return Err(ElasticError::Timeout {
+                    missing: (0..devices.len()).filter(|&r| !done[r]).collect(),
+                    waited: timeout,
+                });
+            }
+        }
+    }
+    tracing::debug!(replicas = devices.len(), "collective group formed");
+    Ok(())
+}
+
+/// Unregisters every peer of a group of `replicas` (each call returns at
+/// once), so that a group of another size can form.
+pub(crate) fn dissolve<B: Backend>(replicas: usize) {
+    for replica in 0..replicas {
+        if let Err(error) = finish_collective::<B>(peer(replica)) {
+            tracing::warn!(
+                replica,
+                ?error,
+                "finishing a collective peer failed; resetting"
+            );
+            reset_collective::<B>();
+            return;
+        }
+    }
+}
+
+/// Forgets every peer and drops every pending operation: blocked callers
+/// return with an error.
+pub(crate) fn reset<B: Backend>() {
+    reset_collective::<B>();
+}
+
+/// The mean of `grads` over the group (one collective call per tensor, in
+/// parameter-id order; every peer must call this with the same tensors).
+pub(crate) fn all_reduce_mean<B: Backend>(
+    replica: usize,
+    stage: usize,
+    grads: GradientsParams,
+) -> Result<GradientsParams, ElasticError> {
+    grads
+        .all_reduce::<B>(peer(replica), ReduceOperation::Mean)
+        .map_err(|error| ElasticError::Collective {
+            replica,
+            operation: format!("all-reduce of stage {stage}'s gradients"),
+            message: format!("{error:?}"),
+        })
+}

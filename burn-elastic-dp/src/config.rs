@@ -1,0 +1,56 @@
+//! How a replica group runs.
+
+use burn::config::Config;
+use burn::optim::Optimizer;
+use burn::tensor::Device;
+use burn_freeze::{LayerStack, ParamStates, StackTypes, TrainableUnits};
+use burn_pipe::PipelineConfig;
+
+use crate::error::ElasticError;
+use crate::group::ReplicaGroup;
+
+/// Configuration of a [`ReplicaGroup`]; [`init`](ReplicaConfig::init) builds one.
+///
+/// ```
+/// use burn_elastic_dp::ReplicaConfig;
+///
+/// let config = ReplicaConfig::new().with_timeout_ms(30_000);
+/// assert_eq!(config.timeout_ms, 30_000);
+/// ```
+#[derive(Config, Debug)]
+pub struct ReplicaConfig {
+    /// How each replica's pipeline runs (schedule, micro-batches, balance,
+    /// the bound on waits between its stages).
+    #[config(default = "PipelineConfig::new()")]
+    pub pipeline: PipelineConfig,
+    /// Longest a step waits for every replica to finish its forward,
+    /// backward and all-reduce, in milliseconds (at least 1). A replica that
+    /// has not finished by then fails the step with a timeout naming it.
+    #[config(default = 300_000)]
+    pub timeout_ms: u64,
+}
+
+impl ReplicaConfig {
+    /// Builds a group of `devices.len()` replicas of `stack`, replica `r`
+    /// a pipeline on `devices[r]` (one device per stage, the same number of
+    /// stages for every replica), each stage with an optimizer made by
+    /// `make_optimizer`. Every replica starts from the same weights and
+    /// parameter ids.
+    ///
+    /// Fails, before any replica is built, on no replica, replicas of
+    /// different stage counts, a zero timeout, or a pipeline configuration
+    /// that does not fit (see [`PipelineConfig::init`]).
+    pub fn init<S, O>(
+        &self,
+        stack: LayerStack<S>,
+        devices: Vec<Vec<Device<S::Backend>>>,
+        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
+    ) -> Result<ReplicaGroup<S, O>, ElasticError>
+    where
+        S: StackTypes,
+        O: Optimizer<TrainableUnits<S>, S::Backend>,
+        O::Record: ParamStates,
+    {
+        ReplicaGroup::new(stack, devices, self.clone(), make_optimizer)
+    }
+}

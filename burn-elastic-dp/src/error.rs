@@ -1,0 +1,91 @@
+//! Errors of a replica group.
+
+use std::time::Duration;
+
+use burn_pipe::PipeError;
+
+/// What went wrong building or running a replica group.
+#[derive(Debug, thiserror::Error)]
+pub enum ElasticError {
+    /// No replica asked for.
+    #[error("a replica group needs at least one replica, got 0")]
+    NoReplicas,
+    /// Replicas with different numbers of stages.
+    #[error(
+        "replica {replica} has {stages} devices, replica 0 has {expected}: every replica needs one device per stage, as many stages as the others"
+    )]
+    UnevenReplicas {
+        /// The replica that differs.
+        replica: usize,
+        /// Its device count.
+        stages: usize,
+        /// Replica 0's device count.
+        expected: usize,
+    },
+    /// A zero bound on waits.
+    #[error("timeout_ms must be at least 1, got 0")]
+    NoTimeout,
+    /// A batch with fewer samples than replicas.
+    #[error("a batch of {batch} samples cannot be shared by {replicas} replicas")]
+    BatchTooSmall {
+        /// Samples in the batch.
+        batch: usize,
+        /// Replicas.
+        replicas: usize,
+    },
+    /// Input and targets of different batch sizes.
+    #[error("the input has {input} samples but the targets have {targets}")]
+    TargetsMismatch {
+        /// Samples in the input.
+        input: usize,
+        /// Samples in the targets.
+        targets: usize,
+    },
+    /// A replica's pipeline refused a configuration or failed a step (its
+    /// error names the stage and micro-batch).
+    #[error("replica {replica}: {source}")]
+    Replica {
+        /// The failing replica.
+        replica: usize,
+        /// What its pipeline reported.
+        source: PipeError,
+    },
+    /// A replica panicked outside its pipeline's stages.
+    #[error("replica {replica} panicked: {message}")]
+    ReplicaPanicked {
+        /// The failing replica.
+        replica: usize,
+        /// The panic message.
+        message: String,
+    },
+    /// burn-collective refused or failed an operation.
+    #[error("replica {replica}: collective {operation} failed: {message}")]
+    Collective {
+        /// The replica whose call failed.
+        replica: usize,
+        /// `"register"` or `"all-reduce"` (of stage `n`'s gradients).
+        operation: String,
+        /// burn-collective's error.
+        message: String,
+    },
+    /// Some replicas did not finish their share of a step in time; the
+    /// collective was reset so that none stays blocked.
+    #[error("replicas {missing:?} did not finish the step within {waited:?}")]
+    Timeout {
+        /// Replicas that had not reported.
+        missing: Vec<usize>,
+        /// The bound.
+        waited: Duration,
+    },
+    /// Another replica group holds this process's collective.
+    #[error(
+        "another replica group of this process holds burn-collective (one group per process); waited {waited:?}"
+    )]
+    GroupBusy {
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// A freeze-front request that does not fit.
+    #[error(transparent)]
+    Freeze(#[from] burn_freeze::FreezeError),
+}

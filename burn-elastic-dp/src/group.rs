@@ -1,0 +1,534 @@
+//! A group of data-parallel replicas of one pipeline, each driven by its own
+//! thread, whose gradients are all-reduced through burn-collective before
+//! every replica steps.
+
+use std::any::Any;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::Optimizer;
+use burn::prelude::*;
+use burn_freeze::{
+    Activation, FreezeFront, GradNorm, InnerBackendOf, InnerInput, InnerOutput, LayerStack,
+    ParamStates, StackTypes, TrainableUnits, check_freeze,
+};
+use burn_pipe::{Pipeline, StepReport, micro_batch_sizes};
+
+use crate::collective::{self, GroupToken};
+use crate::config::ReplicaConfig;
+use crate::error::ElasticError;
+
+/// What one data-parallel step measured.
+#[derive(Debug, Clone)]
+pub struct GroupReport {
+    /// Mean loss over the whole batch (every replica's shard weighted by its size).
+    pub loss: f32,
+    /// Samples each replica ran.
+    pub shards: Vec<usize>,
+    /// Each replica's pipelined pass.
+    pub replicas: Vec<StepReport>,
+    /// Per replica, time spent in the all-reduce of its gradients (waiting
+    /// for the slowest replica included).
+    pub all_reduce: Vec<Duration>,
+    /// Wall-clock time of the step.
+    pub wall: Duration,
+}
+
+/// R replicas of a [`Pipeline`], each on its own devices (logical devices
+/// on CPU) and driven by its own thread. After each replica's forward and
+/// backward pass on its shard of the batch, the gradients are all-reduced
+/// (mean, weighted by shard sizes) through burn-collective, so every replica
+/// then steps with the gradients of the whole batch and the replicas stay
+/// identical.
+///
+/// The group has a freeze front ([`FreezeFront`]): freezing and
+/// repartitioning act on every replica at once, so `AutoFreeze` drives a
+/// group as it drives one pipeline.
+///
+/// burn-collective holds one group per process: a second group waits for
+/// the first to be dropped (at most the configured timeout).
+///
+/// ```
+/// use burn::backend::{Autodiff, Flex};
+/// use burn::nn::loss::CrossEntropyLossConfig;
+/// use burn::nn::{Linear, LinearConfig};
+/// use burn::optim::SgdConfig;
+/// use burn::prelude::*;
+/// use burn_elastic_dp::ReplicaConfig;
+/// use burn_freeze::LayerStack;
+///
+/// #[derive(Module, Debug)]
+/// pub struct Dense<B: Backend> { linear: Linear<B> }
+/// impl<B: Backend> Dense<B> {
+///     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> { self.linear.forward(x).tanh() }
+/// }
+/// burn_freeze::unit!(Dense<B>: Tensor<B, 2> => Tensor<B, 2>);
+///
+/// type B = Autodiff<Flex>;
+/// let device = Default::default();
+/// let dense = |i, o| Dense::<B> { linear: LinearConfig::new(i, o).init(&device) };
+/// let stack = LayerStack::new(dense(4, 8), vec![dense(8, 8)], dense(8, 3));
+/// // 2 replicas of a 1-stage pipeline.
+/// let mut group = ReplicaConfig::new().init(stack, vec![vec![device]; 2], || SgdConfig::new().init())?;
+/// let loss = CrossEntropyLossConfig::new().init(&device);
+/// let x = Tensor::<B, 2>::ones([6, 4], &device);
+/// let y = Tensor::<B, 1, Int>::zeros([6], &device);
+/// let report = group.train_step(x, y, |logits, y| loss.forward(logits, y), 0.1)?;
+/// assert_eq!(report.shards, vec![3, 3]);
+/// # Ok::<(), burn_elastic_dp::ElasticError>(())
+/// ```
+pub struct ReplicaGroup<S: StackTypes, O> {
+    replicas: Vec<Pipeline<S, O>>,
+    config: ReplicaConfig,
+    /// Whether the collective group is registered for the current replicas.
+    formed: bool,
+    _token: GroupToken,
+}
+
+/// Reads every parameter, so that clones share the weights: Burn
+/// initialises parameters lazily, and two clones of an unread module would
+/// draw different random weights.
+struct Materialize;
+
+impl<Be: Backend> ModuleVisitor<Be> for Materialize {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Be, D>>) {
+        let _ = param.val();
+    }
+}
+
+fn materialize<S: StackTypes>(stack: &LayerStack<S>) {
+    stack.first().visit(&mut Materialize);
+    stack
+        .middle()
+        .iter()
+        .for_each(|unit| unit.visit(&mut Materialize));
+    stack.last().visit(&mut Materialize);
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(message) = panic.downcast_ref::<&str>() {
+        (*message).to_string()
+    } else if let Some(message) = panic.downcast_ref::<String>() {
+        message.clone()
+    } else {
+        "panic with a non-string payload".to_string()
+    }
+}
+
+impl<S, O> ReplicaGroup<S, O>
+where
+    S: StackTypes,
+    O: Optimizer<TrainableUnits<S>, S::Backend>,
+    O::Record: ParamStates,
+{
+    /// See [`ReplicaConfig::init`].
+    pub fn new(
+        stack: LayerStack<S>,
+        devices: Vec<Vec<Device<S::Backend>>>,
+        config: ReplicaConfig,
+        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
+    ) -> Result<Self, ElasticError> {
+        let Some(first) = devices.first() else {
+            return Err(ElasticError::NoReplicas);
+        };
+        if let Some((replica, other)) = devices
+            .iter()
+            .enumerate()
+            .find(|(_, d)| d.len() != first.len())
+        {
+            return Err(ElasticError::UnevenReplicas {
+                replica,
+                stages: other.len(),
+                expected: first.len(),
+            });
+        }
+        if config.timeout_ms == 0 {
+            return Err(ElasticError::NoTimeout);
+        }
+        let token = GroupToken::acquire(Duration::from_millis(config.timeout_ms))?;
+        materialize(&stack);
+        let mut replicas = Vec::with_capacity(devices.len());
+        for (replica, devices) in devices.into_iter().enumerate() {
+            let pipeline = config
+                .pipeline
+                .init(stack.clone(), devices, make_optimizer.clone())
+                .map_err(|source| ElasticError::Replica { replica, source })?;
+            replicas.push(pipeline);
+        }
+        Ok(Self {
+            replicas,
+            config,
+            formed: false,
+            _token: token,
+        })
+    }
+
+    /// Number of replicas.
+    pub fn num_replicas(&self) -> usize {
+        self.replicas.len()
+    }
+
+    /// Replica `replica`'s pipeline.
+    ///
+    /// # Panics
+    /// When `replica >= num_replicas()`.
+    pub fn replica(&self, replica: usize) -> &Pipeline<S, O> {
+        &self.replicas[replica]
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ReplicaConfig {
+        &self.config
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.config.timeout_ms)
+    }
+
+    /// Registers the collective group when it is not registered for the
+    /// current replicas.
+    fn form(&mut self) -> Result<(), ElasticError> {
+        if self.formed || self.replicas.len() == 1 {
+            return Ok(());
+        }
+        let devices: Vec<_> = self
+            .replicas
+            .iter()
+            .map(|r| r.devices()[0].clone())
+            .collect();
+        collective::form::<InnerBackendOf<S>>(&devices, self.timeout())?;
+        self.formed = true;
+        Ok(())
+    }
+
+    /// After a failed step: no replica keeps gradients, and the collective is
+    /// reset (it forgets its peers and every pending operation).
+    fn abandon_step(&mut self) {
+        for replica in &mut self.replicas {
+            replica.clear_gradients();
+        }
+        if self.formed {
+            collective::reset::<InnerBackendOf<S>>();
+            self.formed = false;
+        }
+    }
+
+    /// Runs one batch through every replica, each on its shard (as equal as
+    /// possible, the larger ones first), and leaves every replica with the
+    /// all-reduced gradients of the whole batch, ready for
+    /// [`step`](Self::step).
+    ///
+    /// `loss` maps a micro-batch's output and targets to the *mean* loss over
+    /// its samples, as for [`Pipeline::forward_backward`]; each replica's
+    /// gradients are weighted by its share of the batch, so the result
+    /// equals one pipeline's gradients on the whole batch.
+    ///
+    /// On error (a replica's stage panicked or failed, a replica did not
+    /// finish within the timeout, the collective failed) every replica has
+    /// stopped, no gradient of this step is kept, the weights are unchanged
+    /// and the error names the replica (and, from its pipeline, the stage
+    /// and micro-batch). The step can be run again.
+    pub fn forward_backward<T, LossFn>(
+        &mut self,
+        input: S::Input,
+        targets: T,
+        loss: LossFn,
+    ) -> Result<GroupReport, ElasticError>
+    where
+        T: Activation<S::Backend>,
+        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+    {
+        let start = Instant::now();
+        let batch = input.batch_size();
+        if targets.batch_size() != batch {
+            return Err(ElasticError::TargetsMismatch {
+                input: batch,
+                targets: targets.batch_size(),
+            });
+        }
+        let count = self.replicas.len();
+        let shards = micro_batch_sizes(batch, count).map_err(|_| ElasticError::BatchTooSmall {
+            batch,
+            replicas: count,
+        })?;
+        self.form()?;
+        let inputs = input.split_batch(&shards);
+        let targets = targets.split_batch(&shards);
+        let timeout = self.timeout();
+        let loss = &loss;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let mut results: Vec<Option<Result<(StepReport, Duration), ElasticError>>> =
+            (0..count).map(|_| None).collect();
+        // Replicas that had not reported when the deadline passed.
+        let mut missing: Option<Vec<usize>> = None;
+        thread::scope(|scope| {
+            for (replica, ((pipeline, input), targets)) in self
+                .replicas
+                .iter_mut()
+                .zip(inputs)
+                .zip(targets)
+                .enumerate()
+            {
+                let tx = tx.clone();
+                // The replica's mean loss, scaled so that the mean over
+                // replicas of the gradients is the whole batch's gradient.
+                let scale = (count * shards[replica]) as f32 / batch as f32;
+                thread::Builder::new()
+                    .name(format!("burn-elastic-dp replica {replica}"))
+                    .spawn_scoped(scope, move || {
+                        let run = || -> Result<(StepReport, Duration), ElasticError> {
+                            let report = pipeline
+                                .forward_backward(input, targets, |output, target| {
+                                    loss(output, target).mul_scalar(scale)
+                                })
+                                .map_err(|source| ElasticError::Replica { replica, source })?;
+                            let reduce = Instant::now();
+                            if count > 1 {
+                                pipeline.map_gradients(|stage, grads| {
+                                    collective::all_reduce_mean::<InnerBackendOf<S>>(
+                                        replica, stage, grads,
+                                    )
+                                })?;
+                            }
+                            Ok((report, reduce.elapsed()))
+                        };
+                        let result = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|panic| {
+                            Err(ElasticError::ReplicaPanicked {
+                                replica,
+                                message: panic_message(panic.as_ref()),
+                            })
+                        });
+                        let _ = tx.send((replica, result));
+                    })
+                    .expect("spawning a replica thread");
+            }
+            drop(tx);
+            // Wait for every replica within the bound; on the first failure
+            // or at the deadline, reset the collective so that replicas
+            // blocked in an all-reduce return instead of waiting forever.
+            let deadline = Instant::now() + timeout;
+            let mut reset = false;
+            while results.iter().any(Option::is_none) {
+                let received = if reset {
+                    rx.recv().map_err(|_| ())
+                } else {
+                    rx.recv_deadline(deadline).map_err(|_| ())
+                };
+                match received {
+                    Ok((replica, result)) => {
+                        if result.is_err() && !reset && count > 1 {
+                            collective::reset::<InnerBackendOf<S>>();
+                            reset = true;
+                        }
+                        results[replica] = Some(result);
+                    }
+                    Err(()) if !reset => {
+                        missing = Some((0..count).filter(|&r| results[r].is_none()).collect());
+                        collective::reset::<InnerBackendOf<S>>();
+                        reset = true;
+                    }
+                    Err(()) => break,
+                }
+            }
+        });
+        let mut reports = Vec::with_capacity(count);
+        let mut all_reduce = Vec::with_capacity(count);
+        let mut failure: Option<ElasticError> = None;
+        for result in results.into_iter().flatten() {
+            match result {
+                Ok((report, reduce)) => {
+                    reports.push(report);
+                    all_reduce.push(reduce);
+                }
+                // A replica's own failure explains the others' collective errors.
+                Err(
+                    error @ (ElasticError::Replica { .. } | ElasticError::ReplicaPanicked { .. }),
+                ) => {
+                    if !matches!(
+                        failure,
+                        Some(ElasticError::Replica { .. } | ElasticError::ReplicaPanicked { .. })
+                    ) {
+                        failure = Some(error);
+                    }
+                }
+                Err(error) => {
+                    failure.get_or_insert(error);
+                }
+            }
+        }
+        if let Some(missing) = missing
+            && !matches!(
+                failure,
+                Some(ElasticError::Replica { .. } | ElasticError::ReplicaPanicked { .. })
+            )
+        {
+            failure = Some(ElasticError::Timeout {
+                missing,
+                waited: timeout,
+            });
+        }
+        if let Some(error) = failure {
+            tracing::warn!(%error, "data-parallel step failed; no gradient kept");
+            self.abandon_step();
+            return Err(error);
+        }
+        let loss = reports.iter().map(|r| r.loss).sum::<f32>() / count as f32;
+        Ok(GroupReport {
+            loss,
+            shards,
+            replicas: reports,
+            all_reduce,
+            wall: start.elapsed(),
+        })
+    }
+
+    /// Applies every replica's optimizers to its (all-reduced) gradients
+    /// with learning rate `lr`, the replicas in parallel.
+    pub fn step(&mut self, lr: f64) {
+        thread::scope(|scope| {
+            for replica in &mut self.replicas {
+                scope.spawn(move || replica.step(lr));
+            }
+        });
+    }
+
+    /// [`forward_backward`](Self::forward_backward) then [`step`](Self::step).
+    pub fn train_step<T, LossFn>(
+        &mut self,
+        input: S::Input,
+        targets: T,
+        loss: LossFn,
+        lr: f64,
+    ) -> Result<GroupReport, ElasticError>
+    where
+        T: Activation<S::Backend>,
+        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+    {
+        let report = self.forward_backward(input, targets, loss)?;
+        self.step(lr);
+        Ok(report)
+    }
+
+    /// Moves every replica's units between its stages (see
+    /// [`Pipeline::repartition`]): replica `r` gets `balance` on
+    /// `devices[r]`. Fails, changing nothing, on a bad balance or device
+    /// list.
+    pub fn repartition(
+        &mut self,
+        balance: &[usize],
+        devices: Vec<Vec<Device<S::Backend>>>,
+    ) -> Result<(), ElasticError> {
+        if devices.len() != self.replicas.len() {
+            return Err(ElasticError::UnevenReplicas {
+                replica: devices.len().min(self.replicas.len()),
+                stages: devices.len(),
+                expected: self.replicas.len(),
+            });
+        }
+        // Check on replica 0's shape first, so that no replica changes when
+        // another would refuse.
+        if let Some((replica, other)) = devices
+            .iter()
+            .enumerate()
+            .find(|(_, d)| d.len() != balance.len())
+        {
+            return Err(ElasticError::UnevenReplicas {
+                replica,
+                stages: other.len(),
+                expected: balance.len(),
+            });
+        }
+        let stage0_moves = self
+            .replicas
+            .iter()
+            .zip(&devices)
+            .any(|(r, d)| r.devices()[0] != d[0]);
+        for (replica, (pipeline, devices)) in self.replicas.iter_mut().zip(devices).enumerate() {
+            pipeline
+                .repartition(balance, devices)
+                .map_err(|source| ElasticError::Replica { replica, source })?;
+        }
+        if stage0_moves && self.formed {
+            collective::dissolve::<InnerBackendOf<S>>(self.replicas.len());
+            self.formed = false;
+        }
+        Ok(())
+    }
+
+    /// Freezes units `0..front` on every replica (see
+    /// [`Pipeline::freeze_to`]). Fails, changing nothing, on a front below
+    /// the current one or beyond the stack, or with gradients pending.
+    pub fn freeze_to(&mut self, front: usize) -> Result<(), ElasticError> {
+        check_freeze(front, self.front(), self.num_units())?;
+        for (replica, pipeline) in self.replicas.iter_mut().enumerate() {
+            pipeline
+                .freeze_to(front)
+                .map_err(|source| ElasticError::Replica { replica, source })?;
+        }
+        Ok(())
+    }
+
+    /// Number of units of the model.
+    pub fn num_units(&self) -> usize {
+        self.replicas[0].num_units()
+    }
+
+    /// The freeze front, the same on every replica.
+    pub fn front(&self) -> usize {
+        self.replicas[0].front()
+    }
+
+    /// The model's output for evaluation, through replica 0 (every replica
+    /// holds the same weights).
+    pub fn forward_inner(&self, input: InnerInput<S>) -> InnerOutput<S> {
+        self.replicas[0].forward_inner(input)
+    }
+
+    /// A copy of the whole model (replica 0's), to evaluate or save it while
+    /// training goes on.
+    pub fn to_layer_stack(&self) -> LayerStack<S> {
+        self.replicas[0].to_layer_stack()
+    }
+
+    /// The trained model (replica 0's); the group ends.
+    pub fn into_layer_stack(mut self) -> LayerStack<S> {
+        self.replicas.swap_remove(0).into_layer_stack()
+    }
+}
+
+impl<S, O> FreezeFront for ReplicaGroup<S, O>
+where
+    S: StackTypes,
+    O: Optimizer<TrainableUnits<S>, S::Backend>,
+    O::Record: ParamStates,
+{
+    type Error = ElasticError;
+
+    fn num_units(&self) -> usize {
+        ReplicaGroup::num_units(self)
+    }
+
+    fn front(&self) -> usize {
+        ReplicaGroup::front(self)
+    }
+
+    fn freeze_to(&mut self, front: usize) -> Result<(), ElasticError> {
+        ReplicaGroup::freeze_to(self, front)
+    }
+
+    /// Replica 0's: after the all-reduce every replica stepped with the same
+    /// gradients.
+    fn last_gradient_norms(&self) -> Vec<Option<GradNorm>> {
+        self.replicas[0].last_gradient_norms()
+    }
+}
+
+impl<S: StackTypes, O> Drop for ReplicaGroup<S, O> {
+    fn drop(&mut self) {
+        if self.formed {
+            collective::dissolve::<InnerBackendOf<S>>(self.replicas.len());
+        }
+    }
+}

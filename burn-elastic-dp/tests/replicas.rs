@@ -1,0 +1,306 @@
+//! A replica group trains as one pipeline on the whole batch: its gradients
+//! equal one pipeline's, its replicas stay bit-identical, a policy freezes
+//! them all, and a failing replica ends the step with an error naming it,
+//! changing nothing.
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::{Linear, LinearConfig};
+use burn::optim::{AdamConfig, GradientsParams, SgdConfig};
+use burn::prelude::*;
+use burn_elastic_dp::{ElasticError, ReplicaConfig};
+use burn_freeze::{AutoFreeze, FixedSchedule, LayerMap, LayerStack, StackMarker};
+use burn_pipe::{PipeError, Pipeline, PipelineConfig};
+
+type B = Autodiff<Flex>;
+
+#[derive(Module, Debug)]
+pub struct Dense<B: Backend> {
+    linear: Linear<B>,
+    /// Panics when it sees a batch of exactly this many samples (0: never).
+    #[module(skip)]
+    trip: usize,
+}
+
+impl<B: Backend> Dense<B> {
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        assert!(
+            x.dims()[0] != self.trip,
+            "tripwire: a batch of {} samples",
+            self.trip
+        );
+        x.clone() + self.linear.forward(x).tanh()
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct Head<B: Backend> {
+    linear: Linear<B>,
+}
+
+impl<B: Backend> Head<B> {
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        self.linear.forward(x)
+    }
+}
+
+burn_freeze::unit!(Dense<B>: Tensor<B, 2> => Tensor<B, 2>);
+burn_freeze::unit!(Head<B>: Tensor<B, 2> => Tensor<B, 2>);
+
+type Types = StackMarker<B, Dense<B>, Dense<B>, Head<B>>;
+
+const WIDTH: usize = 8;
+const CLASSES: usize = 3;
+
+/// 6 units: 5 residual blocks and a head; `trip` on the third block.
+fn stack(trip: usize) -> LayerStack<Types> {
+    let device = Default::default();
+    let dense = |trip| Dense {
+        linear: LinearConfig::new(WIDTH, WIDTH).init(&device),
+        trip,
+    };
+    LayerStack::new(
+        dense(0),
+        vec![dense(0), dense(trip), dense(0), dense(0)],
+        Head {
+            linear: LinearConfig::new(WIDTH, CLASSES).init(&device),
+        },
+    )
+}
+
+/// Batch `seed` of `n` samples.
+fn batch(seed: u64, n: usize) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32
+    };
+    let x: Vec<f32> = (0..n * WIDTH).map(|_| 2.0 * next() - 1.0).collect();
+    let y: Vec<i64> = (0..n)
+        .map(|_| (next() * CLASSES as f32) as i64 % CLASSES as i64)
+        .collect();
+    let device = Default::default();
+    (
+        Tensor::<B, 1>::from_data(TensorData::new(x, [n * WIDTH]), &device).reshape([n, WIDTH]),
+        Tensor::from_data(TensorData::new(y, [n]), &device),
+    )
+}
+
+/// Every float parameter's values, in visiting order.
+struct Collect(Vec<TensorData>);
+impl<Be: Backend> ModuleVisitor<Be> for Collect {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Be, D>>) {
+        self.0.push(param.val().to_data());
+    }
+}
+
+fn weights(stack: &LayerStack<Types>) -> Vec<TensorData> {
+    let mut collect = Collect(Vec::new());
+    stack.first().visit(&mut collect);
+    stack.middle().iter().for_each(|u| u.visit(&mut collect));
+    stack.last().visit(&mut collect);
+    collect.0
+}
+
+/// Largest |a - b| over the largest |b|, over all tensors of two gradient sets.
+fn relative_diff<M: Module<B>>(
+    module: &M,
+    actual: &GradientsParams,
+    expected: &GradientsParams,
+) -> f32 {
+    struct Diff<'a> {
+        actual: &'a GradientsParams,
+        expected: &'a GradientsParams,
+        worst: f32,
+        compared: usize,
+    }
+    impl<Be: Backend> ModuleVisitor<Be> for Diff<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Be, D>>) {
+            let a = self
+                .actual
+                .get::<Flex, D>(param.id)
+                .expect("a gradient per parameter");
+            let e = self
+                .expected
+                .get::<Flex, D>(param.id)
+                .expect("a gradient per parameter");
+            let scale = e.clone().abs().max().into_scalar().max(f32::MIN_POSITIVE);
+            self.worst = self.worst.max((a - e).abs().max().into_scalar() / scale);
+            self.compared += 1;
+        }
+    }
+    let mut diff = Diff {
+        actual,
+        expected,
+        worst: 0.0,
+        compared: 0,
+    };
+    module.visit(&mut diff);
+    assert!(diff.compared > 0, "compared no gradient");
+    diff.worst
+}
+
+fn loss(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> Tensor<B, 1> {
+    CrossEntropyLossConfig::new()
+        .init(&logits.device())
+        .forward(logits, labels)
+}
+
+fn pipeline_config() -> PipelineConfig {
+    PipelineConfig::new()
+        .with_micro_batches(Some(2))
+        .with_balance(Some(vec![3, 3]))
+}
+
+#[test]
+fn replicas_on_a_split_batch_give_one_pipelines_gradients_on_the_whole_batch() {
+    let device: Device<B> = Default::default();
+    for (replicas, samples) in [(2, 8), (3, 10)] {
+        let model = stack(0);
+        let _ = weights(&model); // read the weights before cloning
+        let (x, y) = batch(replicas as u64, samples);
+        let mut single = pipeline_config()
+            .init(model.clone(), vec![device; 2], || SgdConfig::new().init())
+            .unwrap();
+        single.forward_backward(x.clone(), y.clone(), loss).unwrap();
+        let mut group = ReplicaConfig::new()
+            .with_pipeline(pipeline_config())
+            .init(model, vec![vec![device; 2]; replicas], || {
+                SgdConfig::new().init()
+            })
+            .unwrap();
+        let report = group.forward_backward(x, y, loss).unwrap();
+        assert_eq!(report.shards.iter().sum::<usize>(), samples);
+        for r in 0..replicas {
+            for s in 0..2 {
+                let diff = relative_diff(
+                    group.replica(r).stage(s).trainable(),
+                    group.replica(r).gradients(s).unwrap(),
+                    single.gradients(s).unwrap(),
+                );
+                assert!(
+                    diff <= 1e-5,
+                    "R={replicas} ({:?}): replica {r} stage {s} differs by {diff}",
+                    report.shards
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn after_ten_adam_steps_the_replicas_are_bit_identical() {
+    let device: Device<B> = Default::default();
+    let model = stack(0);
+    let _ = weights(&model);
+    let mut single: Pipeline<Types, _> = pipeline_config()
+        .init(model.clone(), vec![device; 2], || AdamConfig::new().init())
+        .unwrap();
+    let mut group = ReplicaConfig::new()
+        .with_pipeline(pipeline_config())
+        .init(model, vec![vec![device; 2]; 2], || AdamConfig::new().init())
+        .unwrap();
+    for step in 0..10 {
+        let (x, y) = batch(100 + step, 8);
+        single.train_step(x.clone(), y.clone(), loss, 1e-2).unwrap();
+        group.train_step(x, y, loss, 1e-2).unwrap();
+    }
+    let replica0 = weights(&group.replica(0).to_layer_stack());
+    let replica1 = weights(&group.replica(1).to_layer_stack());
+    assert!(
+        replica0
+            .iter()
+            .zip(&replica1)
+            .all(|(a, b)| a.as_bytes() == b.as_bytes()),
+        "the replicas drifted apart"
+    );
+    // And they trained as the single pipeline did (the same maths; rounding
+    // differs with the summation order).
+    for (a, b) in replica0.iter().zip(weights(&single.to_layer_stack())) {
+        let a = a.to_vec::<f32>().unwrap();
+        let b = b.to_vec::<f32>().unwrap();
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max);
+        let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        assert!(worst <= 1e-4 * scale.max(1.0), "weights differ by {worst}");
+    }
+}
+
+#[test]
+fn a_freeze_policy_moves_every_replica() {
+    let device: Device<B> = Default::default();
+    let mut group = ReplicaConfig::new()
+        .with_pipeline(pipeline_config())
+        .init(stack(0), vec![vec![device; 2]; 2], || {
+            AdamConfig::new().init()
+        })
+        .unwrap();
+    let mut auto = AutoFreeze::new(FixedSchedule::Fronts(vec![0, 2, 4]), LayerMap::per_unit(6));
+    for epoch in 0..3 {
+        let (x, y) = batch(200 + epoch, 6);
+        group.train_step(x, y, loss, 1e-2).unwrap();
+        auto.after_epoch(&mut group).unwrap();
+    }
+    assert_eq!(group.front(), 4);
+    for r in 0..2 {
+        assert_eq!(group.replica(r).front(), 4, "replica {r}");
+        assert_eq!(group.replica(r).stage(0).num_trainable(), 0, "replica {r}");
+    }
+    // Repartitioning moves every replica; training goes on.
+    group
+        .repartition(&[5, 1], vec![vec![device; 2]; 2])
+        .unwrap();
+    let (x, y) = batch(300, 6);
+    group.train_step(x, y, loss, 1e-2).unwrap();
+    assert_eq!(group.replica(1).balance(), vec![5, 1]);
+}
+
+#[test]
+fn a_failing_replica_is_named_and_the_step_changes_nothing() {
+    let device: Device<B> = Default::default();
+    // Batch 5 over 2 replicas: shards of 3 and 2 samples, in 2 micro-batches
+    // each (2 + 1 and 1 + 1): only replica 0 sees a 2-sample micro-batch,
+    // which trips the third block, on stage 0.
+    let mut group = ReplicaConfig::new()
+        .with_pipeline(pipeline_config())
+        .init(stack(2), vec![vec![device; 2]; 2], || {
+            SgdConfig::new().init()
+        })
+        .unwrap();
+    let before = weights(&group.to_layer_stack());
+    let (x, y) = batch(400, 5);
+    let error = group.train_step(x, y, loss, 0.1).unwrap_err();
+    match &error {
+        ElasticError::Replica {
+            replica: 0,
+            source:
+                PipeError::StageFailed {
+                    stage: 0,
+                    phase: "forward",
+                    ..
+                },
+        } => {}
+        other => panic!("unexpected error: {other}"),
+    }
+    assert!(error.to_string().contains("tripwire"), "{error}");
+    for r in 0..2 {
+        assert!(group.replica(r).gradients(0).is_none() && group.replica(r).gradients(1).is_none());
+    }
+    let after = weights(&group.to_layer_stack());
+    assert!(
+        before
+            .iter()
+            .zip(&after)
+            .all(|(a, b)| a.as_bytes() == b.as_bytes())
+    );
+    // The group re-forms and trains on: 4 samples, 1 + 1 per replica.
+    let (x, y) = batch(401, 4);
+    let report = group.train_step(x, y, loss, 0.1).unwrap();
+    assert_eq!(report.shards, vec![2, 2]);
+}
