@@ -411,6 +411,60 @@ where
         Ok(report)
     }
 
+    /// Resizes the group at a step boundary to `devices.len()` replicas,
+    /// replica `r` on `devices[r]` (one device per stage, as now). A replica
+    /// whose devices stay keeps running; a new one (or one moving) is a copy
+    /// of replica 0 ([`Pipeline::replicate`]): its weights, parameter ids,
+    /// freeze front, balance and optimizer state. Replicas beyond the new
+    /// size are dropped. The collective group is dissolved (every peer
+    /// finishes) and registers again with the new size at the next step.
+    ///
+    /// Fails, changing nothing, with no replica, a replica without one
+    /// device per stage, or gradients pending.
+    pub fn resize(&mut self, devices: Vec<Vec<Device<S::Backend>>>) -> Result<(), ElasticError> {
+        if devices.is_empty() {
+            return Err(ElasticError::NoReplicas);
+        }
+        let stages = self.replicas[0].num_stages();
+        if let Some((replica, other)) = devices.iter().enumerate().find(|(_, d)| d.len() != stages)
+        {
+            return Err(ElasticError::UnevenReplicas {
+                replica,
+                stages: other.len(),
+                expected: stages,
+            });
+        }
+        // Build every new replica before changing anything.
+        let mut copies = Vec::new();
+        for (replica, devices) in devices.iter().enumerate() {
+            let stays = self
+                .replicas
+                .get(replica)
+                .is_some_and(|current| &current.devices() == devices);
+            if !stays {
+                let copy = self.replicas[0]
+                    .replicate(devices.clone())
+                    .map_err(|source| ElasticError::Replica { replica: 0, source })?;
+                copies.push((replica, copy));
+            }
+        }
+        if self.formed {
+            collective::dissolve::<InnerBackendOf<S>>(self.replicas.len());
+            self.formed = false;
+        }
+        let from = self.replicas.len();
+        self.replicas.truncate(devices.len());
+        for (replica, copy) in copies {
+            if replica < self.replicas.len() {
+                self.replicas[replica] = copy;
+            } else {
+                self.replicas.push(copy);
+            }
+        }
+        tracing::info!(from, to = self.replicas.len(), "replica group resized");
+        Ok(())
+    }
+
     /// Moves every replica's units between its stages (see
     /// [`Pipeline::repartition`]): replica `r` gets `balance` on
     /// `devices[r]`. Fails, changing nothing, on a bad balance or device

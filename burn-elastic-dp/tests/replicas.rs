@@ -304,3 +304,63 @@ fn a_failing_replica_is_named_and_the_step_changes_nothing() {
     let report = group.train_step(x, y, loss, 0.1).unwrap();
     assert_eq!(report.shards, vec![2, 2]);
 }
+
+#[test]
+fn a_group_resized_one_two_four_two_trains_as_a_fixed_group() {
+    let device: Device<B> = Default::default();
+    let model = stack(0);
+    let _ = weights(&model);
+    // The same global batch of 8 every step: through one pipeline (R = 1
+    // throughout; burn-collective holds one group per process, and a fixed
+    // R computes the same gradients, as the first test shows), and through a
+    // group at R = 1, 2, 4, 2 for three steps each, Adam's state moving to
+    // new replicas.
+    let mut fixed: Pipeline<Types, _> = pipeline_config()
+        .init(model.clone(), vec![device; 2], || AdamConfig::new().init())
+        .unwrap();
+    let mut elastic = ReplicaConfig::new()
+        .with_pipeline(pipeline_config())
+        .init(model, vec![vec![device; 2]], || AdamConfig::new().init())
+        .unwrap();
+    for (phase, replicas) in [1, 2, 4, 2].into_iter().enumerate() {
+        if phase > 0 {
+            elastic.resize(vec![vec![device; 2]; replicas]).unwrap();
+        }
+        assert_eq!(elastic.num_replicas(), replicas);
+        for step in 0..3 {
+            let (x, y) = batch(500 + 10 * phase as u64 + step, 8);
+            fixed.train_step(x.clone(), y.clone(), loss, 1e-2).unwrap();
+            let report = elastic.train_step(x, y, loss, 1e-2).unwrap();
+            assert_eq!(report.shards.len(), replicas);
+            assert_eq!(report.shards.iter().sum::<usize>(), 8);
+        }
+    }
+    let expected = weights(&fixed.to_layer_stack());
+    for r in 0..2 {
+        let actual = weights(&elastic.replica(r).to_layer_stack());
+        for (a, b) in actual.iter().zip(&expected) {
+            let a = a.to_vec::<f32>().unwrap();
+            let b = b.to_vec::<f32>().unwrap();
+            let worst = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
+            let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            assert!(
+                worst <= 1e-4 * scale.max(1.0),
+                "replica {r}: weights differ by {worst}"
+            );
+        }
+    }
+    // Bad sizes change nothing.
+    assert!(matches!(
+        elastic.resize(Vec::new()),
+        Err(ElasticError::NoReplicas)
+    ));
+    assert!(matches!(
+        elastic.resize(vec![vec![device; 3]]),
+        Err(ElasticError::UnevenReplicas { .. })
+    ));
+    assert_eq!(elastic.num_replicas(), 2);
+}

@@ -89,7 +89,7 @@ pub struct Pipeline<S: StackTypes, O> {
     /// Units `0..front` are frozen.
     front: usize,
     config: PipelineConfig,
-    make_optimizer: Box<dyn Fn() -> O + Send + Sync>,
+    make_optimizer: std::sync::Arc<dyn Fn() -> O + Send + Sync>,
     /// Per-unit gradient norms of the last optimizer step.
     norms: Vec<Option<GradNorm>>,
     /// AutoCache for stage 0's frozen units.
@@ -143,7 +143,7 @@ where
             stages,
             front: 0,
             config,
-            make_optimizer: Box::new(make_optimizer),
+            make_optimizer: std::sync::Arc::new(make_optimizer),
             norms: vec![None; units],
             cache: None,
         })
@@ -538,6 +538,46 @@ where
     /// Detaches the cache (dropping it removes its spill files).
     pub fn detach_cache(&mut self) -> Option<StackCache<S>> {
         self.cache.take()
+    }
+
+    /// A copy of this pipeline on `devices` (one per stage): the same units
+    /// (weights and parameter ids), freeze front, balance, optimizer state
+    /// and configuration, as fresh parameter leaves on the new devices; the
+    /// copy has no cache and no gradient. This is how a data-parallel group
+    /// adds a replica.
+    ///
+    /// Fails, changing nothing, when gradients are pending or there is not
+    /// one device per stage.
+    pub fn replicate(&self, devices: Vec<Device<S::Backend>>) -> Result<Self, PipeError> {
+        if self.stages.iter().any(|s| s.pending.is_some()) {
+            return Err(PipeError::GradientsPending("replicate"));
+        }
+        if devices.len() != self.stages.len() {
+            return Err(PipeError::DeviceCount {
+                devices: devices.len(),
+                stages: self.stages.len(),
+            });
+        }
+        let stages = self
+            .stages
+            .iter()
+            .zip(devices)
+            .map(|(stage, device)| Stage {
+                units: Some(stage.units().clone().fork(&device)),
+                optimizer: stage.optimizer.clone(),
+                device,
+                range: stage.range.clone(),
+                pending: None,
+            })
+            .collect();
+        Ok(Self {
+            stages,
+            front: self.front,
+            config: self.config.clone(),
+            make_optimizer: self.make_optimizer.clone(),
+            norms: self.norms.clone(),
+            cache: None,
+        })
     }
 
     /// A copy of the whole model as a layer stack, every unit on the
