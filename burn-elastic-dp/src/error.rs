@@ -85,6 +85,9 @@ pub enum ElasticError {
         /// How long it waited.
         waited: Duration,
     },
+    /// A sampler configuration that cannot work.
+    #[error("sampler: {0}")]
+    Sampler(String),
     /// A freeze-front request that does not fit.
     #[error(transparent)]
     Freeze(#[from] burn_freeze::FreezeError),

@@ -13,12 +13,14 @@
 //! Files, one concern each: `config.rs` (the configuration and `init`),
 //! `group.rs` (the replicas and their threads), `collective.rs` (the
 //! burn-collective glue: forming, all-reducing, dissolving and resetting a
-//! group with bounded waits), `error.rs`.
+//! group with bounded waits), `sampler.rs` (every sample once per epoch
+//! whatever the replica count), `error.rs`.
 //!
-//! Still to come (see the issue "burn-elastic-dp"): resizing the group at a
-//! step boundary, a sampler giving every sample once per epoch whatever the
-//! replica count, bucketed all-reduce, groups across processes, and the
-//! PipeTransformer trainer on top.
+//! The group resizes at a step boundary ([`ReplicaGroup::resize`]): a new
+//! replica is a copy of a live one, optimizer state included.
+//!
+//! Still to come (see the issue "burn-elastic-dp"): bucketed all-reduce,
+//! groups across processes, and the PipeTransformer trainer on top.
 //!
 //! [`Pipeline`]: burn_pipe::Pipeline
 
@@ -26,7 +28,9 @@ mod collective;
 mod config;
 mod error;
 mod group;
+mod sampler;
 
 pub use config::ReplicaConfig;
 pub use error::ElasticError;
 pub use group::{GroupReport, ReplicaGroup};
+pub use sampler::{BatchPolicy, ElasticSampler};

@@ -1,0 +1,181 @@
+//! Data across replicas: which samples each step trains on, so that every
+//! sample is seen exactly once per epoch whatever the replica count, also
+//! when it changes mid-epoch.
+
+use burn::config::Config;
+use burn::data::dataset::Dataset;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+
+use crate::error::ElasticError;
+
+/// How big a step's global batch is as the replica count changes.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum BatchPolicy {
+    /// The same global batch whatever the replica count (each replica's
+    /// share shrinks as replicas are added). Training is the same maths at
+    /// every replica count: keep the learning rate.
+    FixedGlobal {
+        /// Samples per step, over all replicas.
+        batch: usize,
+    },
+    /// The paper's choice: each replica keeps its batch, so the global batch
+    /// grows with the replica count. Scale the learning rate with it
+    /// ([`ElasticSampler::learning_rate`]: the linear scaling rule of Goyal
+    /// et al., 2017, `lr * replicas / base_replicas`).
+    PerReplica {
+        /// Samples per step and replica.
+        batch: usize,
+    },
+}
+
+impl BatchPolicy {
+    /// Samples per step with `replicas` replicas.
+    pub fn global_batch(&self, replicas: usize) -> usize {
+        match *self {
+            BatchPolicy::FixedGlobal { batch } => batch,
+            BatchPolicy::PerReplica { batch } => batch * replicas,
+        }
+    }
+}
+
+/// Hands out each epoch's samples in a shuffled order, one global batch per
+/// step, the batch size following a [`BatchPolicy`] and the replica count of
+/// that step. Every sample comes exactly once per epoch (the last batch of an
+/// epoch may be smaller); the order depends only on the seed and the epoch.
+///
+/// ```
+/// use burn_elastic_dp::{BatchPolicy, ElasticSampler};
+///
+/// let mut sampler = ElasticSampler::new(10, BatchPolicy::PerReplica { batch: 2 }, 7).unwrap();
+/// let mut seen = Vec::new();
+/// for replicas in [1, 2, 4] {
+///     seen.extend(sampler.next_batch(replicas).unwrap()); // 2, then 4, then the last 4
+/// }
+/// assert!(sampler.next_batch(4).is_none()); // the epoch is over
+/// seen.sort();
+/// assert_eq!(seen, (0..10).collect::<Vec<_>>());
+/// sampler.start_epoch();
+/// assert_eq!(sampler.epoch(), 1);
+/// ```
+#[derive(Debug, Clone)]
+pub struct ElasticSampler {
+    len: usize,
+    policy: BatchPolicy,
+    seed: u64,
+    epoch: usize,
+    order: Vec<usize>,
+    cursor: usize,
+}
+
+impl ElasticSampler {
+    /// A sampler over `len` samples, at epoch 0.
+    ///
+    /// Fails on an empty dataset or a batch size of 0.
+    pub fn new(len: usize, policy: BatchPolicy, seed: u64) -> Result<Self, ElasticError> {
+        if len == 0 {
+            return Err(ElasticError::Sampler("the dataset has no sample".into()));
+        }
+        if policy.global_batch(1) == 0 {
+            return Err(ElasticError::Sampler(
+                "the batch size must be at least 1, got 0".into(),
+            ));
+        }
+        let mut sampler = Self {
+            len,
+            policy,
+            seed,
+            epoch: 0,
+            order: Vec::new(),
+            cursor: 0,
+        };
+        sampler.shuffle();
+        Ok(sampler)
+    }
+
+    fn shuffle(&mut self) {
+        self.order = (0..self.len).collect();
+        let mut rng = StdRng::seed_from_u64(
+            self.seed ^ (self.epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        );
+        self.order.shuffle(&mut rng);
+        self.cursor = 0;
+    }
+
+    /// The epoch under way (0 first).
+    pub fn epoch(&self) -> usize {
+        self.epoch
+    }
+
+    /// Samples of this epoch not handed out yet.
+    pub fn remaining(&self) -> usize {
+        self.len - self.cursor
+    }
+
+    /// The batch policy.
+    pub fn policy(&self) -> BatchPolicy {
+        self.policy
+    }
+
+    /// The sample indices of the next step with `replicas` replicas, or
+    /// `None` when the epoch is over (call [`start_epoch`](Self::start_epoch)).
+    ///
+    /// # Panics
+    /// When `replicas` is 0.
+    pub fn next_batch(&mut self, replicas: usize) -> Option<Vec<usize>> {
+        assert!(replicas > 0, "a step needs at least one replica");
+        if self.cursor == self.len {
+            return None;
+        }
+        let size = self
+            .policy
+            .global_batch(replicas)
+            .min(self.len - self.cursor);
+        let batch = self.order[self.cursor..self.cursor + size].to_vec();
+        self.cursor += size;
+        Some(batch)
+    }
+
+    /// The items of the next step from `dataset` (see [`next_batch`](Self::next_batch)).
+    pub fn next_items<I, D: Dataset<I>>(&mut self, dataset: &D, replicas: usize) -> Option<Vec<I>> {
+        self.next_batch(replicas).map(|indices| {
+            indices
+                .into_iter()
+                .map(|i| {
+                    dataset
+                        .get(i)
+                        .expect("the sampler covers the dataset's indices")
+                })
+                .collect()
+        })
+    }
+
+    /// Starts the next epoch, in a new shuffled order.
+    pub fn start_epoch(&mut self) {
+        self.epoch += 1;
+        self.shuffle();
+    }
+
+    /// The learning rate for `replicas` replicas when `base_lr` was tuned for
+    /// `base_replicas`: unchanged under [`BatchPolicy::FixedGlobal`] (the same
+    /// global batch), scaled linearly with the global batch under
+    /// [`BatchPolicy::PerReplica`].
+    ///
+    /// ```
+    /// use burn_elastic_dp::{BatchPolicy, ElasticSampler};
+    ///
+    /// let sampler = ElasticSampler::new(100, BatchPolicy::PerReplica { batch: 8 }, 0).unwrap();
+    /// assert_eq!(sampler.learning_rate(1e-3, 2, 4), 2e-3);
+    /// let fixed = ElasticSampler::new(100, BatchPolicy::FixedGlobal { batch: 32 }, 0).unwrap();
+    /// assert_eq!(fixed.learning_rate(1e-3, 2, 4), 1e-3);
+    /// ```
+    pub fn learning_rate(&self, base_lr: f64, base_replicas: usize, replicas: usize) -> f64 {
+        match self.policy {
+            BatchPolicy::FixedGlobal { .. } => base_lr,
+            BatchPolicy::PerReplica { .. } => {
+                base_lr * replicas as f64 / base_replicas.max(1) as f64
+            }
+        }
+    }
+}
