@@ -14,10 +14,13 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use burn::collective::{
-    CollectiveConfig, PeerId, ReduceOperation, finish_collective, register, reset_collective,
+    CollectiveConfig, PeerId, ReduceOperation, all_reduce, finish_collective, register,
+    reset_collective,
 };
+use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::backend::Backend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorPrimitive};
 use crossbeam_channel::{Receiver, Sender, bounded};
 
 use crate::error::ElasticError;
@@ -143,4 +146,110 @@ pub(crate) fn all_reduce_mean<B: Backend>(
             operation: format!("all-reduce of stage {stage}'s gradients"),
             message: format!("{error:?}"),
         })
+}
+
+/// One gradient of a bucket: its parameter, shape and element count.
+struct Slot {
+    id: ParamId,
+    shape: Vec<usize>,
+    len: usize,
+}
+
+/// Takes every gradient of `module`'s parameters out of `grads`, flattened,
+/// in the module's visiting order (the same on every replica).
+struct Flatten<'a, B: Backend> {
+    grads: &'a mut GradientsParams,
+    slots: Vec<Slot>,
+    flat: Vec<Tensor<B, 1>>,
+}
+
+impl<AB: AutodiffBackend> ModuleVisitor<AB> for Flatten<'_, AB::InnerBackend> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
+        if let Some(grad) = self.grads.remove::<AB::InnerBackend, D>(param.id) {
+            let shape = grad.dims().to_vec();
+            let len = shape.iter().product();
+            self.slots.push(Slot {
+                id: param.id,
+                shape,
+                len,
+            });
+            self.flat.push(grad.reshape([len]));
+        }
+    }
+}
+
+/// Puts reduced gradients back, reshaped, under their parameters.
+struct Unflatten<'a, B: Backend> {
+    grads: &'a mut GradientsParams,
+    reduced: std::collections::HashMap<ParamId, (Vec<usize>, Tensor<B, 1>)>,
+}
+
+impl<AB: AutodiffBackend> ModuleVisitor<AB> for Unflatten<'_, AB::InnerBackend> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
+        if let Some((shape, flat)) = self.reduced.remove(&param.id) {
+            let dims: [usize; D] = shape
+                .try_into()
+                .expect("a gradient has its parameter's rank");
+            self.grads
+                .register::<AB::InnerBackend, D>(param.id, flat.reshape(dims));
+        }
+    }
+}
+
+/// The mean of the gradients of `module`'s parameters over the group,
+/// flattened into buckets of about `bucket_bytes` (as PyTorch DDP does): one
+/// collective call per bucket instead of one per tensor. Every peer must
+/// call this with the same module structure and bucket size.
+pub(crate) fn all_reduce_mean_bucketed<AB, M>(
+    replica: usize,
+    stage: usize,
+    module: &M,
+    mut grads: GradientsParams,
+    bucket_bytes: usize,
+) -> Result<GradientsParams, ElasticError>
+where
+    AB: AutodiffBackend,
+    M: AutodiffModule<AB>,
+{
+    let mut flatten = Flatten::<AB::InnerBackend> {
+        grads: &mut grads,
+        slots: Vec::new(),
+        flat: Vec::new(),
+    };
+    module.visit(&mut flatten);
+    let Flatten { slots, flat, .. } = flatten;
+    let mut reduced = std::collections::HashMap::with_capacity(slots.len());
+    let mut pending: Vec<(Slot, Tensor<AB::InnerBackend, 1>)> = Vec::new();
+    let mut pending_bytes = 0;
+    let mut items = slots.into_iter().zip(flat).peekable();
+    while let Some((slot, tensor)) = items.next() {
+        pending_bytes += slot.len * tensor.dtype().size();
+        pending.push((slot, tensor));
+        if pending_bytes >= bucket_bytes || items.peek().is_none() {
+            let (slots, tensors): (Vec<Slot>, Vec<_>) = pending.drain(..).unzip();
+            let bucket = Tensor::cat(tensors, 0).into_primitive().tensor();
+            let bucket =
+                all_reduce::<AB::InnerBackend>(peer(replica), bucket, ReduceOperation::Mean)
+                    .map_err(|error| ElasticError::Collective {
+                        replica,
+                        operation: format!("all-reduce of a gradient bucket of stage {stage}"),
+                        message: format!("{error:?}"),
+                    })?;
+            let bucket =
+                Tensor::<AB::InnerBackend, 1>::from_primitive(TensorPrimitive::Float(bucket));
+            let mut start = 0;
+            for slot in slots {
+                let part = bucket.clone().narrow(0, start, slot.len);
+                start += slot.len;
+                reduced.insert(slot.id, (slot.shape, part));
+            }
+            pending_bytes = 0;
+        }
+    }
+    let mut unflatten = Unflatten::<AB::InnerBackend> {
+        grads: &mut grads,
+        reduced,
+    };
+    module.visit(&mut unflatten);
+    Ok(grads)
 }

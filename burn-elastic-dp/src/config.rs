@@ -9,6 +9,20 @@ use burn_pipe::PipelineConfig;
 use crate::error::ElasticError;
 use crate::group::ReplicaGroup;
 
+/// How the replicas' gradients are all-reduced; both give the same mean.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum AllReduce {
+    /// One collective call per gradient tensor, in parameter-id order
+    /// (burn-optim's `GradientsParams::all_reduce`).
+    PerTensor,
+    /// Gradients flattened into buckets of about `bucket_bytes` bytes, one
+    /// collective call per bucket (as PyTorch DDP does).
+    Bucketed {
+        /// Bytes per bucket (at least 1).
+        bucket_bytes: usize,
+    },
+}
+
 /// Configuration of a [`ReplicaGroup`]; [`init`](ReplicaConfig::init) builds one.
 ///
 /// ```
@@ -28,6 +42,9 @@ pub struct ReplicaConfig {
     /// has not finished by then fails the step with a timeout naming it.
     #[config(default = 300_000)]
     pub timeout_ms: u64,
+    /// How gradients are all-reduced.
+    #[config(default = "AllReduce::Bucketed { bucket_bytes: 25 << 20 }")]
+    pub all_reduce: AllReduce,
 }
 
 impl ReplicaConfig {

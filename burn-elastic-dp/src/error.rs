@@ -25,6 +25,9 @@ pub enum ElasticError {
     /// A zero bound on waits.
     #[error("timeout_ms must be at least 1, got 0")]
     NoTimeout,
+    /// Buckets of 0 bytes.
+    #[error("all_reduce bucket_bytes must be at least 1, got 0")]
+    EmptyBucket,
     /// A batch with fewer samples than replicas.
     #[error("a batch of {batch} samples cannot be shared by {replicas} replicas")]
     BatchTooSmall {

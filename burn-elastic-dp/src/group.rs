@@ -17,7 +17,7 @@ use burn_freeze::{
 use burn_pipe::{Pipeline, StepReport, micro_batch_sizes};
 
 use crate::collective::{self, GroupToken};
-use crate::config::ReplicaConfig;
+use crate::config::{AllReduce, ReplicaConfig};
 use crate::error::ElasticError;
 
 /// What one data-parallel step measured.
@@ -147,6 +147,9 @@ where
         if config.timeout_ms == 0 {
             return Err(ElasticError::NoTimeout);
         }
+        if config.all_reduce == (AllReduce::Bucketed { bucket_bytes: 0 }) {
+            return Err(ElasticError::EmptyBucket);
+        }
         let token = GroupToken::acquire(Duration::from_millis(config.timeout_ms))?;
         materialize(&stack);
         let mut replicas = Vec::with_capacity(devices.len());
@@ -257,6 +260,7 @@ where
         let inputs = input.split_batch(&shards);
         let targets = targets.split_batch(&shards);
         let timeout = self.timeout();
+        let mode = self.config.all_reduce;
         let loss = &loss;
         let (tx, rx) = crossbeam_channel::unbounded();
         let mut results: Vec<Option<Result<(StepReport, Duration), ElasticError>>> =
@@ -286,10 +290,24 @@ where
                                 .map_err(|source| ElasticError::Replica { replica, source })?;
                             let reduce = Instant::now();
                             if count > 1 {
-                                pipeline.map_gradients(|stage, grads| {
-                                    collective::all_reduce_mean::<InnerBackendOf<S>>(
-                                        replica, stage, grads,
-                                    )
+                                let modules: Vec<TrainableUnits<S>> = (0..pipeline.num_stages())
+                                    .map(|s| pipeline.stage(s).trainable().clone())
+                                    .collect();
+                                pipeline.map_gradients(|stage, grads| match mode {
+                                    AllReduce::PerTensor => {
+                                        collective::all_reduce_mean::<InnerBackendOf<S>>(
+                                            replica, stage, grads,
+                                        )
+                                    }
+                                    AllReduce::Bucketed { bucket_bytes } => {
+                                        collective::all_reduce_mean_bucketed::<S::Backend, _>(
+                                            replica,
+                                            stage,
+                                            &modules[stage],
+                                            grads,
+                                            bucket_bytes,
+                                        )
+                                    }
                                 })?;
                             }
                             Ok((report, reduce.elapsed()))

@@ -19,8 +19,11 @@
 //! The group resizes at a step boundary ([`ReplicaGroup::resize`]): a new
 //! replica is a copy of a live one, optimizer state included.
 //!
-//! Still to come (see the issue "burn-elastic-dp"): bucketed all-reduce,
-//! groups across processes, and the PipeTransformer trainer on top.
+//! Gradients are all-reduced per tensor or in buckets ([`AllReduce`]).
+//!
+//! Still to come (see the issue "burn-elastic-dp"): groups across processes,
+//! bounding a replica that stalls in its own computation, and the
+//! PipeTransformer trainer on top.
 //!
 //! [`Pipeline`]: burn_pipe::Pipeline
 
@@ -30,7 +33,7 @@ mod error;
 mod group;
 mod sampler;
 
-pub use config::ReplicaConfig;
+pub use config::{AllReduce, ReplicaConfig};
 pub use error::ElasticError;
 pub use group::{GroupReport, ReplicaGroup};
 pub use sampler::{BatchPolicy, ElasticSampler};

@@ -9,7 +9,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::{AdamConfig, GradientsParams, SgdConfig};
 use burn::prelude::*;
-use burn_elastic_dp::{ElasticError, ReplicaConfig};
+use burn_elastic_dp::{AllReduce, ElasticError, ReplicaConfig};
 use burn_freeze::{AutoFreeze, FixedSchedule, LayerMap, LayerStack, StackMarker};
 use burn_pipe::{PipeError, Pipeline, PipelineConfig};
 
@@ -158,7 +158,21 @@ fn pipeline_config() -> PipelineConfig {
 #[test]
 fn replicas_on_a_split_batch_give_one_pipelines_gradients_on_the_whole_batch() {
     let device: Device<B> = Default::default();
-    for (replicas, samples) in [(2, 8), (3, 10)] {
+    // Per tensor, and in buckets of 300 bytes (several per stage, a tensor
+    // of 8 x 8 floats filling one alone), and one bucket per stage.
+    for (replicas, samples, mode) in [
+        (2, 8, AllReduce::PerTensor),
+        (3, 10, AllReduce::PerTensor),
+        (2, 8, AllReduce::Bucketed { bucket_bytes: 300 }),
+        (3, 10, AllReduce::Bucketed { bucket_bytes: 300 }),
+        (
+            3,
+            10,
+            AllReduce::Bucketed {
+                bucket_bytes: 1 << 20,
+            },
+        ),
+    ] {
         let model = stack(0);
         let _ = weights(&model); // read the weights before cloning
         let (x, y) = batch(replicas as u64, samples);
@@ -168,6 +182,7 @@ fn replicas_on_a_split_batch_give_one_pipelines_gradients_on_the_whole_batch() {
         single.forward_backward(x.clone(), y.clone(), loss).unwrap();
         let mut group = ReplicaConfig::new()
             .with_pipeline(pipeline_config())
+            .with_all_reduce(mode)
             .init(model, vec![vec![device; 2]; replicas], || {
                 SgdConfig::new().init()
             })
@@ -183,7 +198,7 @@ fn replicas_on_a_split_batch_give_one_pipelines_gradients_on_the_whole_batch() {
                 );
                 assert!(
                     diff <= 1e-5,
-                    "R={replicas} ({:?}): replica {r} stage {s} differs by {diff}",
+                    "R={replicas} ({:?}, {mode:?}): replica {r} stage {s} differs by {diff}",
                     report.shards
                 );
             }
