@@ -190,9 +190,10 @@ where
         Duration::from_millis(self.config.timeout_ms)
     }
 
-    /// Registers the collective group when it is not registered for the
-    /// current replicas.
-    fn form(&mut self) -> Result<(), ElasticError> {
+    /// Registers the collective group for the current replicas now, if it
+    /// is not (otherwise the next step does it): every replica's peer
+    /// registers, within the timeout.
+    pub fn form(&mut self) -> Result<(), ElasticError> {
         if self.formed || self.replicas.len() == 1 {
             return Ok(());
         }

@@ -1,6 +1,7 @@
 //! The benchmarks behind `--bin bench`, one file each, and their report writer.
 
 pub mod alloc;
+pub mod elastic;
 pub mod freeze;
 pub mod pipe;
 mod report;

@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release -p examples --bin bench -- pipe [--quick]
 //! cargo run --release -p examples --bin bench -- freeze [--quick]
+//! cargo run --release -p examples --bin bench -- elastic [--quick]
 //! ```
 
 use clap::{Parser, Subcommand};
@@ -28,6 +29,8 @@ enum Bench {
     Pipe,
     /// Frozen prefixes and the activation cache: step time and peak memory.
     Freeze,
+    /// Data-parallel replicas: step time, all-reduce cost, transitions.
+    Elastic,
 }
 
 fn main() {
@@ -36,6 +39,7 @@ fn main() {
     let result = match args.bench {
         Bench::Pipe => examples::bench::pipe::run(args.quick),
         Bench::Freeze => examples::bench::freeze::run(args.quick),
+        Bench::Elastic => examples::bench::elastic::run(args.quick),
     };
     if let Err(error) = result {
         eprintln!("bench failed: {error}");

@@ -1,0 +1,232 @@
+//! `bench elastic`: data-parallel replicas of a pipeline (step time at
+//! (K, R) in {(1,1), (2,1), (1,2)}, all-reduce cost per tensor against
+//! bucketed) and the cost of the group's transitions.
+
+use std::time::{Duration, Instant};
+
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::AdamConfig;
+use burn::prelude::*;
+use burn_elastic_dp::{AllReduce, ReplicaConfig, ReplicaGroup};
+use burn_freeze::{IntoLayerStack, LayerStack, ParamStates, StackTypes, TrainableUnits};
+use burn_pipe::PipelineConfig;
+use models::bert::BertConfig;
+use models::synthetic::MajorityTokens;
+use serde::Serialize;
+
+use super::{BenchError, write_report};
+use crate::backend::{self, Inner, Train};
+
+#[derive(Debug, Serialize)]
+struct StepRow {
+    stages: usize,
+    replicas: usize,
+    all_reduce: String,
+    step_ms: f64,
+    ratio_to_single: f64,
+    all_reduce_ms: f64,
+    all_reduce_share: f64,
+    all_reduce_gb_per_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct TransitionRow {
+    transition: String,
+    ms: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    bench: &'static str,
+    backend: &'static str,
+    quick: bool,
+    step_model: String,
+    batch: usize,
+    repetitions: usize,
+    gradient_bytes: usize,
+    steps: Vec<StepRow>,
+    transition_model: String,
+    transitions: Vec<TransitionRow>,
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn run_err<E: std::fmt::Display>(error: E) -> BenchError {
+    BenchError::Run(error.to_string())
+}
+
+fn group<S, O>(
+    stack: &LayerStack<S>,
+    stages: usize,
+    replicas: usize,
+    all_reduce: AllReduce,
+    make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
+) -> Result<ReplicaGroup<S, O>, BenchError>
+where
+    S: StackTypes<Backend = Train>,
+    O: burn::optim::Optimizer<TrainableUnits<S>, Train>,
+    O::Record: ParamStates,
+{
+    let devices = (0..replicas)
+        .map(|r| (0..stages).map(|s| backend::device(r * stages + s)).collect())
+        .collect();
+    ReplicaConfig::new()
+        .with_pipeline(PipelineConfig::new().with_micro_batches(Some(2)))
+        .with_all_reduce(all_reduce)
+        .init(stack.clone(), devices, make_optimizer)
+        .map_err(run_err)
+}
+
+/// Runs the elastic benchmark.
+pub fn run(quick: bool) -> Result<(), BenchError> {
+    let device = backend::device(0);
+    let (batch, reps) = if quick { (8, 3) } else { (16, 7) };
+    let config = BertConfig::minilm_l6_h384(2).with_dropout(0.0);
+    let task = MajorityTokens::new(64, 12, 24, 5);
+    let stack = config.init::<Train>(&device).into_layer_stack();
+    // Read the weights once (Burn initialises them lazily).
+    let _ = stack.forward(task.batch::<Train>(0, 1, &device).0);
+    let params: usize = stack.unit_params().iter().sum();
+    let gradient_bytes = params * std::mem::size_of::<f32>();
+    let step_model = format!(
+        "BERT MiniLM-L6-H384 ({} M parameters, {} units)",
+        params / 1_000_000,
+        stack.num_units()
+    );
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    println!(
+        "bench elastic ({}; backend {}; {step_model}; batch {batch}; median of {reps}; ratios against K=1, R=1 in this run)",
+        if quick { "quick" } else { "full" },
+        backend::NAME
+    );
+    println!(
+        "{:>2} {:>2} {:<22} {:>9} {:>6} {:>12} {:>7} {:>9}",
+        "K", "R", "all-reduce", "step ms", "ratio", "all-red. ms", "share", "GB/s"
+    );
+    let bucketed = AllReduce::Bucketed { bucket_bytes: 25 << 20 };
+    let mut steps = Vec::new();
+    let mut single_ms = None;
+    for (stages, replicas, all_reduce) in [
+        (1, 1, AllReduce::PerTensor),
+        (2, 1, AllReduce::PerTensor),
+        (1, 2, AllReduce::PerTensor),
+        (1, 2, bucketed),
+    ] {
+        let mut group = group(&stack, stages, replicas, all_reduce, || AdamConfig::new().init())?;
+        let mut walls = Vec::new();
+        let mut reduces = Vec::new();
+        for rep in 0..=reps {
+            let (input, labels) = task.batch::<Train>(rep, batch, &device);
+            let report = group
+                .train_step(input, labels, |l, t| loss_fn.forward(l, t), 1e-4)
+                .map_err(run_err)?;
+            Inner::sync(&device).map_err(|e| run_err(format!("{e:?}")))?;
+            if rep > 0 {
+                walls.push(report.wall.as_secs_f64());
+                // The replica that finished its pass last waited for no one:
+                // its all-reduce time is the collective's own cost.
+                let own = report.all_reduce.iter().min().copied().unwrap_or(Duration::ZERO);
+                reduces.push(own.as_secs_f64());
+            }
+        }
+        drop(group);
+        let step_ms = median(walls) * 1e3;
+        let single = *single_ms.get_or_insert(step_ms);
+        let all_reduce_ms = if replicas > 1 { median(reduces) * 1e3 } else { 0.0 };
+        let row = StepRow {
+            stages,
+            replicas,
+            all_reduce: if replicas > 1 {
+                format!("{all_reduce:?}")
+            } else {
+                "none".into()
+            },
+            step_ms,
+            ratio_to_single: step_ms / single,
+            all_reduce_ms,
+            all_reduce_share: all_reduce_ms / step_ms,
+            all_reduce_gb_per_s: if all_reduce_ms > 0.0 {
+                gradient_bytes as f64 / (all_reduce_ms * 1e-3) / 1e9
+            } else {
+                0.0
+            },
+        };
+        println!(
+            "{:>2} {:>2} {:<22} {:>9.1} {:>6.2} {:>12.2} {:>6.1}% {:>9.2}",
+            row.stages,
+            row.replicas,
+            row.all_reduce,
+            row.step_ms,
+            row.ratio_to_single,
+            row.all_reduce_ms,
+            100.0 * row.all_reduce_share,
+            row.all_reduce_gb_per_s
+        );
+        steps.push(row);
+    }
+
+    // Transitions on a BERT-base-sized model (the paper's 5-23 s per DDP
+    // rebuild and 4-18 s per weight copy are its figures for comparison).
+    let base = BertConfig::base(2).with_dropout(0.0);
+    let base_stack = base.init::<Train>(&device).into_layer_stack();
+    let _ = base_stack.forward(task.batch::<Train>(0, 1, &device).0);
+    let base_params: usize = base_stack.unit_params().iter().sum();
+    let transition_model = format!("BERT-base ({} M parameters)", base_params / 1_000_000);
+    let mut group = group(&base_stack, 1, 1, bucketed, || AdamConfig::new().init())?;
+    let (input, labels) = task.batch::<Train>(0, 4, &device);
+    group
+        .train_step(input, labels, |l, t| loss_fn.forward(l, t), 1e-4)
+        .map_err(run_err)?;
+    let mut transitions = Vec::new();
+    let mut time = |name: &str, f: &mut dyn FnMut() -> Result<(), BenchError>| -> Result<(), BenchError> {
+        let start = Instant::now();
+        f()?;
+        Inner::sync(&device).map_err(|e| run_err(format!("{e:?}")))?;
+        transitions.push(TransitionRow {
+            transition: name.into(),
+            ms: start.elapsed().as_secs_f64() * 1e3,
+        });
+        Ok(())
+    };
+    let two = |stages: usize| -> Vec<Vec<Device<Train>>> {
+        (0..2)
+            .map(|r| (0..stages).map(|s| backend::device(r * stages + s)).collect())
+            .collect()
+    };
+    time("grow R 1 -> 2 (copy weights and Adam state)", &mut || {
+        group.resize(two(1)).map_err(run_err)
+    })?;
+    time("re-form the collective group (R = 2)", &mut || group.form().map_err(run_err))?;
+    time("repartition K 1 -> 2 on both replicas", &mut || {
+        let balance = burn_pipe::balance_exact(&vec![1.0; base.num_units()], 2);
+        group.repartition(&balance, two(2)).map_err(run_err)
+    })?;
+    time("shrink R 2 -> 1", &mut || {
+        group
+            .resize(vec![(0..2).map(backend::device).collect()])
+            .map_err(run_err)
+    })?;
+    drop(group);
+    println!("transitions ({transition_model}; the paper: 5-23 s per DDP rebuild, 4-18 s per weight copy):");
+    for row in &transitions {
+        println!("  {:<46} {:>9.1} ms", row.transition, row.ms);
+    }
+    let report = Report {
+        bench: "elastic",
+        backend: backend::NAME,
+        quick,
+        step_model,
+        batch,
+        repetitions: reps,
+        gradient_bytes,
+        steps,
+        transition_model,
+        transitions,
+    };
+    let path = write_report("elastic", &report)?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
