@@ -72,10 +72,12 @@ pub enum ElasticError {
         message: String,
     },
     /// Some replicas did not finish their share of a step in time; the
-    /// collective was reset so that none stays blocked.
+    /// collective was reset so that none stays blocked in an all-reduce.
     #[error("replicas {missing:?} did not finish the step within {waited:?}")]
     Timeout {
-        /// Replicas that had not reported.
+        /// Replicas still in their own forward and backward pass at the
+        /// deadline (the others waited for them in the all-reduce); every
+        /// unfinished replica when all had reached the all-reduce.
         missing: Vec<usize>,
         /// The bound.
         waited: Duration,

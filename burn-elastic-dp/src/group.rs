@@ -20,6 +20,14 @@ use crate::collective::{self, GroupToken};
 use crate::config::{AllReduce, ReplicaConfig};
 use crate::error::ElasticError;
 
+/// What a replica thread tells the coordinating thread.
+enum Progress {
+    /// The replica finished its pass and entered the all-reduce.
+    Arrived(usize),
+    /// The replica's share of the step ended.
+    Done(usize, Result<(StepReport, Duration), ElasticError>),
+}
+
 /// What one data-parallel step measured.
 #[derive(Debug, Clone)]
 pub struct GroupReport {
@@ -263,10 +271,13 @@ where
         let timeout = self.timeout();
         let mode = self.config.all_reduce;
         let loss = &loss;
-        let (tx, rx) = crossbeam_channel::unbounded();
+        let (tx, rx) = crossbeam_channel::unbounded::<Progress>();
         let mut results: Vec<Option<Result<(StepReport, Duration), ElasticError>>> =
             (0..count).map(|_| None).collect();
-        // Replicas that had not reported when the deadline passed.
+        // Replicas that reached the all-reduce (their pass is done).
+        let mut arrived = vec![false; count];
+        // Replicas still in their own pass when the deadline passed (or, if
+        // all had arrived, every replica: the all-reduce itself stalled).
         let mut missing: Option<Vec<usize>> = None;
         thread::scope(|scope| {
             for (replica, ((pipeline, input), targets)) in self
@@ -289,6 +300,7 @@ where
                                     loss(output, target).mul_scalar(scale)
                                 })
                                 .map_err(|source| ElasticError::Replica { replica, source })?;
+                            let _ = tx.send(Progress::Arrived(replica));
                             let reduce = Instant::now();
                             if count > 1 {
                                 let modules: Vec<TrainableUnits<S>> = (0..pipeline.num_stages())
@@ -319,7 +331,7 @@ where
                                 message: panic_message(panic.as_ref()),
                             })
                         });
-                        let _ = tx.send((replica, result));
+                        let _ = tx.send(Progress::Done(replica, result));
                     })
                     .expect("spawning a replica thread");
             }
@@ -336,7 +348,9 @@ where
                     rx.recv_deadline(deadline).map_err(|_| ())
                 };
                 match received {
-                    Ok((replica, result)) => {
+                    Ok(Progress::Arrived(replica)) => arrived[replica] = true,
+                    Ok(Progress::Done(replica, result)) => {
+                        arrived[replica] = true;
                         if result.is_err() && !reset && count > 1 {
                             collective::reset::<InnerBackendOf<S>>();
                             reset = true;
@@ -344,7 +358,12 @@ where
                         results[replica] = Some(result);
                     }
                     Err(()) if !reset => {
-                        missing = Some((0..count).filter(|&r| results[r].is_none()).collect());
+                        let late: Vec<usize> = (0..count).filter(|&r| !arrived[r]).collect();
+                        missing = Some(if late.is_empty() {
+                            (0..count).filter(|&r| results[r].is_none()).collect()
+                        } else {
+                            late
+                        });
                         collective::reset::<InnerBackendOf<S>>();
                         reset = true;
                     }

@@ -21,6 +21,9 @@ pub struct Dense<B: Backend> {
     /// Panics when it sees a batch of exactly this many samples (0: never).
     #[module(skip)]
     trip: usize,
+    /// Stalls for `.1` milliseconds on a batch of exactly `.0` samples.
+    #[module(skip)]
+    stall: (usize, u64),
 }
 
 impl<B: Backend> Dense<B> {
@@ -30,6 +33,10 @@ impl<B: Backend> Dense<B> {
             "tripwire: a batch of {} samples",
             self.trip
         );
+        if x.dims()[0] == self.stall.0 {
+            // Simulates a replica stuck in its own computation.
+            std::thread::sleep(std::time::Duration::from_millis(self.stall.1));
+        }
         x.clone() + self.linear.forward(x).tanh()
     }
 }
@@ -55,14 +62,25 @@ const CLASSES: usize = 3;
 
 /// 6 units: 5 residual blocks and a head; `trip` on the third block.
 fn stack(trip: usize) -> LayerStack<Types> {
+    stalling_stack(trip, (0, 0))
+}
+
+/// [`stack`] whose third block also stalls as `stall` says.
+fn stalling_stack(trip: usize, stall: (usize, u64)) -> LayerStack<Types> {
     let device = Default::default();
-    let dense = |trip| Dense {
+    let dense = |trip, stall| Dense {
         linear: LinearConfig::new(WIDTH, WIDTH).init(&device),
         trip,
+        stall,
     };
     LayerStack::new(
-        dense(0),
-        vec![dense(0), dense(trip), dense(0), dense(0)],
+        dense(0, (0, 0)),
+        vec![
+            dense(0, (0, 0)),
+            dense(trip, stall),
+            dense(0, (0, 0)),
+            dense(0, (0, 0)),
+        ],
         Head {
             linear: LinearConfig::new(WIDTH, CLASSES).init(&device),
         },
@@ -378,4 +396,43 @@ fn a_group_resized_one_two_four_two_trains_as_a_fixed_group() {
         Err(ElasticError::UnevenReplicas { .. })
     ));
     assert_eq!(elastic.num_replicas(), 2);
+}
+
+#[test]
+fn a_stalled_replica_is_named_and_the_waiting_one_is_released() {
+    let device: Device<B> = Default::default();
+    // Replica 0 (shard of 3: micro-batches of 2 and 1) stalls 1.5 s on its
+    // 2-sample micro-batch; replica 1 finishes and waits in the all-reduce.
+    // At the 300 ms deadline the collective is reset, which releases
+    // replica 1; the error names replica 0. (It returns once replica 0's
+    // computation comes back: a computing thread cannot be interrupted.)
+    let mut group = ReplicaConfig::new()
+        .with_pipeline(pipeline_config())
+        .with_timeout_ms(300)
+        .init(
+            stalling_stack(0, (2, 1500)),
+            vec![vec![device; 2]; 2],
+            || SgdConfig::new().init(),
+        )
+        .unwrap();
+    let before = weights(&group.to_layer_stack());
+    let (x, y) = batch(600, 5);
+    let error = group.train_step(x, y, loss, 0.1).unwrap_err();
+    match &error {
+        ElasticError::Timeout { missing, waited } => {
+            assert_eq!(missing, &vec![0], "{error}");
+            assert_eq!(waited.as_millis(), 300);
+        }
+        other => panic!("unexpected error: {other}"),
+    }
+    let after = weights(&group.to_layer_stack());
+    assert!(
+        before
+            .iter()
+            .zip(&after)
+            .all(|(a, b)| a.as_bytes() == b.as_bytes())
+    );
+    // The next step (no 2-sample micro-batch) trains: the group re-formed.
+    let (x, y) = batch(601, 4);
+    group.train_step(x, y, loss, 0.1).unwrap();
 }

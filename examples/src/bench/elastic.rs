@@ -71,7 +71,11 @@ where
     O::Record: ParamStates,
 {
     let devices = (0..replicas)
-        .map(|r| (0..stages).map(|s| backend::device(r * stages + s)).collect())
+        .map(|r| {
+            (0..stages)
+                .map(|s| backend::device(r * stages + s))
+                .collect()
+        })
         .collect();
     ReplicaConfig::new()
         .with_pipeline(PipelineConfig::new().with_micro_batches(Some(2)))
@@ -106,7 +110,9 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
         "{:>2} {:>2} {:<22} {:>9} {:>6} {:>12} {:>7} {:>9}",
         "K", "R", "all-reduce", "step ms", "ratio", "all-red. ms", "share", "GB/s"
     );
-    let bucketed = AllReduce::Bucketed { bucket_bytes: 25 << 20 };
+    let bucketed = AllReduce::Bucketed {
+        bucket_bytes: 25 << 20,
+    };
     let mut steps = Vec::new();
     let mut single_ms = None;
     for (stages, replicas, all_reduce) in [
@@ -115,7 +121,9 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
         (1, 2, AllReduce::PerTensor),
         (1, 2, bucketed),
     ] {
-        let mut group = group(&stack, stages, replicas, all_reduce, || AdamConfig::new().init())?;
+        let mut group = group(&stack, stages, replicas, all_reduce, || {
+            AdamConfig::new().init()
+        })?;
         let mut walls = Vec::new();
         let mut reduces = Vec::new();
         for rep in 0..=reps {
@@ -128,14 +136,23 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
                 walls.push(report.wall.as_secs_f64());
                 // The replica that finished its pass last waited for no one:
                 // its all-reduce time is the collective's own cost.
-                let own = report.all_reduce.iter().min().copied().unwrap_or(Duration::ZERO);
+                let own = report
+                    .all_reduce
+                    .iter()
+                    .min()
+                    .copied()
+                    .unwrap_or(Duration::ZERO);
                 reduces.push(own.as_secs_f64());
             }
         }
         drop(group);
         let step_ms = median(walls) * 1e3;
         let single = *single_ms.get_or_insert(step_ms);
-        let all_reduce_ms = if replicas > 1 { median(reduces) * 1e3 } else { 0.0 };
+        let all_reduce_ms = if replicas > 1 {
+            median(reduces) * 1e3
+        } else {
+            0.0
+        };
         let row = StepRow {
             stages,
             replicas,
@@ -181,25 +198,32 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
         .train_step(input, labels, |l, t| loss_fn.forward(l, t), 1e-4)
         .map_err(run_err)?;
     let mut transitions = Vec::new();
-    let mut time = |name: &str, f: &mut dyn FnMut() -> Result<(), BenchError>| -> Result<(), BenchError> {
-        let start = Instant::now();
-        f()?;
-        Inner::sync(&device).map_err(|e| run_err(format!("{e:?}")))?;
-        transitions.push(TransitionRow {
-            transition: name.into(),
-            ms: start.elapsed().as_secs_f64() * 1e3,
-        });
-        Ok(())
-    };
+    let mut time =
+        |name: &str, f: &mut dyn FnMut() -> Result<(), BenchError>| -> Result<(), BenchError> {
+            let start = Instant::now();
+            f()?;
+            Inner::sync(&device).map_err(|e| run_err(format!("{e:?}")))?;
+            transitions.push(TransitionRow {
+                transition: name.into(),
+                ms: start.elapsed().as_secs_f64() * 1e3,
+            });
+            Ok(())
+        };
     let two = |stages: usize| -> Vec<Vec<Device<Train>>> {
         (0..2)
-            .map(|r| (0..stages).map(|s| backend::device(r * stages + s)).collect())
+            .map(|r| {
+                (0..stages)
+                    .map(|s| backend::device(r * stages + s))
+                    .collect()
+            })
             .collect()
     };
     time("grow R 1 -> 2 (copy weights and Adam state)", &mut || {
         group.resize(two(1)).map_err(run_err)
     })?;
-    time("re-form the collective group (R = 2)", &mut || group.form().map_err(run_err))?;
+    time("re-form the collective group (R = 2)", &mut || {
+        group.form().map_err(run_err)
+    })?;
     time("repartition K 1 -> 2 on both replicas", &mut || {
         let balance = burn_pipe::balance_exact(&vec![1.0; base.num_units()], 2);
         group.repartition(&balance, two(2)).map_err(run_err)
@@ -210,7 +234,9 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
             .map_err(run_err)
     })?;
     drop(group);
-    println!("transitions ({transition_model}; the paper: 5-23 s per DDP rebuild, 4-18 s per weight copy):");
+    println!(
+        "transitions ({transition_model}; the paper: 5-23 s per DDP rebuild, 4-18 s per weight copy):"
+    );
     for row in &transitions {
         println!("  {:<46} {:>9.1} ms", row.transition, row.ms);
     }
