@@ -20,6 +20,12 @@ pub type Inner = burn::backend::Flex;
 #[cfg(feature = "test-tch")]
 pub type Inner = burn::backend::LibTorch;
 pub type B = Autodiff<Inner>;
+/// What `B::name` reports for the backend above on its default device.
+pub const BACKEND_NAME: &str = if cfg!(feature = "test-tch") {
+    "autodiff<libtorch<cpu>>"
+} else {
+    "autodiff<flex>"
+};
 
 /// Unit 0: `[batch, tokens, input] -> [batch, tokens, hidden]`.
 #[derive(Module, Debug)]

@@ -17,6 +17,12 @@ pub type Inner = burn::backend::Flex;
 #[cfg(feature = "test-tch")]
 pub type Inner = burn::backend::LibTorch;
 pub type B = Autodiff<Inner>;
+/// What `B::name` reports for the backend above on its default device.
+pub const BACKEND_NAME: &str = if cfg!(feature = "test-tch") {
+    "autodiff<libtorch<cpu>>"
+} else {
+    "autodiff<flex>"
+};
 
 /// Largest absolute difference relative to the largest magnitude of `expected`.
 pub fn relative_diff<const D: usize>(actual: Tensor<Inner, D>, expected: Tensor<Inner, D>) -> f32 {
