@@ -173,3 +173,12 @@ fn unfreezing_makes_units_train_again() {
     assert!(!grads.is_empty() && grads.len() < all);
     assert_eq!(stack.into_layer_stack().num_units(), 6);
 }
+
+/// The tests run on the backend that `test-tch` selects (`.ci/tch`), on the CPU.
+#[test]
+fn tests_run_on_the_selected_backend() {
+    assert_eq!(
+        <common::B as Backend>::name(&Default::default()),
+        common::BACKEND_NAME
+    );
+}

@@ -213,3 +213,12 @@ fn evaluation_forward_equals_the_model_forward() {
         );
     }
 }
+
+/// The tests run on the backend that `test-tch` selects (`.ci/tch`), on the CPU.
+#[test]
+fn tests_run_on_the_selected_backend() {
+    assert_eq!(
+        <common::B as Backend>::name(&Default::default()),
+        common::BACKEND_NAME
+    );
+}

@@ -8,9 +8,9 @@
 //! why it skips when the files are absent, and fails when `MINILM_DIR` is set
 //! but wrong.
 
+mod common;
 mod support;
 
-use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn_freeze::{FreezableStack, IntoLayerStack};
@@ -58,7 +58,7 @@ fn minilm_embeddings_match_the_reference() {
     let checkpoint = BertCheckpoint::open(&dir).unwrap();
     let config = checkpoint.config(2);
     assert_eq!((config.layers, config.hidden, config.heads), (6, 384, 12));
-    let (bert, report) = checkpoint.load::<Flex>(&config, &device).unwrap();
+    let (bert, report) = checkpoint.load::<common::Inner>(&config, &device).unwrap();
     println!("{report}");
     // 6 blocks x 16 tensors + 5 embedding tensors + 2 pooler tensors.
     assert_eq!(report.loaded.len(), 6 * 16 + 5 + 2);
@@ -128,7 +128,7 @@ fn unit_kinds<B: AutodiffBackend>(bert: Bert<B>) -> Vec<&'static str> {
 #[test]
 #[ignore = "needs all-MiniLM-L6-v2 (MINILM_DIR, or .ci/run downloads it); run with --ignored"]
 fn minilm_loaded_splits_into_the_units_of_a_fresh_bert_and_freezes() {
-    type B = Autodiff<Flex>;
+    type B = common::B;
     let dir = support::minilm_dir();
     let device = Default::default();
     let checkpoint = BertCheckpoint::open(&dir).unwrap();

@@ -1,14 +1,18 @@
 //! Every preset builds, has the published parameter count, and gives logits of
-//! the right shape. The big presets run one small batch on the plain CPU backend.
+//! the right shape. The big presets run one small batch on the tests' inner
+//! backend (no autodiff).
 
-use burn::backend::Flex;
+mod common;
+
 use burn::prelude::*;
 use models::bert::{BertConfig, BertInput};
 use models::vit::VitConfig;
 
+use common::Inner;
+
 fn bert_logits_shape(config: &BertConfig) -> ([usize; 2], usize) {
     let device = Default::default();
-    let bert = config.init::<Flex>(&device);
+    let bert = config.init::<Inner>(&device);
     let input = BertInput::from_token_ids(&[vec![1, 2, 3, 4, 5], vec![1, 2, 3]], 0, &device);
     let classifier = config.hidden * config.num_classes + config.num_classes;
     (bert.forward(input).dims(), bert.num_params() - classifier)
@@ -18,18 +22,18 @@ fn bert_logits_shape(config: &BertConfig) -> ([usize; 2], usize) {
 fn vit_b16_has_86_6m_parameters_and_classifies_224px_images() {
     let config = VitConfig::vit_b16(1000);
     assert_eq!(config.num_units(), 27);
-    let vit = config.init::<Flex>(&Default::default());
+    let vit = config.init::<Inner>(&Default::default());
     // timm's vit_base_patch16_224: 86,567,656 parameters.
     assert_eq!(vit.num_params(), 86_567_656);
-    let images = Tensor::<Flex, 4>::zeros([1, 3, 224, 224], &Default::default());
+    let images = Tensor::<Inner, 4>::zeros([1, 3, 224, 224], &Default::default());
     assert_eq!(vit.forward(images).dims(), [1, 1000]);
 }
 
 #[test]
 fn tiny_vit_classifies_16px_images() {
     let config = VitConfig::tiny(7);
-    let vit = config.init::<Flex>(&Default::default());
-    let images = Tensor::<Flex, 4>::zeros([3, 3, 16, 16], &Default::default());
+    let vit = config.init::<Inner>(&Default::default());
+    let images = Tensor::<Inner, 4>::zeros([3, 3, 16, 16], &Default::default());
     assert_eq!(vit.forward(images).dims(), [3, 7]);
 }
 
@@ -74,7 +78,7 @@ fn invalid_configs_are_explained() {
 #[should_panic(expected = "longer than the 64 positions")]
 fn bert_refuses_sequences_longer_than_its_positions() {
     let device = Default::default();
-    let bert = BertConfig::tiny(2).init::<Flex>(&device);
+    let bert = BertConfig::tiny(2).init::<Inner>(&device);
     let long: Vec<u32> = (0..65).map(|i| 2 + i % 60).collect();
     bert.forward(BertInput::from_token_ids(&[long], 0, &device));
 }

@@ -2,15 +2,15 @@
 //! names with or without `bert.`, PyTorch layouts, and clear errors for
 //! every kind of mismatch.
 
+mod common;
 mod support;
 
-use burn::backend::Flex;
 use burn::prelude::*;
 use models::bert::{Bert, BertConfig, BertInput};
 use models::pretrained::{BertCheckpoint, LoadOptions, PretrainedError, load_bert_safetensors};
 use support::{Checkpoint, scratch_dir};
 
-type B = Flex;
+type B = common::Inner;
 
 /// `bert` in Hugging Face `BertForSequenceClassification` naming, without
 /// the `bert.` prefix.

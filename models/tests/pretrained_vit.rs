@@ -2,15 +2,15 @@
 //! write themselves from a Burn ViT: the loaded model computes the same
 //! logits, timm's fused qkv included.
 
+mod common;
 mod support;
 
-use burn::backend::Flex;
 use burn::prelude::*;
 use models::pretrained::{LoadOptions, PretrainedError, VitCheckpointFormat, load_vit_safetensors};
 use models::vit::{Vit, VitConfig};
 use support::{Checkpoint, scratch_dir};
 
-type B = Flex;
+type B = common::Inner;
 
 fn timm_checkpoint(vit: &Vit<B>) -> Checkpoint {
     let mut c = Checkpoint::default();

@@ -115,3 +115,12 @@ fn unit_kinds_follow_pipetransformer_order() {
         ["attention", "feed-forward", "attention", "feed-forward"]
     );
 }
+
+/// The tests run on the backend that `test-tch` selects (`.ci/tch`), on the CPU.
+#[test]
+fn tests_run_on_the_selected_backend() {
+    assert_eq!(
+        <common::B as Backend>::name(&Default::default()),
+        common::BACKEND_NAME
+    );
+}

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use burn::backend::{Autodiff, Flex};
+use burn::backend::Autodiff;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::prelude::*;
@@ -13,8 +13,19 @@ use burn::tensor::TensorPrimitive;
 use burn::tensor::backend::AutodiffBackend;
 use burn_freeze::{InnerOf, LayerStack, StackMarker, Unit};
 
-pub type B = Autodiff<Flex>;
-pub type Inner = Flex;
+/// The backend the tests run on: Flex, or LibTorch on the CPU (its default
+/// device) with the `test-tch` feature (`.ci/tch`).
+#[cfg(not(feature = "test-tch"))]
+pub type Inner = burn::backend::Flex;
+#[cfg(feature = "test-tch")]
+pub type Inner = burn::backend::LibTorch;
+pub type B = Autodiff<Inner>;
+/// What `B::name` reports for the backend above on its default device.
+pub const BACKEND_NAME: &str = if cfg!(feature = "test-tch") {
+    "autodiff<libtorch<cpu>>"
+} else {
+    "autodiff<flex>"
+};
 
 /// Unit 0: `[batch, tokens, input] -> [batch, tokens, hidden]`.
 #[derive(Module, Debug)]

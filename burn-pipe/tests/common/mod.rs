@@ -2,7 +2,7 @@
 //! might write, and comparisons of gradients and weights by parameter id.
 #![allow(dead_code)]
 
-use burn::backend::{Autodiff, Flex};
+use burn::backend::Autodiff;
 use burn::module::{ModuleVisitor, Param, ParamId};
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::GradientsParams;
@@ -10,8 +10,19 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn_freeze::{LayerStack, StackMarker};
 
-pub type B = Autodiff<Flex>;
-pub type Inner = Flex;
+/// The backend the tests run on: Flex, or LibTorch on the CPU (its default
+/// device) with the `test-tch` feature (`.ci/tch`).
+#[cfg(not(feature = "test-tch"))]
+pub type Inner = burn::backend::Flex;
+#[cfg(feature = "test-tch")]
+pub type Inner = burn::backend::LibTorch;
+pub type B = Autodiff<Inner>;
+/// What `B::name` reports for the backend above on its default device.
+pub const BACKEND_NAME: &str = if cfg!(feature = "test-tch") {
+    "autodiff<libtorch<cpu>>"
+} else {
+    "autodiff<flex>"
+};
 
 /// Largest absolute difference relative to the largest magnitude of `expected`.
 pub fn relative_diff<const D: usize>(actual: Tensor<Inner, D>, expected: Tensor<Inner, D>) -> f32 {

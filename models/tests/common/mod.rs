@@ -1,10 +1,22 @@
 //! Helpers shared by the model tests.
 #![allow(dead_code)]
 
-use burn::backend::{Autodiff, Flex};
+use burn::backend::Autodiff;
 use burn::prelude::*;
 
-pub type B = Autodiff<Flex>;
+/// The backend the tests run on: Flex, or LibTorch on the CPU (its default
+/// device) with the `test-tch` feature (`.ci/tch`).
+#[cfg(not(feature = "test-tch"))]
+pub type Inner = burn::backend::Flex;
+#[cfg(feature = "test-tch")]
+pub type Inner = burn::backend::LibTorch;
+pub type B = Autodiff<Inner>;
+/// What `B::name` reports for the backend above on its default device.
+pub const BACKEND_NAME: &str = if cfg!(feature = "test-tch") {
+    "autodiff<libtorch<cpu>>"
+} else {
+    "autodiff<flex>"
+};
 
 /// Largest absolute difference between two tensors, relative to the largest
 /// magnitude in `expected` (at least 1).
