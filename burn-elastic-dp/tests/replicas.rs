@@ -3,7 +3,7 @@
 //! them all, and a failing replica ends the step with an error naming it,
 //! changing nothing.
 
-use burn::backend::{Autodiff, Flex};
+use burn::backend::Autodiff;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig};
@@ -13,7 +13,13 @@ use burn_elastic_dp::{AllReduce, ElasticError, ReplicaConfig};
 use burn_freeze::{AutoFreeze, FixedSchedule, LayerMap, LayerStack, StackMarker};
 use burn_pipe::{PipeError, Pipeline, PipelineConfig};
 
-type B = Autodiff<Flex>;
+/// The backend the tests run on: Flex, or LibTorch on the CPU with the
+/// `test-tch` feature (`.ci/tch`).
+#[cfg(not(feature = "test-tch"))]
+type Inner = burn::backend::Flex;
+#[cfg(feature = "test-tch")]
+type Inner = burn::backend::LibTorch;
+type B = Autodiff<Inner>;
 
 #[derive(Module, Debug)]
 pub struct Dense<B: Backend> {
@@ -139,11 +145,11 @@ fn relative_diff<M: Module<B>>(
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Be, D>>) {
             let a = self
                 .actual
-                .get::<Flex, D>(param.id)
+                .get::<Inner, D>(param.id)
                 .expect("a gradient per parameter");
             let e = self
                 .expected
-                .get::<Flex, D>(param.id)
+                .get::<Inner, D>(param.id)
                 .expect("a gradient per parameter");
             let scale = e.clone().abs().max().into_scalar().max(f32::MIN_POSITIVE);
             self.worst = self.worst.max((a - e).abs().max().into_scalar() / scale);
@@ -435,4 +441,14 @@ fn a_stalled_replica_is_named_and_the_waiting_one_is_released() {
     // The next step (no 2-sample micro-batch) trains: the group re-formed.
     let (x, y) = batch(601, 4);
     group.train_step(x, y, loss, 0.1).unwrap();
+}
+
+#[test]
+fn tests_run_on_the_selected_backend() {
+    let expected = if cfg!(feature = "test-tch") {
+        "autodiff<libtorch<cpu>>"
+    } else {
+        "autodiff<flex>"
+    };
+    assert_eq!(B::name(&Default::default()), expected);
 }
