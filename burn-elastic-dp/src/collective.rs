@@ -14,8 +14,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use burn::collective::{
-    CollectiveConfig, PeerId, ReduceOperation, all_reduce, finish_collective, register,
-    reset_collective,
+    AllReduceStrategy, CollectiveConfig, PeerId, ReduceOperation, all_reduce, finish_collective,
+    register, reset_collective,
 };
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
@@ -64,12 +64,16 @@ pub(crate) fn peer(replica: usize) -> PeerId {
 
 /// Registers `devices.len()` peers (one per replica, on that replica's
 /// device) with backend `B`, from one thread each, waiting at most
-/// `timeout`. On failure the collective is reset.
+/// `timeout`, all-reducing with `strategy` between them. On failure the
+/// collective is reset.
 pub(crate) fn form<B: Backend>(
     devices: &[B::Device],
+    strategy: AllReduceStrategy,
     timeout: Duration,
 ) -> Result<(), ElasticError> {
-    let config = CollectiveConfig::default().with_num_devices(devices.len());
+    let config = CollectiveConfig::default()
+        .with_num_devices(devices.len())
+        .with_local_all_reduce_strategy(strategy);
     let (tx, rx) = crossbeam_channel::unbounded();
     for (replica, device) in devices.iter().enumerate() {
         let (tx, device, config) = (tx.clone(), device.clone(), config.clone());

@@ -210,7 +210,7 @@ where
             .iter()
             .map(|r| r.devices()[0].clone())
             .collect();
-        collective::form::<InnerBackendOf<S>>(&devices, self.timeout())?;
+        collective::form::<InnerBackendOf<S>>(&devices, self.config.strategy, self.timeout())?;
         self.formed = true;
         Ok(())
     }
