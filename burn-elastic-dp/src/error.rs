@@ -25,6 +25,16 @@ pub enum ElasticError {
     /// A zero bound on waits.
     #[error("timeout_ms must be at least 1, got 0")]
     NoTimeout,
+    /// A replica that cannot be removed: out of range, or the last one.
+    #[error(
+        "cannot remove replica {replica} from a group of {replicas}: it must exist and not be the last"
+    )]
+    CannotRemove {
+        /// The replica asked for.
+        replica: usize,
+        /// Replicas in the group.
+        replicas: usize,
+    },
     /// Buckets of 0 bytes.
     #[error("all_reduce bucket_bytes must be at least 1, got 0")]
     EmptyBucket,

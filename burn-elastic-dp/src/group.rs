@@ -503,6 +503,34 @@ where
         Ok(())
     }
 
+    /// Takes replica `replica` out of the group (e.g. one whose step failed)
+    /// and returns it; the survivors keep their weights and optimizer state,
+    /// and the collective group registers again with the new size at the
+    /// next step. After a failed step nothing was applied, so running the
+    /// same batch again on the survivors loses no sample and applies no
+    /// update twice.
+    ///
+    /// Fails, changing nothing, when `replica` is out of range or is the
+    /// last one.
+    pub fn remove_replica(&mut self, replica: usize) -> Result<Pipeline<S, O>, ElasticError> {
+        if replica >= self.replicas.len() || self.replicas.len() == 1 {
+            return Err(ElasticError::CannotRemove {
+                replica,
+                replicas: self.replicas.len(),
+            });
+        }
+        if self.formed {
+            collective::dissolve::<InnerBackendOf<S>>(self.replicas.len());
+            self.formed = false;
+        }
+        tracing::info!(
+            replica,
+            left = self.replicas.len() - 1,
+            "replica removed from the group"
+        );
+        Ok(self.replicas.remove(replica))
+    }
+
     /// Moves every replica's units between its stages (see
     /// [`Pipeline::repartition`]): replica `r` gets `balance` on
     /// `devices[r]`. Fails, changing nothing, on a bad balance or device

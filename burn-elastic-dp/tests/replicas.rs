@@ -452,3 +452,56 @@ fn tests_run_on_the_selected_backend() {
     };
     assert_eq!(B::name(&Default::default()), expected);
 }
+
+#[test]
+fn the_group_shrinks_to_the_survivors_and_redoes_the_step_losing_nothing() {
+    let device: Device<B> = Default::default();
+    // 9 samples over 2 replicas: shards of 5 and 4, micro-batches of 3 + 2
+    // and 2 + 2; the tripwire on 3-sample micro-batches fails replica 0 only.
+    let model = stack(3);
+    let _ = weights(&model);
+    let mut group = ReplicaConfig::new()
+        .with_pipeline(pipeline_config())
+        .init(model.clone(), vec![vec![device; 2]; 2], || {
+            AdamConfig::new().init()
+        })
+        .unwrap();
+    let (x, y) = batch(700, 9);
+    let error = group
+        .train_step(x.clone(), y.clone(), loss, 1e-2)
+        .unwrap_err();
+    assert!(
+        matches!(error, ElasticError::Replica { replica: 0, .. }),
+        "{error}"
+    );
+    group.remove_replica(0).unwrap();
+    assert_eq!(group.num_replicas(), 1);
+    // The same batch again, on the survivor (micro-batches of 5 and 4).
+    group.train_step(x.clone(), y.clone(), loss, 1e-2).unwrap();
+    let (x2, y2) = batch(701, 9);
+    group
+        .train_step(x2.clone(), y2.clone(), loss, 1e-2)
+        .unwrap();
+    // One pipeline that saw each batch once.
+    let mut single: Pipeline<Types, _> = pipeline_config()
+        .init(model, vec![device; 2], || AdamConfig::new().init())
+        .unwrap();
+    single.train_step(x, y, loss, 1e-2).unwrap();
+    single.train_step(x2, y2, loss, 1e-2).unwrap();
+    let expected = weights(&single.to_layer_stack());
+    let actual = weights(&group.to_layer_stack());
+    assert!(
+        expected
+            .iter()
+            .zip(&actual)
+            .all(|(a, b)| a.as_bytes() == b.as_bytes()),
+        "the survivor trained differently from one pipeline on the same batches"
+    );
+    assert!(matches!(
+        group.remove_replica(0),
+        Err(ElasticError::CannotRemove {
+            replica: 0,
+            replicas: 1
+        })
+    ));
+}
