@@ -22,6 +22,14 @@ pub enum ElasticError {
         /// Replica 0's device count.
         expected: usize,
     },
+    /// Another number of device lists than replicas.
+    #[error("{given} device lists given for {replicas} replicas: give one per replica")]
+    ReplicaCount {
+        /// Device lists given.
+        given: usize,
+        /// Replicas in the group.
+        replicas: usize,
+    },
     /// A zero bound on waits.
     #[error("timeout_ms must be at least 1, got 0")]
     NoTimeout,

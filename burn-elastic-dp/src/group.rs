@@ -2,19 +2,17 @@
 //! thread, whose gradients are all-reduced through burn-collective before
 //! every replica steps.
 
-use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::Optimizer;
 use burn::prelude::*;
 use burn_freeze::{
     Activation, FreezeFront, GradNorm, InnerBackendOf, InnerInput, InnerOutput, LayerStack,
     ParamStates, StackTypes, TrainableUnits, check_freeze,
 };
-use burn_pipe::{Pipeline, StepReport, micro_batch_sizes};
+use burn_pipe::{Pipeline, StepReport, micro_batch_sizes, panic_message};
 
 use crate::collective::{self, GroupToken};
 use crate::config::{AllReduce, ReplicaConfig};
@@ -95,33 +93,15 @@ pub struct ReplicaGroup<S: StackTypes, O> {
     _token: GroupToken,
 }
 
-/// Reads every parameter, so that clones share the weights: Burn
-/// initialises parameters lazily, and two clones of an unread module would
-/// draw different random weights.
-struct Materialize;
-
-impl<Be: Backend> ModuleVisitor<Be> for Materialize {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Be, D>>) {
-        let _ = param.val();
-    }
-}
-
-fn materialize<S: StackTypes>(stack: &LayerStack<S>) {
-    stack.first().visit(&mut Materialize);
-    stack
-        .middle()
-        .iter()
-        .for_each(|unit| unit.visit(&mut Materialize));
-    stack.last().visit(&mut Materialize);
-}
-
-fn panic_message(panic: &(dyn Any + Send)) -> String {
-    if let Some(message) = panic.downcast_ref::<&str>() {
-        (*message).to_string()
-    } else if let Some(message) = panic.downcast_ref::<String>() {
-        message.clone()
-    } else {
-        "panic with a non-string payload".to_string()
+/// Checks that every replica's device list has one device per stage.
+fn check_stages<D>(devices: &[Vec<D>], stages: usize) -> Result<(), ElasticError> {
+    match devices.iter().enumerate().find(|(_, d)| d.len() != stages) {
+        Some((replica, other)) => Err(ElasticError::UnevenReplicas {
+            replica,
+            stages: other.len(),
+            expected: stages,
+        }),
+        None => Ok(()),
     }
 }
 
@@ -141,17 +121,7 @@ where
         let Some(first) = devices.first() else {
             return Err(ElasticError::NoReplicas);
         };
-        if let Some((replica, other)) = devices
-            .iter()
-            .enumerate()
-            .find(|(_, d)| d.len() != first.len())
-        {
-            return Err(ElasticError::UnevenReplicas {
-                replica,
-                stages: other.len(),
-                expected: first.len(),
-            });
-        }
+        check_stages(&devices, first.len())?;
         if config.timeout_ms == 0 {
             return Err(ElasticError::NoTimeout);
         }
@@ -159,7 +129,7 @@ where
             return Err(ElasticError::EmptyBucket);
         }
         let token = GroupToken::acquire(Duration::from_millis(config.timeout_ms))?;
-        materialize(&stack);
+        stack.materialize();
         let mut replicas = Vec::with_capacity(devices.len());
         for (replica, devices) in devices.into_iter().enumerate() {
             let pipeline = config
@@ -215,16 +185,14 @@ where
         Ok(())
     }
 
-    /// After a failed step: no replica keeps gradients, and the collective is
-    /// reset (it forgets its peers and every pending operation).
+    /// After a failed step: no replica keeps gradients, and the group must
+    /// register again (the step reset the collective when the failure or
+    /// the deadline came, releasing every replica blocked in it).
     fn abandon_step(&mut self) {
         for replica in &mut self.replicas {
             replica.clear_gradients();
         }
-        if self.formed {
-            collective::reset::<InnerBackendOf<S>>();
-            self.formed = false;
-        }
+        self.formed = false;
     }
 
     /// Runs one batch through every replica, each on its shard (as equal as
@@ -463,15 +431,7 @@ where
         if devices.is_empty() {
             return Err(ElasticError::NoReplicas);
         }
-        let stages = self.replicas[0].num_stages();
-        if let Some((replica, other)) = devices.iter().enumerate().find(|(_, d)| d.len() != stages)
-        {
-            return Err(ElasticError::UnevenReplicas {
-                replica,
-                stages: other.len(),
-                expected: stages,
-            });
-        }
+        check_stages(&devices, self.replicas[0].num_stages())?;
         // Build every new replica before changing anything.
         let mut copies = Vec::new();
         for (replica, devices) in devices.iter().enumerate() {
@@ -541,25 +501,15 @@ where
         devices: Vec<Vec<Device<S::Backend>>>,
     ) -> Result<(), ElasticError> {
         if devices.len() != self.replicas.len() {
-            return Err(ElasticError::UnevenReplicas {
-                replica: devices.len().min(self.replicas.len()),
-                stages: devices.len(),
-                expected: self.replicas.len(),
+            return Err(ElasticError::ReplicaCount {
+                given: devices.len(),
+                replicas: self.replicas.len(),
             });
         }
-        // Check on replica 0's shape first, so that no replica changes when
+        // Every replica has the same units and configuration, so a balance
+        // replica 0 accepts is accepted by all: no replica changes when
         // another would refuse.
-        if let Some((replica, other)) = devices
-            .iter()
-            .enumerate()
-            .find(|(_, d)| d.len() != balance.len())
-        {
-            return Err(ElasticError::UnevenReplicas {
-                replica,
-                stages: other.len(),
-                expected: balance.len(),
-            });
-        }
+        check_stages(&devices, balance.len())?;
         let stage0_moves = self
             .replicas
             .iter()

@@ -173,10 +173,36 @@ impl<S: StackTypes> LayerStack<S> {
     }
 }
 
+/// Reads every float parameter, which initialises the lazy ones.
+struct Materialize;
+
+impl<Be: burn::tensor::backend::Backend> burn::module::ModuleVisitor<Be> for Materialize {
+    fn visit_float<const D: usize>(
+        &mut self,
+        param: &burn::module::Param<burn::tensor::Tensor<Be, D>>,
+    ) {
+        let _ = param.val();
+    }
+}
+
+impl<S: StackTypes> LayerStack<S> {
+    /// Initialises every parameter now. Burn initialises parameters lazily,
+    /// on first read: call this before cloning a stack whose weights were
+    /// never read, so the clones share the weights instead of each drawing
+    /// its own.
+    pub fn materialize(&self) {
+        self.first.visit(&mut Materialize);
+        self.middle
+            .iter()
+            .for_each(|unit| unit.visit(&mut Materialize));
+        self.last.visit(&mut Materialize);
+    }
+}
+
 impl<S: StackTypes> Clone for LayerStack<S> {
     /// Clones the units. Burn initialises parameters lazily: clone a stack
     /// whose weights were never read and the two copies get different random
-    /// weights; read them first (a forward pass, or `Module::visit`).
+    /// weights; read them first ([`materialize`](LayerStack::materialize)).
     fn clone(&self) -> Self {
         Self {
             first: self.first.clone(),

@@ -119,6 +119,23 @@ pub enum PipeError {
     GradientsPending(&'static str),
 }
 
+/// The message of a caught panic (`&str` or `String` payloads; other
+/// payloads are described as such).
+///
+/// ```
+/// let panic = std::panic::catch_unwind(|| panic!("stage {} broke", 2)).unwrap_err();
+/// assert_eq!(burn_pipe::panic_message(panic.as_ref()), "stage 2 broke");
+/// ```
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(message) = panic.downcast_ref::<&str>() {
+        (*message).to_string()
+    } else if let Some(message) = panic.downcast_ref::<String>() {
+        message.clone()
+    } else {
+        "panic with a non-string payload".to_string()
+    }
+}
+
 impl PipeError {
     /// The error that explains the others, from the errors of one pass in
     /// stage order: a stage that failed by itself first; then a stage that

@@ -36,7 +36,7 @@ mod wiring;
 mod worker;
 
 pub use config::{PipelineConfig, Schedule};
-pub use error::PipeError;
+pub use error::{PipeError, panic_message};
 pub use microbatch::micro_batch_sizes;
 pub use partition::{
     balance_exact, balance_greedy, compress, default_micro_batches, freeze_aware_costs,

@@ -1,7 +1,6 @@
 //! One stage's share of a pipelined pass, run on its own thread: receive,
 //! compute, send, in the order the schedule gives.
 
-use std::any::Any;
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -15,7 +14,7 @@ use burn_freeze::{
 };
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::error::PipeError;
+use crate::error::{PipeError, panic_message};
 use crate::schedule::Op;
 use crate::wiring::{Links, Message};
 
@@ -97,16 +96,6 @@ where
             message: panic_message(panic.as_ref()),
         })
     })
-}
-
-fn panic_message(panic: &(dyn Any + Send)) -> String {
-    if let Some(message) = panic.downcast_ref::<&str>() {
-        (*message).to_string()
-    } else if let Some(message) = panic.downcast_ref::<String>() {
-        message.clone()
-    } else {
-        "panic with a non-string payload".to_string()
-    }
 }
 
 /// Waits for micro-batch `expected` on `receiver`, within `timeout`.

@@ -93,10 +93,8 @@ where
             let report = pipeline.train_step(input, labels, &loss, run.lr)?;
             total += report.loss;
             bubble += report.bubble_fraction();
-            let moved = auto.after_step(&mut pipeline)?;
-            let front = pipeline.front();
-            if moved.is_some() {
-                compress_to_fit(&mut pipeline, &costs, front, initial_largest, &devices)?;
+            if auto.after_step(&mut pipeline)?.is_some() {
+                compress_to_fit(&mut pipeline, &costs, initial_largest, &devices)?;
             }
         }
         let (input, labels) = held_out.clone();
@@ -113,8 +111,7 @@ where
             start.elapsed().as_secs_f64(),
         );
         if auto.after_epoch(&mut pipeline)?.is_some() {
-            let front = pipeline.front();
-            compress_to_fit(&mut pipeline, &costs, front, initial_largest, &devices)?;
+            compress_to_fit(&mut pipeline, &costs, initial_largest, &devices)?;
         }
     }
     Ok(pipeline.into_layer_stack())
@@ -125,7 +122,6 @@ where
 fn compress_to_fit<S, O>(
     pipeline: &mut burn_pipe::Pipeline<S, O>,
     costs: &[f64],
-    front: usize,
     initial_largest: f64,
     devices: &[Device<backend::Inner>],
 ) -> Result<(), PipeError>
@@ -134,7 +130,7 @@ where
     O: burn::optim::Optimizer<burn_freeze::TrainableUnits<S>, Train>,
     O::Record: burn_freeze::ParamStates,
 {
-    let costs = freeze_aware_costs(costs, front, FROZEN_COST, false);
+    let costs = freeze_aware_costs(costs, pipeline.front(), FROZEN_COST, false);
     let stages = compress(&costs, pipeline.num_stages(), initial_largest);
     let balance = balance_exact(&costs, stages);
     pipeline.repartition(&balance, devices[..stages].to_vec())

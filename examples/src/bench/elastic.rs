@@ -14,7 +14,7 @@ use models::bert::BertConfig;
 use models::synthetic::MajorityTokens;
 use serde::Serialize;
 
-use super::{BenchError, write_report};
+use super::{BenchError, median, write_report};
 use crate::backend::{self, Inner, Train};
 
 #[derive(Debug, Serialize)]
@@ -47,11 +47,6 @@ struct Report {
     steps: Vec<StepRow>,
     transition_model: String,
     transitions: Vec<TransitionRow>,
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 fn run_err<E: std::fmt::Display>(error: E) -> BenchError {

@@ -6,4 +6,4 @@ pub mod freeze;
 pub mod pipe;
 mod report;
 
-pub use report::{BenchError, write_report};
+pub use report::{BenchError, median, write_report};

@@ -25,7 +25,7 @@ use models::synthetic::BandImages;
 use models::vit::{Vit, VitConfig, VitTypes};
 use serde::Serialize;
 
-use super::{BenchError, write_report};
+use super::{BenchError, median, write_report};
 use crate::backend::{self, Inner, Train};
 
 type Stack = LayerStack<VitTypes<Train>>;
@@ -63,11 +63,6 @@ struct Report {
     unit_cost_ms: Vec<f64>,
     channel: ChannelOverhead,
     rows: Vec<Row>,
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 /// The same micro-batches, forward and backward one after another on this

@@ -39,3 +39,12 @@ pub fn write_report<T: Serialize>(name: &str, value: &T) -> Result<PathBuf, Benc
     })?;
     Ok(path)
 }
+
+/// The median of `values` (the upper one of an even count).
+///
+/// # Panics
+/// When `values` is empty.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
