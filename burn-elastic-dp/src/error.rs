@@ -114,4 +114,8 @@ pub enum ElasticError {
     /// A freeze-front request that does not fit.
     #[error(transparent)]
     Freeze(#[from] burn_freeze::FreezeError),
+    /// The AutoCache could not serve the frozen prefix (sample ids that do
+    /// not match the batch, or a sample that came back with another shape).
+    #[error(transparent)]
+    Cache(#[from] burn_freeze::CacheError),
 }

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use burn::optim::Optimizer;
 use burn::prelude::*;
 use burn_freeze::{
-    Activation, FreezeFront, GradNorm, InnerBackendOf, InnerInput, InnerOutput, LayerStack,
-    ParamStates, StackTypes, TrainableUnits, check_freeze,
+    Activation, AutodiffActivation, Cacheable, FreezeFront, GradNorm, InnerBackendOf, InnerHidden,
+    InnerInput, InnerOutput, LayerStack, ParamStates, StackCache, StackTypes, TrainableUnits,
+    check_freeze, check_sample_ids, serve_prefix,
 };
 use burn_pipe::{Pipeline, StepReport, micro_batch_sizes, panic_message};
 
@@ -24,6 +25,14 @@ enum Progress {
     Arrived(usize),
     /// The replica's share of the step ended.
     Done(usize, Result<(StepReport, Duration), ElasticError>),
+}
+
+/// One replica's share of a batch: model inputs, or hidden activations that
+/// enter every replica's pipeline at a unit (a frozen prefix served from the
+/// group's cache).
+enum Shard<S: StackTypes> {
+    Input(S::Input),
+    Hidden(usize, InnerHidden<S>),
 }
 
 /// What one data-parallel step measured.
@@ -90,6 +99,8 @@ pub struct ReplicaGroup<S: StackTypes, O> {
     config: ReplicaConfig,
     /// Whether the collective group is registered for the current replicas.
     formed: bool,
+    /// AutoCache for the frozen prefix, shared by every replica.
+    cache: Option<StackCache<S>>,
     _token: GroupToken,
 }
 
@@ -142,6 +153,7 @@ where
             replicas,
             config,
             formed: false,
+            cache: None,
             _token: token,
         })
     }
@@ -222,6 +234,78 @@ where
     {
         let start = Instant::now();
         let batch = input.batch_size();
+        self.run_shards(Shard::Input(input), batch, targets, loss, start)
+    }
+
+    /// Attaches an AutoCache for the frozen prefix, shared by every replica
+    /// (served once per batch on the calling thread, before the batch is
+    /// split); returns the one it replaces.
+    pub fn attach_cache(&mut self, cache: StackCache<S>) -> Option<StackCache<S>> {
+        self.cache.replace(cache)
+    }
+
+    /// The attached AutoCache.
+    pub fn cache(&self) -> Option<&StackCache<S>> {
+        self.cache.as_ref()
+    }
+
+    /// Detaches the AutoCache.
+    pub fn detach_cache(&mut self) -> Option<StackCache<S>> {
+        self.cache.take()
+    }
+
+    /// [`forward_backward`](Self::forward_backward) with the frozen units of
+    /// stage 0 served by the attached AutoCache
+    /// ([`serve_prefix`](burn_freeze::serve_prefix), on replica 0's first
+    /// device, for the whole batch): `ids[i]` names sample `i`, the same id
+    /// for the same sample in every epoch. Every replica's pipeline then
+    /// starts after those units ([`Pipeline::forward_backward_from`]), so no
+    /// frozen unit runs for a cached sample. Gradients and loss equal
+    /// `forward_backward`'s. Without a cache, or with no frozen unit on stage
+    /// 0, this is `forward_backward`.
+    ///
+    /// Fails, changing nothing, when `ids` does not name the batch or a
+    /// sample comes back with another shape, and as `forward_backward` does.
+    pub fn forward_backward_cached<T, LossFn>(
+        &mut self,
+        ids: &[u64],
+        input: S::Input,
+        targets: T,
+        loss: LossFn,
+    ) -> Result<GroupReport, ElasticError>
+    where
+        T: Activation<S::Backend>,
+        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+        InnerInput<S>: Cacheable<InnerBackendOf<S>>,
+        InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
+    {
+        let start = Instant::now();
+        let batch = input.batch_size();
+        check_sample_ids(ids, batch)?;
+        let first = self.replicas[0].stage(0);
+        let cached = first.frozen().units().end.min(self.num_units() - 1);
+        let Some(cache) = self.cache.as_mut().filter(|_| cached > 0) else {
+            return self.run_shards(Shard::Input(input), batch, targets, loss, start);
+        };
+        let device = self.replicas[0].devices()[0].clone();
+        let input = input.inner().to_device(&device);
+        let hidden = serve_prefix(cache, first.frozen(), ids, input, cached)?;
+        self.run_shards(Shard::Hidden(cached, hidden), batch, targets, loss, start)
+    }
+
+    /// Splits `batch` samples into one shard per replica and runs them.
+    fn run_shards<T, LossFn>(
+        &mut self,
+        input: Shard<S>,
+        batch: usize,
+        targets: T,
+        loss: LossFn,
+        start: Instant,
+    ) -> Result<GroupReport, ElasticError>
+    where
+        T: Activation<S::Backend>,
+        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+    {
         if targets.batch_size() != batch {
             return Err(ElasticError::TargetsMismatch {
                 input: batch,
@@ -234,7 +318,18 @@ where
             replicas: count,
         })?;
         self.form()?;
-        let inputs = input.split_batch(&shards);
+        let inputs: Vec<Shard<S>> = match input {
+            Shard::Input(input) => input
+                .split_batch(&shards)
+                .into_iter()
+                .map(Shard::Input)
+                .collect(),
+            Shard::Hidden(entry, hidden) => hidden
+                .split_batch(&shards)
+                .into_iter()
+                .map(|h| Shard::Hidden(entry, h))
+                .collect(),
+        };
         let targets = targets.split_batch(&shards);
         let timeout = self.timeout();
         let mode = self.config.all_reduce;
@@ -263,11 +358,16 @@ where
                     .name(format!("burn-elastic-dp replica {replica}"))
                     .spawn_scoped(scope, move || {
                         let run = || -> Result<(StepReport, Duration), ElasticError> {
-                            let report = pipeline
-                                .forward_backward(input, targets, |output, target| {
-                                    loss(output, target).mul_scalar(scale)
-                                })
-                                .map_err(|source| ElasticError::Replica { replica, source })?;
+                            let scaled = |output, target| loss(output, target).mul_scalar(scale);
+                            let report = match input {
+                                Shard::Input(input) => {
+                                    pipeline.forward_backward(input, targets, scaled)
+                                }
+                                Shard::Hidden(entry, hidden) => {
+                                    pipeline.forward_backward_from(entry, hidden, targets, scaled)
+                                }
+                            }
+                            .map_err(|source| ElasticError::Replica { replica, source })?;
                             let _ = tx.send(Progress::Arrived(replica));
                             let reduce = Instant::now();
                             if count > 1 {

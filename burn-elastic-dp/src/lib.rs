@@ -32,8 +32,13 @@ mod config;
 mod error;
 mod group;
 mod sampler;
+pub mod trainer;
 
 pub use config::{AllReduce, ReplicaConfig};
 pub use error::ElasticError;
 pub use group::{GroupReport, ReplicaGroup};
 pub use sampler::{BatchPolicy, ElasticSampler};
+pub use trainer::{
+    CostModel, EpochReport, FreezeRule, LayerSpec, Parts, Trainer, TrainerConfig, TrainerError,
+    Transition,
+};

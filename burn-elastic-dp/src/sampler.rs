@@ -108,6 +108,16 @@ impl ElasticSampler {
         self.epoch
     }
 
+    /// Samples per epoch.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether an epoch has no sample (never: [`new`](Self::new) refuses it).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Samples of this epoch not handed out yet.
     pub fn remaining(&self) -> usize {
         self.len - self.cursor
@@ -132,6 +142,40 @@ impl ElasticSampler {
             .policy
             .global_batch(replicas)
             .min(self.len - self.cursor);
+        let batch = self.order[self.cursor..self.cursor + size].to_vec();
+        self.cursor += size;
+        Some(batch)
+    }
+
+    /// [`next_batch`](Self::next_batch), except that a tail of the epoch
+    /// shorter than `min_batch` samples is not left for a last, too small
+    /// step: it joins this batch. A trainer whose step needs at least
+    /// `replicas x micro-batches` samples passes that, so every sample is
+    /// still seen once and no step is too small (unless the whole epoch is).
+    ///
+    /// ```
+    /// use burn_elastic_dp::{BatchPolicy, ElasticSampler};
+    ///
+    /// let mut sampler = ElasticSampler::new(10, BatchPolicy::FixedGlobal { batch: 4 }, 0).unwrap();
+    /// assert_eq!(sampler.next_batch_min(1, 4).unwrap().len(), 4);
+    /// assert_eq!(sampler.next_batch_min(1, 4).unwrap().len(), 6); // 4 + the tail of 2
+    /// assert!(sampler.next_batch_min(1, 4).is_none());
+    /// ```
+    ///
+    /// # Panics
+    /// When `replicas` is 0.
+    pub fn next_batch_min(&mut self, replicas: usize, min_batch: usize) -> Option<Vec<usize>> {
+        assert!(replicas > 0, "a step needs at least one replica");
+        if self.cursor == self.len {
+            return None;
+        }
+        let mut size = self
+            .policy
+            .global_batch(replicas)
+            .min(self.len - self.cursor);
+        if self.len - self.cursor - size < min_batch {
+            size = self.len - self.cursor;
+        }
         let batch = self.order[self.cursor..self.cursor + size].to_vec();
         self.cursor += size;
         Some(batch)

@@ -106,6 +106,17 @@ pub enum PipeError {
     /// not match the batch, or a sample that came back with another shape).
     #[error(transparent)]
     Cache(#[from] burn_freeze::CacheError),
+    /// A batch entering past unit 0 ([`Pipeline::forward_backward_from`](crate::Pipeline::forward_backward_from))
+    /// must enter after frozen units of stage 0, before the last unit.
+    #[error(
+        "a batch cannot enter the pipeline at unit {entry}: it must enter after 1 to {frozen_on_first} frozen units of stage 0 (and before the last unit)"
+    )]
+    BadEntry {
+        /// The unit asked for.
+        entry: usize,
+        /// Frozen units on stage 0.
+        frozen_on_first: usize,
+    },
     /// Every unit is frozen: a training step has nothing to train.
     #[error("every one of the {units} units is frozen: there is nothing to train")]
     NothingToTrain {

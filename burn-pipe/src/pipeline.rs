@@ -242,7 +242,7 @@ where
         T: Activation<S::Backend>,
         LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
     {
-        self.check_batch(&input, &targets)?;
+        self.check_sizes(input.batch_size(), targets.batch_size())?;
         let flows = flow_batch::<S>(Flow::Input(input.inner()));
         self.run(flows, 0, targets, loss)
     }
@@ -272,7 +272,7 @@ where
         InnerInput<S>: Cacheable<InnerBackendOf<S>>,
         InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
     {
-        self.check_batch(&input, &targets)?;
+        self.check_sizes(input.batch_size(), targets.batch_size())?;
         check_sample_ids(ids, input.batch_size())?;
         let first = &self.stages[0];
         let cached = first.units().frozen().units().end.min(self.num_units() - 1);
@@ -282,27 +282,52 @@ where
         };
         let input = input.inner().to_device(&first.device);
         let hidden = serve_prefix(cache, first.units().frozen(), ids, input, cached)?;
-        let flows = flow_batch::<S>(Flow::Hidden(hidden));
-        self.run(flows, cached, targets, loss)
+        self.forward_backward_from(cached, hidden, targets, loss)
     }
 
-    /// Checks a batch before any work: something to train, as many targets
-    /// as inputs.
-    fn check_batch<T: Activation<S::Backend>>(
-        &self,
-        input: &S::Input,
-        targets: &T,
-    ) -> Result<(), PipeError> {
+    /// [`forward_backward`](Pipeline::forward_backward) for a batch that
+    /// enters the pipeline at unit `entry` as `hidden`, the output of units
+    /// `0..entry` computed elsewhere (served from a cache shared by several
+    /// pipelines, say): those units do not run. Gradients and loss equal
+    /// `forward_backward`'s on the input that gave `hidden`.
+    ///
+    /// Fails, before any work, when units `0..entry` are not frozen units of
+    /// stage 0 or `entry` is 0, and as `forward_backward` does.
+    pub fn forward_backward_from<T, LossFn>(
+        &mut self,
+        entry: usize,
+        hidden: InnerHidden<S>,
+        targets: T,
+        loss: LossFn,
+    ) -> Result<StepReport, PipeError>
+    where
+        T: Activation<S::Backend>,
+        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+    {
+        let frozen_on_first = self.stages[0].units().frozen().units().end;
+        if entry == 0 || entry > frozen_on_first.min(self.num_units() - 1) {
+            return Err(PipeError::BadEntry {
+                entry,
+                frozen_on_first,
+            });
+        }
+        self.check_sizes(hidden.batch_size(), targets.batch_size())?;
+        let flows = flow_batch::<S>(Flow::Hidden(hidden));
+        self.run(flows, entry, targets, loss)
+    }
+
+    /// Something to train, as many targets as samples, enough samples for
+    /// the micro-batches.
+    fn check_sizes(&self, batch: usize, targets: usize) -> Result<(), PipeError> {
         if self.front == self.num_units() {
             return Err(PipeError::NothingToTrain {
                 units: self.num_units(),
             });
         }
-        let batch = input.batch_size();
-        if targets.batch_size() != batch {
+        if targets != batch {
             return Err(PipeError::TargetsMismatch {
                 input: batch,
-                targets: targets.batch_size(),
+                targets,
             });
         }
         micro_batch_sizes(batch, self.config.micro_batches_for(self.stages.len()))?;

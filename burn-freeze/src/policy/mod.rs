@@ -55,6 +55,26 @@ pub trait FreezePolicy {
     }
 }
 
+/// A boxed policy is a policy, so a trainer can hold any of them (or a
+/// user's own) behind one type.
+///
+/// ```
+/// use burn_freeze::{FixedSchedule, FreezePolicy, FreezeState};
+///
+/// let mut policy: Box<dyn FreezePolicy + Send> = Box::new(FixedSchedule::Fronts(vec![0, 2]));
+/// let state = FreezeState { frozen_layers: 0, num_layers: 4, epoch: 0, step: 0 };
+/// assert_eq!(policy.after_epoch(state), Some(2));
+/// ```
+impl<P: FreezePolicy + ?Sized> FreezePolicy for Box<P> {
+    fn after_step(&mut self, state: FreezeState, norms: &[Option<GradNorm>]) -> Option<usize> {
+        (**self).after_step(state, norms)
+    }
+
+    fn after_epoch(&mut self, state: FreezeState) -> Option<usize> {
+        (**self).after_epoch(state)
+    }
+}
+
 /// `ceil(x)` that ignores floating-point noise just above an integer.
 pub(crate) fn ceil_tolerant(x: f64) -> usize {
     (x - 1e-9).ceil().max(0.0) as usize

@@ -1,0 +1,354 @@
+//! What a PipeTransformer run is asked to do: one serde `Config`, checked
+//! before any work.
+
+use std::path::PathBuf;
+
+use burn::config::Config;
+use burn::optim::Optimizer;
+use burn::tensor::Device;
+use burn_freeze::{
+    AlphaArgmin, AlphaArgminConfig, CacheConfig, ChangeRate, ChangeRateConfig, FixedSchedule,
+    FreezePolicy, LayerMap, LayerStack, ParamStates, StackTypes, TrainableUnits,
+};
+
+use super::Trainer;
+use super::error::TrainerError;
+use crate::config::{AllReduce, ReplicaConfig};
+use crate::sampler::BatchPolicy;
+
+/// Which of PipeTransformer's four parts run; every combination is valid
+/// (the paper's ablations). With `freeze` off nothing freezes, so the other
+/// three have nothing to act on and the run is pipeline (+ data-parallel)
+/// training of a fixed shape.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub struct Parts {
+    /// AutoFreeze: the freeze policy moves the front.
+    #[config(default = true)]
+    pub freeze: bool,
+    /// AutoPipe: after the front moves, re-plan the active units into the
+    /// fewest stages whose largest is no larger than at the start.
+    #[config(default = true)]
+    pub pipe: bool,
+    /// AutoDP: run as many pipeline replicas as the devices hold
+    /// (`devices / stages`), growing as AutoPipe shortens the pipeline.
+    #[config(default = true)]
+    pub dp: bool,
+    /// AutoCache: serve the frozen prefix's outputs from a per-sample cache.
+    #[config(default = true)]
+    pub cache: bool,
+}
+
+/// The freeze policy, in layers (see [`LayerSpec`]).
+#[derive(Config, Debug, PartialEq)]
+pub enum FreezeRule {
+    /// The paper's alpha closed form, once per epoch: `ceil(L (1 - (1 -
+    /// alpha)^T))` layers frozen in epoch `T` (gradient-free).
+    AlphaSchedule {
+        /// In (0, 1): the share of the remaining layers frozen per epoch.
+        alpha: f64,
+    },
+    /// The paper's AutoFreeze, once per epoch: the alpha bound combined with
+    /// the argmin of the epoch's per-layer gradient norms.
+    AlphaArgmin {
+        /// In (0, 1).
+        alpha: f64,
+    },
+    /// The gradient-change rule (Liu et al.), every `every_steps` steps.
+    ChangeRate {
+        /// Steps between evaluations (at least 1).
+        every_steps: usize,
+        /// Percentile of the active layers' change rates used as the
+        /// threshold, in [0, 100].
+        percentile: f64,
+    },
+    /// A fixed number of frozen layers per epoch (the last entry holds
+    /// afterwards).
+    Fronts {
+        /// `layers[T]` layers frozen in epoch `T`.
+        layers: Vec<usize>,
+    },
+}
+
+/// How the freeze policy's layers map onto the stack's units.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum LayerSpec {
+    /// Every unit is a layer.
+    PerUnit,
+    /// `layers` layers of `per_layer` consecutive units each, starting at
+    /// unit `offset` (ViT and BERT: offset 1, 2 units per block).
+    Uniform {
+        /// First unit of layer 0.
+        offset: usize,
+        /// Units per layer (at least 1).
+        per_layer: usize,
+        /// Layers.
+        layers: usize,
+    },
+}
+
+/// Where AutoPipe's unit costs come from.
+#[derive(Config, Debug, Copy, PartialEq)]
+pub enum CostModel {
+    /// Each unit's forward and backward time on the real backend, measured
+    /// on the first batch before training (the fastest of `repeats`, at
+    /// least 1); a frozen unit costs its forward time.
+    Profiled {
+        /// Timed runs per unit.
+        repeats: usize,
+    },
+    /// Parameter counts (deterministic; for tests and planning); a frozen
+    /// unit costs `frozen_factor` of an active one, in [0, 1].
+    Parameters {
+        /// Cost of a frozen unit relative to a training one.
+        frozen_factor: f64,
+    },
+}
+
+/// Configuration of a [`Trainer`]: PipeTransformer's loop, in which
+/// AutoFreeze, AutoPipe, AutoDP and AutoCache drive one training run.
+///
+/// ```
+/// use burn_elastic_dp::{BatchPolicy, FreezeRule, Parts, TrainerConfig};
+///
+/// let config = TrainerConfig::new()
+///     .with_freeze(FreezeRule::AlphaSchedule { alpha: 1.0 / 3.0 })
+///     .with_batch(BatchPolicy::FixedGlobal { batch: 64 })
+///     .with_parts(Parts::new().with_dp(false)); // an ablation: no AutoDP
+/// assert!(config.check(4).is_ok());
+/// assert!(config.clone().with_lr(0.0).check(4).is_err());
+/// ```
+#[derive(Config, Debug)]
+pub struct TrainerConfig {
+    /// Which parts run.
+    #[config(default = "Parts::new()")]
+    pub parts: Parts,
+    /// The freeze policy.
+    #[config(default = "FreezeRule::AlphaArgmin { alpha: 1.0 / 3.0 }")]
+    pub freeze: FreezeRule,
+    /// The policy's layers in units.
+    #[config(default = "LayerSpec::PerUnit")]
+    pub layers: LayerSpec,
+    /// Pipeline stages at the start (1 to the device count); `None`: one
+    /// pipeline over every device, as the paper starts.
+    #[config(default = "None")]
+    pub stages: Option<usize>,
+    /// Samples per step as replicas come and go.
+    #[config(default = "BatchPolicy::FixedGlobal { batch: 32 }")]
+    pub batch: BatchPolicy,
+    /// Learning rate for the starting replica count (scaled linearly with
+    /// the global batch under [`BatchPolicy::PerReplica`]); positive, finite.
+    #[config(default = 1e-3)]
+    pub lr: f64,
+    /// AutoCache's memory budget and spill directory.
+    #[config(default = "CacheConfig::new(256 << 20)")]
+    pub cache: CacheConfig,
+    /// AutoPipe's unit costs.
+    #[config(default = "CostModel::Profiled { repeats: 3 }")]
+    pub costs: CostModel,
+    /// Each replica group's settings: the pipeline's schedule, micro-batches
+    /// (`None`: the paper's count for each K) and waits, the all-reduce.
+    #[config(default = "ReplicaConfig::new()")]
+    pub replicas: ReplicaConfig,
+    /// Seed of the sample order.
+    #[config(default = 0)]
+    pub seed: u64,
+    /// Directory for `transitions.jsonl` and `epochs.jsonl` (made if
+    /// missing); `None` writes nothing.
+    #[config(default = "None")]
+    pub output_dir: Option<PathBuf>,
+}
+
+/// A value outside `accepted`.
+fn invalid(field: &'static str, value: impl ToString, accepted: &'static str) -> TrainerError {
+    TrainerError::InvalidConfig {
+        field,
+        value: value.to_string(),
+        accepted,
+    }
+}
+
+fn check_alpha(alpha: f64) -> Result<(), TrainerError> {
+    if alpha > 0.0 && alpha < 1.0 {
+        Ok(())
+    } else {
+        Err(invalid("freeze.alpha", alpha, "a number in (0, 1)"))
+    }
+}
+
+impl TrainerConfig {
+    /// Checks every value against a run on `devices` devices, before any
+    /// work: one error naming the field and the accepted range.
+    pub fn check(&self, devices: usize) -> Result<(), TrainerError> {
+        if devices == 0 {
+            return Err(invalid("devices", 0, "at least 1 device"));
+        }
+        match &self.freeze {
+            FreezeRule::AlphaSchedule { alpha } | FreezeRule::AlphaArgmin { alpha } => {
+                check_alpha(*alpha)?
+            }
+            FreezeRule::ChangeRate {
+                every_steps,
+                percentile,
+            } => {
+                if *every_steps == 0 {
+                    return Err(invalid("freeze.every_steps", 0, "at least 1"));
+                }
+                if !(0.0..=100.0).contains(percentile) {
+                    return Err(invalid("freeze.percentile", percentile, "[0, 100]"));
+                }
+            }
+            FreezeRule::Fronts { layers } => {
+                if layers.windows(2).any(|w| w[1] < w[0]) {
+                    return Err(invalid(
+                        "freeze.layers",
+                        format!("{layers:?}"),
+                        "a non-decreasing list of layer counts",
+                    ));
+                }
+            }
+        }
+        if let LayerSpec::Uniform {
+            per_layer, layers, ..
+        } = self.layers
+        {
+            if per_layer == 0 {
+                return Err(invalid("layers.per_layer", 0, "at least 1"));
+            }
+            if layers == 0 {
+                return Err(invalid("layers.layers", 0, "at least 1"));
+            }
+        }
+        if let Some(stages) = self.stages
+            && !(1..=devices).contains(&stages)
+        {
+            return Err(invalid(
+                "stages",
+                stages,
+                "1 to the number of devices (the pipeline's length at the start)",
+            ));
+        }
+        let batch = match self.batch {
+            BatchPolicy::FixedGlobal { batch } | BatchPolicy::PerReplica { batch } => batch,
+        };
+        if batch == 0 {
+            return Err(invalid("batch", 0, "at least 1 sample"));
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(invalid("lr", self.lr, "a finite number above 0"));
+        }
+        match self.costs {
+            CostModel::Profiled { repeats } if repeats == 0 => {
+                return Err(invalid("costs.repeats", 0, "at least 1"));
+            }
+            CostModel::Parameters { frozen_factor } if !(0.0..=1.0).contains(&frozen_factor) => {
+                return Err(invalid("costs.frozen_factor", frozen_factor, "[0, 1]"));
+            }
+            _ => {}
+        }
+        if self.replicas.timeout_ms == 0 {
+            return Err(invalid("replicas.timeout_ms", 0, "at least 1 ms"));
+        }
+        if self.replicas.pipeline.timeout_ms == 0 {
+            return Err(invalid("replicas.pipeline.timeout_ms", 0, "at least 1 ms"));
+        }
+        if self.replicas.pipeline.micro_batches == Some(0) {
+            return Err(invalid("micro_batches", 0, "at least 1"));
+        }
+        if self.replicas.all_reduce == (AllReduce::Bucketed { bucket_bytes: 0 }) {
+            return Err(invalid("replicas.all_reduce.bucket_bytes", 0, "at least 1"));
+        }
+        if self.replicas.pipeline.balance.is_some() {
+            return Err(invalid(
+                "replicas.pipeline.balance",
+                "a fixed balance",
+                "None (AutoPipe balances the stages)",
+            ));
+        }
+        // Every shape the run can reach must have a sample per micro-batch
+        // of every replica: K halves from its start, R = devices / K.
+        let start = self.stages.unwrap_or(devices);
+        let mut stages = start;
+        loop {
+            let replicas = self.replicas_for(stages, start, devices);
+            let micro = self.replicas.pipeline.micro_batches_for(stages);
+            let needed = replicas * micro;
+            if self.batch.global_batch(replicas) < needed {
+                return Err(TrainerError::BatchTooSmall {
+                    batch: self.batch.global_batch(replicas),
+                    stages,
+                    replicas,
+                    micro_batches: micro,
+                });
+            }
+            if stages == 1 || !(self.parts.freeze && self.parts.pipe) {
+                break;
+            }
+            stages /= 2;
+        }
+        Ok(())
+    }
+
+    /// Replicas for a pipeline of `stages` stages: as many as the devices
+    /// hold under AutoDP, else as many as at the start.
+    pub(crate) fn replicas_for(&self, stages: usize, start: usize, devices: usize) -> usize {
+        if self.parts.dp {
+            (devices / stages).max(1)
+        } else {
+            (devices / start).max(1)
+        }
+    }
+
+    /// The layer map for a stack of `units` units.
+    pub(crate) fn layer_map(&self, units: usize) -> Result<LayerMap, TrainerError> {
+        Ok(match self.layers {
+            LayerSpec::PerUnit => LayerMap::per_unit(units),
+            LayerSpec::Uniform {
+                offset,
+                per_layer,
+                layers,
+            } => LayerMap::uniform(offset, per_layer, layers, units)?,
+        })
+    }
+
+    /// The configured freeze policy for a model of `layers` layers.
+    pub(crate) fn policy(&self, layers: usize) -> Box<dyn FreezePolicy + Send> {
+        match &self.freeze {
+            FreezeRule::AlphaSchedule { alpha } => Box::new(FixedSchedule::alpha(layers, *alpha)),
+            FreezeRule::AlphaArgmin { alpha } => Box::new(AlphaArgmin::new(
+                AlphaArgminConfig::new().with_alpha(*alpha),
+            )),
+            FreezeRule::ChangeRate {
+                every_steps,
+                percentile,
+            } => Box::new(ChangeRate::new(
+                ChangeRateConfig::new()
+                    .with_every_steps(*every_steps)
+                    .with_percentile(*percentile),
+            )),
+            FreezeRule::Fronts { layers } => Box::new(FixedSchedule::Fronts(layers.clone())),
+        }
+    }
+
+    /// Builds the trainer of `stack` over `devices` (logical devices on a
+    /// CPU: the same device several times), each pipeline stage with an
+    /// optimizer made by `make_optimizer`. The pipeline and its replicas are
+    /// built on the first batch (profiling the units on it when the costs
+    /// are [`CostModel::Profiled`]).
+    ///
+    /// Fails, before any work, on a value outside its range (see
+    /// [`check`](Self::check)), a layer map that does not fit the stack, or
+    /// an output directory that cannot be made.
+    pub fn init<S, O>(
+        &self,
+        stack: LayerStack<S>,
+        devices: Vec<Device<S::Backend>>,
+        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
+    ) -> Result<Trainer<S, O>, TrainerError>
+    where
+        S: StackTypes,
+        O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
+        O::Record: ParamStates,
+    {
+        Trainer::new(stack, devices, self.clone(), make_optimizer)
+    }
+}

@@ -1,0 +1,85 @@
+//! Errors of the PipeTransformer trainer.
+
+use std::path::PathBuf;
+
+use crate::error::ElasticError;
+
+/// What went wrong configuring or running a [`Trainer`](super::Trainer).
+#[derive(Debug, thiserror::Error)]
+pub enum TrainerError {
+    /// A configuration value outside its range.
+    #[error("{field} = {value} is not accepted: expected {accepted}")]
+    InvalidConfig {
+        /// The field (path in [`TrainerConfig`](super::TrainerConfig)).
+        field: &'static str,
+        /// The value given.
+        value: String,
+        /// The accepted range.
+        accepted: &'static str,
+    },
+    /// A global batch too small for a shape the run can reach.
+    #[error(
+        "a global batch of {batch} cannot give {replicas} replicas {micro_batches} micro-batches each (K = {stages}): raise the batch or lower micro_batches"
+    )]
+    BatchTooSmall {
+        /// Samples per step at that shape.
+        batch: usize,
+        /// Stages at that shape.
+        stages: usize,
+        /// Replicas at that shape.
+        replicas: usize,
+        /// Micro-batches per replica at that shape.
+        micro_batches: usize,
+    },
+    /// More stages asked for than the model has units.
+    #[error("{stages} stages asked for a model of {units} units: at most one stage per unit")]
+    TooManyStages {
+        /// Stages asked for.
+        stages: usize,
+        /// Units of the model.
+        units: usize,
+    },
+    /// A dataset with too few samples.
+    #[error("the dataset has {len} samples; a step needs at least {needed}")]
+    DatasetTooSmall {
+        /// Samples in the dataset.
+        len: usize,
+        /// Samples one step needs.
+        needed: usize,
+    },
+    /// The dataset changed length between epochs.
+    #[error(
+        "the dataset had {before} samples and now has {now}: give the same dataset every epoch"
+    )]
+    DatasetChanged {
+        /// Length at the first epoch.
+        before: usize,
+        /// Length now.
+        now: usize,
+    },
+    /// The dataset did not return an item it said it has.
+    #[error("the dataset has no item {index} (its length is {len})")]
+    MissingItem {
+        /// The index asked for.
+        index: usize,
+        /// The dataset's length.
+        len: usize,
+    },
+    /// The output directory or a log file could not be written.
+    #[error("cannot write {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The replica group (or a pipeline in it) refused or failed.
+    #[error(transparent)]
+    Elastic(#[from] ElasticError),
+    /// The freeze policy's layer map does not fit the stack.
+    #[error(transparent)]
+    Freeze(#[from] burn_freeze::FreezeError),
+    /// The AutoCache could not be made (an unusable spill directory).
+    #[error(transparent)]
+    Cache(#[from] burn_freeze::CacheError),
+}

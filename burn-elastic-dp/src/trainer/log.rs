@@ -1,0 +1,143 @@
+//! What the trainer records: one entry per transition and per epoch, logged
+//! through `tracing` and written as JSON lines for plots.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::error::TrainerError;
+
+/// One change of the run's shape: the front moved (AutoFreeze), and the
+/// pipeline and replicas followed (AutoPipe, AutoDP).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Transition {
+    /// Epoch in which it happened (0 first).
+    pub epoch: usize,
+    /// Optimizer steps taken before it, over the whole run.
+    pub step: usize,
+    /// Frozen layers (the policy's F) after it.
+    pub frozen_layers: usize,
+    /// Frozen units (the freeze front) before and after.
+    pub front: (usize, usize),
+    /// Pipeline stages (K) before and after.
+    pub stages: (usize, usize),
+    /// Replicas (R) before and after.
+    pub replicas: (usize, usize),
+    /// Micro-batches per replica (M) after it.
+    pub micro_batches: usize,
+    /// Units per stage after it.
+    pub balance: Vec<usize>,
+    /// Wall-clock time of the transition (freezing, repartitioning,
+    /// resizing), in milliseconds.
+    pub millis: f64,
+}
+
+impl Transition {
+    /// Logs it (one line, through `tracing`).
+    pub(crate) fn log(&self) {
+        tracing::info!(
+            epoch = self.epoch,
+            step = self.step,
+            F = self.frozen_layers,
+            front = format!("{} -> {}", self.front.0, self.front.1),
+            K = format!("{} -> {}", self.stages.0, self.stages.1),
+            R = format!("{} -> {}", self.replicas.0, self.replicas.1),
+            M = self.micro_batches,
+            balance = ?self.balance,
+            ms = format!("{:.1}", self.millis),
+            "transition"
+        );
+    }
+}
+
+/// One epoch's figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpochReport {
+    /// The epoch (0 first).
+    pub epoch: usize,
+    /// Optimizer steps in it.
+    pub steps: usize,
+    /// Samples trained on (every sample of the dataset, once).
+    pub samples: usize,
+    /// Mean training loss over its samples.
+    pub loss: f64,
+    /// Wall-clock seconds, transitions included.
+    pub seconds: f64,
+    /// Samples per second.
+    pub samples_per_second: f64,
+    /// Seconds spent in transitions.
+    pub transition_seconds: f64,
+    /// Mean per step of the slowest replica's all-reduce time, in seconds.
+    pub all_reduce_seconds: f64,
+    /// Frozen layers (F) at its end.
+    pub frozen_layers: usize,
+    /// Freeze front (units) at its end.
+    pub front: usize,
+    /// Pipeline stages (K) at its end.
+    pub stages: usize,
+    /// Replicas (R) at its end.
+    pub replicas: usize,
+    /// Micro-batches per replica (M) at its end.
+    pub micro_batches: usize,
+    /// Units per stage at its end.
+    pub balance: Vec<usize>,
+    /// Transitions during it.
+    pub transitions: Vec<Transition>,
+    /// Samples whose frozen prefix came from the cache (fully or partly)
+    /// and samples whose prefix ran, in this epoch.
+    pub cache_hits: u64,
+    /// See `cache_hits`.
+    pub cache_misses: u64,
+}
+
+/// Appends JSON lines to files in the output directory.
+#[derive(Debug)]
+pub(crate) struct JsonLog {
+    transitions: (PathBuf, File),
+    epochs: (PathBuf, File),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainerError + '_ {
+    move |source| TrainerError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn open(path: PathBuf) -> Result<(PathBuf, File), TrainerError> {
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(&path)
+        .map_err(io(&path))?;
+    Ok((path, file))
+}
+
+fn append(target: &mut (PathBuf, File), record: &impl Serialize) -> Result<(), TrainerError> {
+    let mut line = serde_json::to_string(record).expect("records serialise");
+    line.push('\n');
+    target.1.write_all(line.as_bytes()).map_err(io(&target.0))
+}
+
+impl JsonLog {
+    /// Makes `dir` if missing and starts `transitions.jsonl` and
+    /// `epochs.jsonl` in it, empty.
+    pub(crate) fn create(dir: &Path) -> Result<Self, TrainerError> {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        Ok(Self {
+            transitions: open(dir.join("transitions.jsonl"))?,
+            epochs: open(dir.join("epochs.jsonl"))?,
+        })
+    }
+
+    pub(crate) fn transition(&mut self, record: &Transition) -> Result<(), TrainerError> {
+        append(&mut self.transitions, record)
+    }
+
+    pub(crate) fn epoch(&mut self, record: &EpochReport) -> Result<(), TrainerError> {
+        append(&mut self.epochs, record)
+    }
+}

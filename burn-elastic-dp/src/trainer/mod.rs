@@ -1,0 +1,549 @@
+//! The PipeTransformer loop: AutoFreeze, AutoPipe, AutoDP and AutoCache
+//! driving one training run of a user's layer stack, dataset and optimizer.
+//!
+//! Files: `config.rs` (the one `Config` and its checks), `shape.rs` (AutoPipe
+//! and AutoDP's decision), `log.rs` (transition and epoch records, JSON
+//! lines), `error.rs`; the loop is here.
+
+mod config;
+mod error;
+mod log;
+mod shape;
+
+use std::time::{Duration, Instant};
+
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::Dataset;
+use burn::optim::Optimizer;
+use burn::prelude::*;
+use burn_freeze::{
+    Activation, ActivationCache, AutoFreeze, Cacheable, Differentiable, FreezePolicy,
+    InnerBackendOf, InnerHidden, InnerInput, InnerOutput, LayerStack, ParamStates, StackTypes,
+    TrainableUnits,
+};
+use burn_pipe::profile_units;
+
+pub use config::{CostModel, FreezeRule, LayerSpec, Parts, TrainerConfig};
+pub use error::TrainerError;
+pub use log::{EpochReport, Transition};
+pub use shape::{Reshaping, Shape, UnitCosts, initial_shape, reshape};
+
+use crate::group::ReplicaGroup;
+use crate::sampler::ElasticSampler;
+use log::JsonLog;
+
+/// The model before the first batch (the pipeline is built on it), then the
+/// running replica group.
+enum Model<S: StackTypes, O> {
+    Waiting(LayerStack<S>),
+    Running(Box<Running<S, O>>),
+}
+
+struct Running<S: StackTypes, O> {
+    group: ReplicaGroup<S, O>,
+    costs: UnitCosts,
+    shape: Shape,
+    initial_largest: f64,
+    /// Replicas at the start (the learning rate's reference).
+    base_replicas: usize,
+}
+
+/// PipeTransformer's trainer: a layer stack trained as R replicas of a
+/// K-stage pipeline over D devices, in which AutoFreeze moves the freeze
+/// front from the gradient statistics the steps already computed, AutoPipe
+/// re-plans the active units into the fewest stages that fit, AutoDP runs
+/// `D / K` replicas (copying weights and optimizer state to new ones), and
+/// AutoCache serves the frozen prefix. Each part can be switched off
+/// ([`Parts`]). Built by [`TrainerConfig::init`].
+///
+/// Each epoch ([`fit_epoch`](Self::fit_epoch)) sees every sample of the
+/// dataset exactly once, whatever R does within it. Decision points: after
+/// every step (the policy reads that step's gradient norms) and at the end
+/// of every epoch; when the front moves, the shape follows at once, and one
+/// [`Transition`] is logged.
+///
+/// ```
+/// use burn::backend::{Autodiff, Flex};
+/// use burn::data::dataloader::batcher::Batcher;
+/// use burn::data::dataset::InMemDataset;
+/// use burn::nn::loss::CrossEntropyLossConfig;
+/// use burn::nn::{Linear, LinearConfig};
+/// use burn::optim::AdamConfig;
+/// use burn::prelude::*;
+/// use burn_elastic_dp::{BatchPolicy, CostModel, FreezeRule, ReplicaConfig, TrainerConfig};
+/// use burn_freeze::LayerStack;
+/// use burn_pipe::PipelineConfig;
+///
+/// #[derive(Module, Debug)]
+/// pub struct Dense<B: Backend> { linear: Linear<B> }
+/// impl<B: Backend> Dense<B> {
+///     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> { self.linear.forward(x).tanh() }
+/// }
+/// burn_freeze::unit!(Dense<B>: Tensor<B, 2> => Tensor<B, 2>);
+///
+/// type B = Autodiff<Flex>;
+/// #[derive(Clone)]
+/// struct Points;
+/// impl Batcher<B, ([f32; 4], i64), (Tensor<B, 2>, Tensor<B, 1, Int>)> for Points {
+///     fn batch(&self, items: Vec<([f32; 4], i64)>, device: &Device<B>) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
+///         let x = items.iter().map(|(x, _)| Tensor::<B, 1>::from_floats(*x, device)).collect();
+///         let y = items.iter().map(|(_, y)| *y).collect::<Vec<_>>();
+///         (Tensor::stack(x, 0), Tensor::from_ints(y.as_slice(), device))
+///     }
+/// }
+///
+/// let device = Default::default();
+/// let dense = |i, o| Dense::<B> { linear: LinearConfig::new(i, o).init(&device) };
+/// let stack = LayerStack::new(dense(4, 8), (0..4).map(|_| dense(8, 8)).collect(), dense(8, 2));
+/// let data = InMemDataset::new((0..32).map(|i| ([i as f32 / 32.0, 0.5, -0.5, 1.0], i % 2)).collect());
+/// let mut trainer = TrainerConfig::new()
+///     .with_freeze(FreezeRule::Fronts { layers: vec![0, 3] })
+///     .with_batch(BatchPolicy::FixedGlobal { batch: 8 })
+///     .with_costs(CostModel::Parameters { frozen_factor: 1.0 / 3.0 })
+///     .with_replicas(ReplicaConfig::new().with_pipeline(PipelineConfig::new().with_micro_batches(Some(2))))
+///     .init(stack, vec![device; 2], || AdamConfig::new().init())?;
+/// let loss = CrossEntropyLossConfig::new().init(&device);
+/// for _ in 0..2 {
+///     let report = trainer.fit_epoch(&data, &Points, |logits, y| loss.forward(logits, y))?;
+///     assert_eq!(report.samples, 32);
+/// }
+/// assert_eq!(trainer.front(), 3); // frozen after epoch 0
+/// # Ok::<(), burn_elastic_dp::TrainerError>(())
+/// ```
+pub struct Trainer<S: StackTypes, O> {
+    model: Option<Model<S, O>>,
+    config: TrainerConfig,
+    devices: Vec<Device<S::Backend>>,
+    make_optimizer: std::sync::Arc<dyn Fn() -> O + Send + Sync>,
+    auto: AutoFreeze<Box<dyn FreezePolicy + Send>>,
+    sampler: Option<ElasticSampler>,
+    epoch: usize,
+    steps: usize,
+    log: Option<JsonLog>,
+}
+
+impl<S, O> Trainer<S, O>
+where
+    S: StackTypes,
+    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
+    O::Record: ParamStates,
+{
+    fn new(
+        stack: LayerStack<S>,
+        devices: Vec<Device<S::Backend>>,
+        config: TrainerConfig,
+        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
+    ) -> Result<Self, TrainerError> {
+        config.check(devices.len())?;
+        let units = stack.num_units();
+        let stages = config.stages.unwrap_or(devices.len());
+        if stages > units {
+            return Err(TrainerError::TooManyStages { stages, units });
+        }
+        let map = config.layer_map(units)?;
+        let policy = config.policy(map.num_layers());
+        let log = match &config.output_dir {
+            Some(dir) => Some(JsonLog::create(dir)?),
+            None => None,
+        };
+        Ok(Self {
+            model: Some(Model::Waiting(stack)),
+            devices,
+            make_optimizer: std::sync::Arc::new(make_optimizer),
+            auto: AutoFreeze::new(policy, map),
+            sampler: None,
+            epoch: 0,
+            steps: 0,
+            log,
+            config,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TrainerConfig {
+        &self.config
+    }
+
+    fn running(&self) -> Option<&Running<S, O>> {
+        match self.model.as_ref().expect("model present") {
+            Model::Running(running) => Some(running),
+            Model::Waiting(_) => None,
+        }
+    }
+
+    /// The freeze front (frozen units).
+    pub fn front(&self) -> usize {
+        self.running().map_or(0, |r| r.group.front())
+    }
+
+    /// Frozen layers (the policy's F).
+    pub fn frozen_layers(&self) -> usize {
+        self.auto.frozen_layers()
+    }
+
+    /// The current shape (`None` before the first batch).
+    pub fn shape(&self) -> Option<&Shape> {
+        self.running().map(|r| &r.shape)
+    }
+
+    /// AutoPipe's unit costs (`None` before the first batch).
+    pub fn unit_costs(&self) -> Option<&UnitCosts> {
+        self.running().map(|r| &r.costs)
+    }
+
+    /// The replica group (`None` before the first batch).
+    pub fn group(&self) -> Option<&ReplicaGroup<S, O>> {
+        self.running().map(|r| &r.group)
+    }
+
+    /// Micro-batches per replica with `stages` stages.
+    fn micro_batches(&self, stages: usize) -> usize {
+        self.config.replicas.pipeline.micro_batches_for(stages)
+    }
+
+    /// The model's output for evaluation (no graph; dropout off).
+    pub fn forward_inner(&self, input: InnerInput<S>) -> InnerOutput<S> {
+        match self.model.as_ref().expect("model present") {
+            Model::Running(running) => running.group.forward_inner(input),
+            Model::Waiting(stack) => {
+                burn_freeze::FreezableStack::new(stack.clone()).forward_inner(input)
+            }
+        }
+    }
+
+    /// A copy of the whole model (frozen units too), to evaluate or save.
+    pub fn to_layer_stack(&self) -> LayerStack<S> {
+        match self.model.as_ref().expect("model present") {
+            Model::Running(running) => running.group.to_layer_stack(),
+            Model::Waiting(stack) => stack.clone(),
+        }
+    }
+
+    /// The trained model; the trainer ends.
+    pub fn into_layer_stack(mut self) -> LayerStack<S> {
+        match self.model.take().expect("model present") {
+            Model::Running(running) => running.group.into_layer_stack(),
+            Model::Waiting(stack) => stack,
+        }
+    }
+
+    /// Builds the pipeline and its replicas from the stack, profiling the
+    /// units on `input` if the costs are measured.
+    fn start(&mut self, input: &S::Input) -> Result<(), TrainerError>
+    where
+        S::Output: Differentiable<S::Backend>,
+    {
+        let Some(Model::Waiting(stack)) = self.model.take() else {
+            unreachable!("start runs once, on a waiting model")
+        };
+        let costs = match self.config.costs {
+            CostModel::Parameters { frozen_factor } => {
+                UnitCosts::from_params(&stack.unit_params(), frozen_factor)
+            }
+            CostModel::Profiled { repeats } => {
+                let profile = profile_units(&stack, input.clone(), &self.devices[0], repeats);
+                UnitCosts::from_profile(&profile)
+            }
+        };
+        let stages = self.config.stages.unwrap_or(self.devices.len());
+        let replicas = self.config.replicas_for(stages, stages, self.devices.len());
+        let (shape, initial_largest) = initial_shape(&costs, stages, replicas);
+        let make = self.make_optimizer.clone();
+        let built = self
+            .config
+            .replicas
+            .clone()
+            .with_pipeline(
+                self.config
+                    .replicas
+                    .pipeline
+                    .clone()
+                    .with_balance(Some(shape.balance.clone())),
+            )
+            .init(stack.clone(), self.device_lists(&shape), move || make());
+        let mut group = match built {
+            Ok(group) => group,
+            Err(error) => {
+                self.model = Some(Model::Waiting(stack));
+                return Err(error.into());
+            }
+        };
+        if self.config.parts.cache && self.config.parts.freeze {
+            match ActivationCache::new(self.config.cache.clone()) {
+                Ok(cache) => {
+                    group.attach_cache(cache);
+                }
+                Err(error) => {
+                    self.model = Some(Model::Waiting(stack));
+                    return Err(error.into());
+                }
+            }
+        }
+        tracing::info!(
+            K = shape.stages(),
+            R = shape.replicas,
+            M = self.micro_batches(shape.stages()),
+            balance = ?shape.balance,
+            "PipeTransformer run starts"
+        );
+        self.model = Some(Model::Running(Box::new(Running {
+            group,
+            costs,
+            shape,
+            initial_largest,
+            base_replicas: replicas,
+        })));
+        Ok(())
+    }
+
+    /// Device lists of a shape: replica `r` on the next `K` devices.
+    fn device_lists(&self, shape: &Shape) -> Vec<Vec<Device<S::Backend>>> {
+        let k = shape.stages();
+        (0..shape.replicas)
+            .map(|r| self.devices[r * k..(r + 1) * k].to_vec())
+            .collect()
+    }
+
+    /// AutoPipe and AutoDP after the front moved: the new shape, applied.
+    fn transition(&mut self, front_before: usize) -> Result<Transition, TrainerError> {
+        let start = Instant::now();
+        let devices = self.devices.len();
+        let parts = self.config.parts;
+        let Some(Model::Running(running)) = self.model.as_mut() else {
+            unreachable!("transitions happen while running")
+        };
+        let front = running.group.front();
+        let rules = Reshaping {
+            pipe: parts.pipe,
+            dp: parts.dp,
+            cache: parts.cache,
+            devices,
+            initial_largest: running.initial_largest,
+        };
+        let before = running.shape.clone();
+        let after = reshape(&running.costs, front, &before, &rules);
+        if after != before {
+            let k = |shape: &Shape| shape.stages();
+            let lists = |shape: &Shape| {
+                (0..shape.replicas)
+                    .map(|r| self.devices[r * k(shape)..(r + 1) * k(shape)].to_vec())
+                    .collect::<Vec<_>>()
+            };
+            let group = &mut running.group;
+            if k(&after) == k(&before) && after.replicas == before.replicas {
+                group.repartition(&after.balance, lists(&before))?;
+            } else {
+                // Down to replica 0, reshape it, then copy it to the new
+                // replicas (weights, parameter ids, optimizer state).
+                let one = |shape: &Shape| Shape {
+                    balance: shape.balance.clone(),
+                    replicas: 1,
+                };
+                if before.replicas > 1 {
+                    group.resize(lists(&one(&before)))?;
+                }
+                group.repartition(&after.balance, lists(&one(&after)))?;
+                if after.replicas > 1 {
+                    group.resize(lists(&after))?;
+                }
+            }
+            running.shape = after.clone();
+        }
+        let record = Transition {
+            epoch: self.epoch,
+            step: self.steps,
+            frozen_layers: self.auto.frozen_layers(),
+            front: (front_before, front),
+            stages: (before.stages(), after.stages()),
+            replicas: (before.replicas, after.replicas),
+            micro_batches: self.micro_batches(after.stages()),
+            balance: after.balance,
+            millis: start.elapsed().as_secs_f64() * 1e3,
+        };
+        record.log();
+        if let Some(log) = self.log.as_mut() {
+            log.transition(&record)?;
+        }
+        Ok(record)
+    }
+
+    /// Trains one epoch over `dataset`: every sample once, in batches that
+    /// `batcher` makes on the first device, the global batch following the
+    /// configured [`BatchPolicy`](crate::BatchPolicy) and the replica count
+    /// of each step. `loss` maps a micro-batch's output and targets to the
+    /// mean loss over its samples. Returns the epoch's figures (also written
+    /// to `epochs.jsonl` in the output directory).
+    ///
+    /// Fails on a dataset too small for a step or whose length changed
+    /// since the first epoch, and when a step or a transition fails (the
+    /// error names the replica, stage and micro-batch); a failed step
+    /// changes no weight.
+    pub fn fit_epoch<I, D, Bt, T, LossFn>(
+        &mut self,
+        dataset: &D,
+        batcher: &Bt,
+        loss: LossFn,
+    ) -> Result<EpochReport, TrainerError>
+    where
+        D: Dataset<I>,
+        Bt: Batcher<S::Backend, I, (S::Input, T)>,
+        T: Activation<S::Backend>,
+        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+        InnerInput<S>: Cacheable<InnerBackendOf<S>>,
+        InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
+        S::Output: Differentiable<S::Backend>,
+    {
+        let started = Instant::now();
+        let len = dataset.len();
+        if self.sampler.is_none() {
+            self.sampler = Some(ElasticSampler::new(
+                len,
+                self.config.batch,
+                self.config.seed,
+            )?);
+        }
+        self.begin_epoch(len)?;
+        let cache_before = self.cache_counts();
+        let mut transitions = Vec::new();
+        let mut transition_time = Duration::ZERO;
+        let mut all_reduce = Duration::ZERO;
+        let (mut steps, mut samples, mut loss_sum) = (0usize, 0usize, 0f64);
+        loop {
+            let (replicas, stages) = self
+                .shape()
+                .map_or_else(|| self.start_shape(), |s| (s.replicas, s.stages()));
+            let min_batch = replicas * self.micro_batches(stages);
+            let sampler = self.sampler.as_mut().expect("sampler made above");
+            let Some(indices) = sampler.next_batch_min(replicas, min_batch) else {
+                break;
+            };
+            if indices.len() < min_batch {
+                return Err(TrainerError::DatasetTooSmall {
+                    len,
+                    needed: min_batch,
+                });
+            }
+            let mut items = Vec::with_capacity(indices.len());
+            for &index in &indices {
+                items.push(
+                    dataset
+                        .get(index)
+                        .ok_or(TrainerError::MissingItem { index, len })?,
+                );
+            }
+            let (input, targets) = batcher.batch(items, &self.devices[0]);
+            if self.running().is_none() {
+                self.start(&input)?;
+            }
+            let lr = {
+                let running = self.running().expect("started");
+                self.sampler.as_ref().expect("sampler").learning_rate(
+                    self.config.lr,
+                    running.base_replicas,
+                    running.shape.replicas,
+                )
+            };
+            let parts = self.config.parts;
+            let Some(Model::Running(running)) = self.model.as_mut() else {
+                unreachable!("started above")
+            };
+            let group = &mut running.group;
+            let report = if parts.cache && parts.freeze && group.front() > 0 {
+                let ids: Vec<u64> = indices.iter().map(|&i| i as u64).collect();
+                group.forward_backward_cached(&ids, input, targets, &loss)?
+            } else {
+                group.forward_backward(input, targets, &loss)?
+            };
+            group.step(lr);
+            steps += 1;
+            self.steps += 1;
+            samples += indices.len();
+            loss_sum += f64::from(report.loss) * indices.len() as f64;
+            all_reduce += report.all_reduce.iter().copied().max().unwrap_or_default();
+            if parts.freeze {
+                let front = group.front();
+                if self.auto.after_step(group)?.is_some() {
+                    let record = self.transition(front)?;
+                    transition_time += Duration::from_secs_f64(record.millis / 1e3);
+                    transitions.push(record);
+                }
+            }
+        }
+        if self.config.parts.freeze
+            && let Some(Model::Running(running)) = self.model.as_mut()
+        {
+            let front = running.group.front();
+            if self.auto.after_epoch(&mut running.group)?.is_some() {
+                let record = self.transition(front)?;
+                transition_time += Duration::from_secs_f64(record.millis / 1e3);
+                transitions.push(record);
+            }
+        }
+        let cache_after = self.cache_counts();
+        let seconds = started.elapsed().as_secs_f64();
+        let shape = self.shape().cloned().expect("a step ran");
+        let report = EpochReport {
+            epoch: self.epoch,
+            steps,
+            samples,
+            loss: loss_sum / samples.max(1) as f64,
+            seconds,
+            samples_per_second: samples as f64 / seconds,
+            transition_seconds: transition_time.as_secs_f64(),
+            all_reduce_seconds: all_reduce.as_secs_f64() / steps.max(1) as f64,
+            frozen_layers: self.auto.frozen_layers(),
+            front: self.front(),
+            stages: shape.stages(),
+            replicas: shape.replicas,
+            micro_batches: self.micro_batches(shape.stages()),
+            balance: shape.balance,
+            transitions,
+            cache_hits: cache_after.0 - cache_before.0,
+            cache_misses: cache_after.1 - cache_before.1,
+        };
+        if let Some(log) = self.log.as_mut() {
+            log.epoch(&report)?;
+        }
+        self.epoch += 1;
+        Ok(report)
+    }
+
+    /// The shape the run starts with.
+    fn start_shape(&self) -> (usize, usize) {
+        let stages = self.config.stages.unwrap_or(self.devices.len());
+        (
+            self.config.replicas_for(stages, stages, self.devices.len()),
+            stages,
+        )
+    }
+
+    /// Checks the dataset and starts the sampler's epoch.
+    fn begin_epoch(&mut self, len: usize) -> Result<(), TrainerError> {
+        let (replicas, stages) = self
+            .shape()
+            .map_or_else(|| self.start_shape(), |s| (s.replicas, s.stages()));
+        let needed = replicas * self.micro_batches(stages);
+        if len < needed {
+            return Err(TrainerError::DatasetTooSmall { len, needed });
+        }
+        let sampler = self.sampler.as_mut().expect("sampler made");
+        if sampler.len() != len {
+            return Err(TrainerError::DatasetChanged {
+                before: sampler.len(),
+                now: len,
+            });
+        }
+        if self.epoch > 0 || sampler.remaining() != len {
+            sampler.start_epoch();
+        }
+        Ok(())
+    }
+
+    /// Cache hits (full and partial) and misses so far.
+    fn cache_counts(&self) -> (u64, u64) {
+        self.group().and_then(|g| g.cache()).map_or((0, 0), |c| {
+            let s = c.stats();
+            (s.hits + s.partial_hits, s.misses)
+        })
+    }
+}
