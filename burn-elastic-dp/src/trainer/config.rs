@@ -237,7 +237,7 @@ impl TrainerConfig {
             return Err(invalid("lr", self.lr, "a finite number above 0"));
         }
         match self.costs {
-            CostModel::Profiled { repeats } if repeats == 0 => {
+            CostModel::Profiled { repeats: 0 } => {
                 return Err(invalid("costs.repeats", 0, "at least 1"));
             }
             CostModel::Parameters { frozen_factor } if !(0.0..=1.0).contains(&frozen_factor) => {

@@ -191,6 +191,20 @@ where
         self.running().map(|r| &r.costs)
     }
 
+    /// The learning rate of the next step: the configured one, scaled
+    /// linearly with the replica count under
+    /// [`BatchPolicy::PerReplica`](crate::BatchPolicy::PerReplica).
+    pub fn learning_rate(&self) -> f64 {
+        match (self.running(), self.sampler.as_ref()) {
+            (Some(running), Some(sampler)) => sampler.learning_rate(
+                self.config.lr,
+                running.base_replicas,
+                running.shape.replicas,
+            ),
+            _ => self.config.lr,
+        }
+    }
+
     /// The replica group (`None` before the first batch).
     pub fn group(&self) -> Option<&ReplicaGroup<S, O>> {
         self.running().map(|r| &r.group)
@@ -435,14 +449,7 @@ where
             if self.running().is_none() {
                 self.start(&input)?;
             }
-            let lr = {
-                let running = self.running().expect("started");
-                self.sampler.as_ref().expect("sampler").learning_rate(
-                    self.config.lr,
-                    running.base_replicas,
-                    running.shape.replicas,
-                )
-            };
+            let lr = self.learning_rate();
             let parts = self.config.parts;
             let Some(Model::Running(running)) = self.model.as_mut() else {
                 unreachable!("started above")

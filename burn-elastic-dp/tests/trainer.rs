@@ -1,0 +1,537 @@
+//! The PipeTransformer trainer: an elastic run (K = 4, R = 1 -> K = 2, R = 2
+//! -> K = 1, R = 4) sees every sample once per epoch and ends at the weights
+//! of plain training with the same freeze schedule and batches; cached and
+//! uncached training agree, spilling or recomputing; every combination of
+//! the four parts runs; bad configurations are refused before any work.
+
+use std::sync::{Arc, Mutex};
+
+use burn::backend::Autodiff;
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::InMemDataset;
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::{Linear, LinearConfig};
+use burn::optim::{AdamConfig, Optimizer};
+use burn::prelude::*;
+use burn_elastic_dp::{
+    BatchPolicy, CostModel, FreezeRule, Parts, ReplicaConfig, TrainerConfig, TrainerError,
+};
+use burn_freeze::{CacheConfig, FreezableStack, LayerStack, StackMarker, TrainableUnits};
+use burn_pipe::PipelineConfig;
+
+#[cfg(not(feature = "test-tch"))]
+type Inner = burn::backend::Flex;
+#[cfg(feature = "test-tch")]
+type Inner = burn::backend::LibTorch;
+type B = Autodiff<Inner>;
+
+/// A user's own unit: a residual block (the last one is the classifier, as
+/// wide as the blocks so that every unit costs the same).
+#[derive(Module, Debug)]
+pub struct Block<B: Backend> {
+    linear: Linear<B>,
+}
+
+impl<B: Backend> Block<B> {
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        x.clone() + self.linear.forward(x).tanh()
+    }
+}
+
+burn_freeze::unit!(Block<B>: Tensor<B, 2> => Tensor<B, 2>);
+
+type Types = StackMarker<B, Block<B>, Block<B>, Block<B>>;
+
+const WIDTH: usize = 8;
+const UNITS: usize = 8;
+
+/// 8 units of equal cost, weights read (Burn initialises lazily).
+fn stack() -> LayerStack<Types> {
+    let device = Default::default();
+    let block = || Block {
+        linear: LinearConfig::new(WIDTH, WIDTH).init(&device),
+    };
+    let stack = LayerStack::new(block(), (0..UNITS - 2).map(|_| block()).collect(), block());
+    stack.materialize();
+    stack
+}
+
+/// A sample: its index, features and label.
+type Item = (usize, [f32; WIDTH], i64);
+
+fn dataset(len: usize) -> InMemDataset<Item> {
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32
+    };
+    InMemDataset::new(
+        (0..len)
+            .map(|i| {
+                let x: [f32; WIDTH] = std::array::from_fn(|_| 2.0 * next() - 1.0);
+                let label = i64::from(x[0] + x[1] > 0.0) + 2 * i64::from(x[2] > 0.3);
+                (i, x, label)
+            })
+            .collect(),
+    )
+}
+
+/// Makes batches and records which samples each batch held.
+#[derive(Clone, Default)]
+struct Recording {
+    batches: Arc<Mutex<Vec<Vec<usize>>>>,
+}
+
+impl Recording {
+    fn take(&self) -> Vec<Vec<usize>> {
+        std::mem::take(&mut self.batches.lock().unwrap())
+    }
+}
+
+fn make_batch(items: &[Item], device: &Device<B>) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
+    let x: Vec<f32> = items.iter().flat_map(|(_, x, _)| *x).collect();
+    let y: Vec<i64> = items.iter().map(|(_, _, y)| *y).collect();
+    let n = items.len();
+    (
+        Tensor::<B, 1>::from_data(TensorData::new(x, [n * WIDTH]), device).reshape([n, WIDTH]),
+        Tensor::from_data(TensorData::new(y, [n]), device),
+    )
+}
+
+impl Batcher<B, Item, (Tensor<B, 2>, Tensor<B, 1, Int>)> for Recording {
+    fn batch(&self, items: Vec<Item>, device: &Device<B>) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
+        self.batches
+            .lock()
+            .unwrap()
+            .push(items.iter().map(|(i, _, _)| *i).collect());
+        make_batch(&items, device)
+    }
+}
+
+fn loss(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> Tensor<B, 1> {
+    CrossEntropyLossConfig::new()
+        .init(&logits.device())
+        .forward(logits, labels)
+}
+
+struct Collect(Vec<Vec<f32>>);
+impl<Be: Backend> ModuleVisitor<Be> for Collect {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Be, D>>) {
+        self.0.push(param.val().to_data().to_vec().unwrap());
+    }
+}
+
+fn weights(stack: &LayerStack<Types>) -> Vec<Vec<f32>> {
+    let mut collect = Collect(Vec::new());
+    stack.first().visit(&mut collect);
+    stack.middle().iter().for_each(|u| u.visit(&mut collect));
+    stack.last().visit(&mut collect);
+    collect.0
+}
+
+/// Largest |a - b| relative to max(1, largest |b|), per tensor.
+fn worst_difference(actual: &[Vec<f32>], expected: &[Vec<f32>]) -> f32 {
+    actual
+        .iter()
+        .zip(expected)
+        .map(|(a, b)| {
+            let scale = b.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max)
+                / scale
+        })
+        .fold(0.0, f32::max)
+}
+
+const LR: f64 = 1e-2;
+
+/// The elastic run's configuration: per-unit layers frozen 0, 4, 6 in
+/// epochs 0, 1, 2; parameter-count costs (deterministic shapes); 2
+/// micro-batches per replica; a fixed global batch of 16.
+fn elastic_config() -> TrainerConfig {
+    TrainerConfig::new()
+        .with_freeze(FreezeRule::Fronts {
+            layers: vec![0, 4, 6],
+        })
+        .with_batch(BatchPolicy::FixedGlobal { batch: 16 })
+        .with_lr(LR)
+        .with_costs(CostModel::Parameters {
+            frozen_factor: 1.0 / 3.0,
+        })
+        .with_replicas(
+            ReplicaConfig::new().with_pipeline(PipelineConfig::new().with_micro_batches(Some(2))),
+        )
+        .with_seed(3)
+}
+
+#[test]
+fn an_elastic_run_sees_every_sample_once_and_trains_as_plain_training() {
+    let device: Device<B> = Default::default();
+    let model = stack();
+    let data = dataset(64);
+    let batcher = Recording::default();
+    let out = tempfile_dir("elastic");
+    let mut trainer = elastic_config()
+        .with_output_dir(Some(out.clone()))
+        .init(model.clone(), vec![device; 4], || AdamConfig::new().init())
+        .unwrap();
+    let mut shapes = Vec::new();
+    let mut epochs = Vec::new();
+    for _ in 0..3 {
+        let report = trainer.fit_epoch(&data, &batcher, loss).unwrap();
+        // Exactly once per epoch.
+        let batches = batcher.take();
+        let mut seen: Vec<usize> = batches.iter().flatten().copied().collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..64).collect::<Vec<_>>());
+        assert_eq!(report.samples, 64);
+        shapes.push((report.stages, report.replicas));
+        epochs.push((batches, report));
+    }
+    // The front after epoch T is the schedule's entry T + 1; the shape
+    // follows at once: K=4,R=1 -> K=2,R=2 -> K=1,R=4.
+    let transitions: Vec<_> = epochs
+        .iter()
+        .flat_map(|(_, r)| r.transitions.clone())
+        .collect();
+    assert_eq!(
+        transitions
+            .iter()
+            .map(|t| (t.front, t.stages, t.replicas))
+            .collect::<Vec<_>>(),
+        vec![((0, 4), (4, 2), (1, 2)), ((4, 6), (2, 1), (2, 4))]
+    );
+    assert_eq!(shapes, vec![(2, 2), (1, 4), (1, 4)]);
+    // The same lines in the output directory.
+    let lines = std::fs::read_to_string(out.join("transitions.jsonl")).unwrap();
+    assert_eq!(lines.lines().count(), 2);
+    assert!(lines.contains("\"replicas\":[2,4]"), "{lines}");
+    let lines = std::fs::read_to_string(out.join("epochs.jsonl")).unwrap();
+    assert_eq!(lines.lines().count(), 3);
+
+    // Plain training on one device: the same batches, the same fronts.
+    let mut plain = FreezableStack::new(model);
+    let mut adam = AdamConfig::new().init::<B, TrainableUnits<Types>>();
+    let fronts = [4, 6, 6];
+    let items = data_items(&data);
+    for (epoch, (batches, report)) in epochs.iter().enumerate() {
+        let mut total = 0.0;
+        for indices in batches {
+            let chosen: Vec<Item> = indices.iter().map(|&i| items[i]).collect();
+            let (x, y) = make_batch(&chosen, &device);
+            let l = loss(plain.forward(x), y);
+            total += f64::from(l.clone().into_scalar().elem::<f32>()) * indices.len() as f64;
+            let grads = plain.gradients(l.backward());
+            plain.map_trainable(|units| adam.step(LR, units, grads));
+        }
+        let mean = total / 64.0;
+        assert!(
+            (mean - report.loss).abs() <= 1e-4 * mean.abs().max(1.0),
+            "epoch {epoch}: loss {} against plain {mean}",
+            report.loss
+        );
+        plain.freeze_to(fronts[epoch]).unwrap();
+    }
+    // Summation order differs (shards, micro-batches, the all-reduce mean):
+    // rounding of about 1e-7 per gradient, which 12 Adam steps keep well
+    // inside 1e-4 of the weights' scale.
+    let worst = worst_difference(
+        &weights(&trainer.to_layer_stack()),
+        &weights(&plain.to_layer_stack()),
+    );
+    assert!(worst <= 1e-4, "weights differ by {worst}");
+    // Every replica holds the same weights, bit for bit.
+    let group = trainer.group().unwrap();
+    let first = weights(&group.replica(0).to_layer_stack());
+    for r in 1..group.num_replicas() {
+        assert_eq!(weights(&group.replica(r).to_layer_stack()), first);
+    }
+    let _ = std::fs::remove_dir_all(out);
+}
+
+fn data_items(data: &InMemDataset<Item>) -> Vec<Item> {
+    use burn::data::dataset::Dataset;
+    data.iter().collect()
+}
+
+/// A fresh directory under the system's temporary one.
+fn tempfile_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "burn-elastic-dp-trainer-{name}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Trains 3 epochs under `config` on 4 devices; the epoch losses, the final
+/// weights and the cache's counters.
+fn run(config: TrainerConfig) -> (Vec<f64>, Vec<Vec<f32>>, Option<burn_freeze::CacheStats>) {
+    let device: Device<B> = Default::default();
+    let data = dataset(64);
+    let batcher = Recording::default();
+    let mut trainer = config
+        .init(stack_from_seed(), vec![device; 4], || {
+            AdamConfig::new().init()
+        })
+        .unwrap();
+    let losses = (0..3)
+        .map(|_| trainer.fit_epoch(&data, &batcher, loss).unwrap().loss)
+        .collect();
+    let stats = trainer.group().unwrap().cache().map(|c| c.stats());
+    (losses, weights(&trainer.to_layer_stack()), stats)
+}
+
+/// The same initial weights in every call (a seeded backend under a lock,
+/// so that tests running in parallel do not interleave their draws).
+fn stack_from_seed() -> LayerStack<Types> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _guard = LOCK.lock().unwrap();
+    <B as Backend>::seed(&Default::default(), 11);
+    stack()
+}
+
+#[test]
+fn cached_and_uncached_training_agree_spilling_or_recomputing() {
+    let (plain_losses, plain_weights, none) =
+        run(elastic_config().with_parts(Parts::new().with_cache(false)));
+    assert!(none.is_none(), "no cache without AutoCache");
+    let spill = tempfile_dir("spill");
+    std::fs::create_dir_all(&spill).unwrap();
+    let cases = [
+        ("in memory", CacheConfig::new(64 << 20)),
+        (
+            "spilled to disk",
+            CacheConfig::new(0).with_spill_dir(Some(spill.clone())),
+        ),
+        ("recomputed", CacheConfig::new(0)),
+    ];
+    for (case, cache) in cases {
+        let (log, (losses, weights, stats)) = logged(|| run(elastic_config().with_cache(cache)));
+        let warnings = log.matches("activation cache full").count();
+        let expected_warnings = usize::from(case == "recomputed");
+        assert_eq!(warnings, expected_warnings, "{case}: said so {warnings} times:\n{log}");
+        let stats = stats.unwrap();
+        for (a, b) in losses.iter().zip(&plain_losses) {
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                "{case}: {a} against {b}"
+            );
+        }
+        let worst = worst_difference(&weights, &plain_weights);
+        assert!(worst <= 1e-5, "{case}: weights differ by {worst}");
+        // Epoch 1 computes the prefix at front 4 (64 misses); epoch 2 moves
+        // to front 6 from those entries (partial hits) when they were kept.
+        assert_eq!(
+            stats.misses + stats.partial_hits + stats.hits,
+            128,
+            "{case}"
+        );
+        match case {
+            "in memory" => assert_eq!((stats.misses, stats.partial_hits), (64, 64)),
+            "spilled to disk" => {
+                assert!(
+                    stats.spilled > 0 && stats.partial_hits == 64,
+                    "{case}: {stats:?}"
+                )
+            }
+            _ => assert!(
+                stats.not_cached > 0 && stats.misses == 128,
+                "{case}: {stats:?}"
+            ),
+        }
+    }
+    let _ = std::fs::remove_dir_all(spill);
+}
+
+/// Runs `f` with the calling thread's log captured.
+fn logged<R>(f: impl FnOnce() -> R) -> (String, R) {
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let writer = buffer.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let result = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+    (text, result)
+}
+
+#[test]
+fn every_combination_of_the_four_parts_runs() {
+    let device: Device<B> = Default::default();
+    let data = dataset(32);
+    let batcher = Recording::default();
+    for bits in 0..16u8 {
+        let parts = Parts::new()
+            .with_freeze(bits & 1 != 0)
+            .with_pipe(bits & 2 != 0)
+            .with_dp(bits & 4 != 0)
+            .with_cache(bits & 8 != 0);
+        let mut trainer = elastic_config()
+            .with_parts(parts)
+            .with_batch(BatchPolicy::FixedGlobal { batch: 8 })
+            .init(stack_from_seed(), vec![device; 4], || {
+                AdamConfig::new().init()
+            })
+            .unwrap();
+        for _ in 0..3 {
+            let report = trainer.fit_epoch(&data, &batcher, loss).unwrap();
+            assert_eq!(report.samples, 32, "{parts:?}");
+            assert!(report.loss.is_finite(), "{parts:?}");
+            let expected_front = if parts.freeze { report.front } else { 0 };
+            assert_eq!(trainer.front(), expected_front);
+            if !parts.pipe || !parts.freeze {
+                assert_eq!(report.stages, 4, "{parts:?}: K moved without AutoPipe");
+            }
+            if !(parts.dp && parts.freeze && parts.pipe) {
+                assert_eq!(report.replicas, 1, "{parts:?}: R moved without AutoDP");
+            }
+        }
+        if parts.freeze {
+            assert_eq!(trainer.front(), 6, "{parts:?}");
+        }
+        // Cached, the 6 frozen units cost nothing: one stage does what 4
+        // did, and 4 replicas run; uncached they still cost their forward.
+        if parts.freeze && parts.pipe && parts.dp {
+            let expected = if parts.cache { 4 } else { 2 };
+            assert_eq!(trainer.shape().unwrap().replicas, expected, "{parts:?}");
+        }
+        let cached = trainer.group().unwrap().cache().is_some();
+        assert_eq!(cached, parts.cache && parts.freeze, "{parts:?}");
+    }
+}
+
+#[test]
+fn the_per_replica_batch_grows_with_the_replicas_and_scales_the_learning_rate() {
+    let device: Device<B> = Default::default();
+    let data = dataset(64);
+    let batcher = Recording::default();
+    let mut trainer = elastic_config()
+        .with_batch(BatchPolicy::PerReplica { batch: 8 })
+        .init(stack_from_seed(), vec![device; 4], || {
+            AdamConfig::new().init()
+        })
+        .unwrap();
+    for epoch in 0..3 {
+        let report = trainer.fit_epoch(&data, &batcher, loss).unwrap();
+        let batches = batcher.take();
+        assert_eq!(batches.iter().map(Vec::len).sum::<usize>(), 64);
+        // The replica count at the start of each epoch sets its batches.
+        let expected = [8, 16, 32][epoch];
+        assert!(
+            batches.iter().all(|b| b.len() == expected),
+            "epoch {epoch}: {:?}",
+            batches.iter().map(Vec::len).collect::<Vec<_>>()
+        );
+        assert!(report.loss.is_finite());
+        // The linear rule: the learning rate follows the global batch.
+        let replicas = trainer.shape().unwrap().replicas;
+        assert_eq!(trainer.learning_rate(), LR * replicas as f64);
+    }
+}
+
+#[test]
+fn bad_configurations_are_refused_before_any_work() {
+    let device: Device<B> = Default::default();
+    let cases: Vec<(TrainerConfig, usize, &str)> = vec![
+        (elastic_config().with_lr(f64::NAN), 4, "lr"),
+        (elastic_config().with_lr(-1.0), 4, "lr"),
+        (
+            elastic_config().with_freeze(FreezeRule::AlphaArgmin { alpha: 1.5 }),
+            4,
+            "alpha",
+        ),
+        (
+            elastic_config().with_freeze(FreezeRule::AlphaSchedule { alpha: 0.0 }),
+            4,
+            "alpha",
+        ),
+        (
+            elastic_config().with_freeze(FreezeRule::ChangeRate {
+                every_steps: 0,
+                percentile: 50.0,
+            }),
+            4,
+            "every_steps",
+        ),
+        (elastic_config().with_stages(Some(5)), 4, "stages"),
+        (elastic_config().with_stages(Some(0)), 4, "stages"),
+        (elastic_config(), 0, "devices"),
+        (
+            elastic_config().with_batch(BatchPolicy::FixedGlobal { batch: 0 }),
+            4,
+            "batch",
+        ),
+        // K = 1, R = 4 needs 4 x 2 samples per step.
+        (
+            elastic_config().with_batch(BatchPolicy::FixedGlobal { batch: 4 }),
+            4,
+            "micro-batches",
+        ),
+        (
+            elastic_config().with_costs(CostModel::Profiled { repeats: 0 }),
+            4,
+            "repeats",
+        ),
+    ];
+    for (config, devices, what) in cases {
+        let error = config
+            .init(stack(), vec![device; devices], || AdamConfig::new().init())
+            .err()
+            .unwrap_or_else(|| panic!("{what}: accepted"));
+        let text = error.to_string();
+        assert!(!text.contains('\n'), "{what}: {text}");
+        assert!(
+            text.contains(what)
+                || matches!(error, TrainerError::BatchTooSmall { .. } if what == "micro-batches"),
+            "{what}: {text}"
+        );
+    }
+    // More stages than units.
+    let error = elastic_config()
+        .with_batch(BatchPolicy::FixedGlobal { batch: 64 })
+        .init(stack(), vec![device; 9], || AdamConfig::new().init())
+        .err()
+        .unwrap();
+    assert!(
+        matches!(error, TrainerError::TooManyStages { .. }),
+        "{error}"
+    );
+    // A dataset too small for one step, and a bad output directory.
+    let mut trainer = elastic_config()
+        .init(stack(), vec![device; 4], || AdamConfig::new().init())
+        .unwrap();
+    let error = trainer
+        .fit_epoch(&dataset(1), &Recording::default(), loss)
+        .unwrap_err();
+    assert!(
+        matches!(error, TrainerError::DatasetTooSmall { .. }),
+        "{error}"
+    );
+    let file = tempfile_dir("not-a-dir");
+    std::fs::write(&file, b"x").unwrap();
+    let error = elastic_config()
+        .with_output_dir(Some(file.join("sub")))
+        .init(stack(), vec![device; 4], || AdamConfig::new().init())
+        .err()
+        .unwrap();
+    assert!(matches!(error, TrainerError::Io { .. }), "{error}");
+    let _ = std::fs::remove_file(file);
+}
