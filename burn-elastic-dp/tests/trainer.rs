@@ -246,7 +246,7 @@ fn an_elastic_run_sees_every_sample_once_and_trains_as_plain_training() {
     );
     assert!(worst <= 1e-4, "weights differ by {worst}");
     // Every replica holds the same weights, bit for bit.
-    let group = trainer.group().unwrap();
+    let group = trainer.group();
     let first = weights(&group.replica(0).to_layer_stack());
     for r in 1..group.num_replicas() {
         assert_eq!(weights(&group.replica(r).to_layer_stack()), first);
@@ -283,7 +283,7 @@ fn run(config: TrainerConfig) -> (Vec<f64>, Vec<Vec<f32>>, Option<burn_freeze::C
     let losses = (0..3)
         .map(|_| trainer.fit_epoch(&data, &batcher, loss).unwrap().loss)
         .collect();
-    let stats = trainer.group().unwrap().cache().map(|c| c.stats());
+    let stats = trainer.group().cache().map(|c| c.stats());
     (losses, weights(&trainer.to_layer_stack()), stats)
 }
 
@@ -315,7 +315,10 @@ fn cached_and_uncached_training_agree_spilling_or_recomputing() {
         let (log, (losses, weights, stats)) = logged(|| run(elastic_config().with_cache(cache)));
         let warnings = log.matches("activation cache full").count();
         let expected_warnings = usize::from(case == "recomputed");
-        assert_eq!(warnings, expected_warnings, "{case}: said so {warnings} times:\n{log}");
+        assert_eq!(
+            warnings, expected_warnings,
+            "{case}: said so {warnings} times:\n{log}"
+        );
         let stats = stats.unwrap();
         for (a, b) in losses.iter().zip(&plain_losses) {
             assert!(
@@ -411,9 +414,9 @@ fn every_combination_of_the_four_parts_runs() {
         // did, and 4 replicas run; uncached they still cost their forward.
         if parts.freeze && parts.pipe && parts.dp {
             let expected = if parts.cache { 4 } else { 2 };
-            assert_eq!(trainer.shape().unwrap().replicas, expected, "{parts:?}");
+            assert_eq!(trainer.shape().replicas, expected, "{parts:?}");
         }
-        let cached = trainer.group().unwrap().cache().is_some();
+        let cached = trainer.group().cache().is_some();
         assert_eq!(cached, parts.cache && parts.freeze, "{parts:?}");
     }
 }
@@ -442,7 +445,7 @@ fn the_per_replica_batch_grows_with_the_replicas_and_scales_the_learning_rate() 
         );
         assert!(report.loss.is_finite());
         // The linear rule: the learning rate follows the global batch.
-        let replicas = trainer.shape().unwrap().replicas;
+        let replicas = trainer.shape().replicas;
         assert_eq!(trainer.learning_rate(), LR * replicas as f64);
     }
 }

@@ -6,7 +6,7 @@
 
 pub mod backend;
 pub mod bench;
-pub mod elastic;
+pub mod task;
 
 /// Sends `tracing` logs to stderr, filtered by `RUST_LOG` (default `info`).
 pub fn init_logging() {

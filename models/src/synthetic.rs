@@ -89,31 +89,78 @@ impl BandImages {
         device: &B::Device,
     ) -> (Tensor<B, 4>, Tensor<B, 1, Int>) {
         let mut rng = SplitMix64::new(self.seed, index as u64);
+        let mut pixels = Vec::new();
+        let labels = (0..batch_size)
+            .map(|_| self.image(&mut rng, &mut pixels))
+            .collect();
+        self.tensors(pixels, labels, device)
+    }
+
+    /// Samples number `indices` of the task seen as a dataset (sample `i`
+    /// is the same image whatever batch it is in): images `[n, channels,
+    /// size, size]` and labels `[n]`.
+    ///
+    /// ```
+    /// use burn::backend::Flex;
+    /// use models::synthetic::BandImages;
+    ///
+    /// let task = BandImages::new(4, 3, 16, 7);
+    /// let (both, _) = task.samples::<Flex>(&[3, 5], &Default::default());
+    /// let (five, _) = task.samples::<Flex>(&[5], &Default::default());
+    /// both.slice([1..2]).into_data().assert_eq(&five.into_data(), true);
+    /// ```
+    pub fn samples<B: Backend>(
+        &self,
+        indices: &[usize],
+        device: &B::Device,
+    ) -> (Tensor<B, 4>, Tensor<B, 1, Int>) {
+        let mut pixels = Vec::new();
+        let labels = indices
+            .iter()
+            .map(|&i| {
+                let mut rng = SplitMix64::new(self.seed ^ SAMPLE_STREAMS, i as u64);
+                self.image(&mut rng, &mut pixels)
+            })
+            .collect();
+        self.tensors(pixels, labels, device)
+    }
+
+    /// Draws one image onto `pixels`; returns its class.
+    fn image(&self, rng: &mut SplitMix64, pixels: &mut Vec<f32>) -> i64 {
         let size = self.image_size;
-        let mut pixels = Vec::with_capacity(batch_size * self.channels * size * size);
-        let mut labels = Vec::with_capacity(batch_size);
-        for _ in 0..batch_size {
-            let class = rng.below(self.num_classes);
-            let band = class * size / self.num_classes..(class + 1) * size / self.num_classes;
-            labels.push(class as i64);
-            for _ in 0..self.channels {
-                for row in 0..size {
-                    let light = if band.contains(&row) { 1.0 } else { 0.0 };
-                    for _ in 0..size {
-                        pixels.push(light + rng.next_f32() - 0.5);
-                    }
+        let class = rng.below(self.num_classes);
+        let band = class * size / self.num_classes..(class + 1) * size / self.num_classes;
+        for _ in 0..self.channels {
+            for row in 0..size {
+                let light = if band.contains(&row) { 1.0 } else { 0.0 };
+                for _ in 0..size {
+                    pixels.push(light + rng.next_f32() - 0.5);
                 }
             }
         }
+        class as i64
+    }
+
+    fn tensors<B: Backend>(
+        &self,
+        pixels: Vec<f32>,
+        labels: Vec<i64>,
+        device: &B::Device,
+    ) -> (Tensor<B, 4>, Tensor<B, 1, Int>) {
+        let (n, size) = (labels.len(), self.image_size);
         let images = Tensor::<B, 1>::from_data(
-            TensorData::new(pixels, [batch_size * self.channels * size * size]),
+            TensorData::new(pixels, [n * self.channels * size * size]),
             device,
         )
-        .reshape([batch_size, self.channels, size, size]);
-        let labels = Tensor::from_data(TensorData::new(labels, [batch_size]), device);
+        .reshape([n, self.channels, size, size]);
+        let labels = Tensor::from_data(TensorData::new(labels, [n]), device);
         (images, labels)
     }
 }
+
+/// Mixed into the seed of per-sample generators, so that samples and
+/// numbered batches are different draws.
+const SAMPLE_STREAMS: u64 = 0x5A4D_504C_4553_0001;
 
 /// Token sequences labelled 1 when most of their tokens come from the upper
 /// half of the vocabulary, else 0.
@@ -183,26 +230,56 @@ impl MajorityTokens {
         device: &B::Device,
     ) -> (BertInput<B>, Tensor<B, 1, Int>) {
         let mut rng = SplitMix64::new(self.seed, index as u64);
-        let middle = 2 + (self.vocab_size - 2) / 2;
-        let mut sequences = Vec::with_capacity(batch_size);
-        let mut labels = Vec::with_capacity(batch_size);
-        for _ in 0..batch_size {
-            let mut len = self.min_len + rng.below(self.max_len - self.min_len + 1);
-            if len.is_multiple_of(2) {
-                len += 1;
-            }
-            let mut sequence = vec![Self::CLS];
-            let mut high = 0;
-            for _ in 0..len {
-                let token = 2 + rng.below(self.vocab_size - 2);
-                high += usize::from(token >= middle);
-                sequence.push(token as u32);
-            }
-            labels.push(i64::from(2 * high > len));
-            sequences.push(sequence);
-        }
+        let (sequences, labels): (Vec<_>, Vec<_>) =
+            (0..batch_size).map(|_| self.sequence(&mut rng)).unzip();
         let input = BertInput::from_token_ids(&sequences, Self::PAD, device);
         let labels = Tensor::from_data(TensorData::new(labels, [batch_size]), device);
         (input, labels)
+    }
+
+    /// Samples number `indices` of the task seen as a dataset (sample `i`
+    /// is the same sequence whatever batch it is in), every sequence padded
+    /// to [`max_tokens`](Self::max_tokens) so that a sample keeps its shape
+    /// from batch to batch (as AutoCache requires).
+    ///
+    /// ```
+    /// use burn::backend::Flex;
+    /// use models::synthetic::MajorityTokens;
+    ///
+    /// let task = MajorityTokens::new(64, 5, 15, 3);
+    /// let (input, labels) = task.samples::<Flex>(&[0, 9, 4], &Default::default());
+    /// assert_eq!(input.tokens.dims(), [3, task.max_tokens()]);
+    /// assert_eq!(labels.dims(), [3]);
+    /// ```
+    pub fn samples<B: Backend>(
+        &self,
+        indices: &[usize],
+        device: &B::Device,
+    ) -> (BertInput<B>, Tensor<B, 1, Int>) {
+        let (sequences, labels): (Vec<_>, Vec<_>) = indices
+            .iter()
+            .map(|&i| self.sequence(&mut SplitMix64::new(self.seed ^ SAMPLE_STREAMS, i as u64)))
+            .unzip();
+        let input =
+            BertInput::from_token_ids_padded(&sequences, Self::PAD, self.max_tokens(), device);
+        let labels = Tensor::from_data(TensorData::new(labels, [indices.len()]), device);
+        (input, labels)
+    }
+
+    /// One sequence and its label.
+    fn sequence(&self, rng: &mut SplitMix64) -> (Vec<u32>, i64) {
+        let middle = 2 + (self.vocab_size - 2) / 2;
+        let mut len = self.min_len + rng.below(self.max_len - self.min_len + 1);
+        if len.is_multiple_of(2) {
+            len += 1;
+        }
+        let mut sequence = vec![Self::CLS];
+        let mut high = 0;
+        for _ in 0..len {
+            let token = 2 + rng.below(self.vocab_size - 2);
+            high += usize::from(token >= middle);
+            sequence.push(token as u32);
+        }
+        (sequence, i64::from(2 * high > len))
     }
 }

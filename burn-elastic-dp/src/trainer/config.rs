@@ -331,13 +331,15 @@ impl TrainerConfig {
 
     /// Builds the trainer of `stack` over `devices` (logical devices on a
     /// CPU: the same device several times), each pipeline stage with an
-    /// optimizer made by `make_optimizer`. The pipeline and its replicas are
-    /// built on the first batch (profiling the units on it when the costs
-    /// are [`CostModel::Profiled`]).
+    /// optimizer made by `make_optimizer`. The pipeline starts balanced on
+    /// parameter counts; with [`CostModel::Profiled`] the units are timed
+    /// on the first batch and the pipeline rebalanced on those times before
+    /// the first step.
     ///
     /// Fails, before any work, on a value outside its range (see
-    /// [`check`](Self::check)), a layer map that does not fit the stack, or
-    /// an output directory that cannot be made.
+    /// [`check`](Self::check)), more stages than units, a layer map that
+    /// does not fit the stack, an output directory that cannot be made or
+    /// an unusable cache spill directory.
     pub fn init<S, O>(
         &self,
         stack: LayerStack<S>,
@@ -346,7 +348,7 @@ impl TrainerConfig {
     ) -> Result<Trainer<S, O>, TrainerError>
     where
         S: StackTypes,
-        O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
+        O: Optimizer<TrainableUnits<S>, S::Backend>,
         O::Record: ParamStates,
     {
         Trainer::new(stack, devices, self.clone(), make_optimizer)

@@ -32,22 +32,6 @@ use crate::group::ReplicaGroup;
 use crate::sampler::ElasticSampler;
 use log::JsonLog;
 
-/// The model before the first batch (the pipeline is built on it), then the
-/// running replica group.
-enum Model<S: StackTypes, O> {
-    Waiting(LayerStack<S>),
-    Running(Box<Running<S, O>>),
-}
-
-struct Running<S: StackTypes, O> {
-    group: ReplicaGroup<S, O>,
-    costs: UnitCosts,
-    shape: Shape,
-    initial_largest: f64,
-    /// Replicas at the start (the learning rate's reference).
-    base_replicas: usize,
-}
-
 /// PipeTransformer's trainer: a layer stack trained as R replicas of a
 /// K-stage pipeline over D devices, in which AutoFreeze moves the freeze
 /// front from the gradient statistics the steps already computed, AutoPipe
@@ -111,10 +95,16 @@ struct Running<S: StackTypes, O> {
 /// # Ok::<(), burn_elastic_dp::TrainerError>(())
 /// ```
 pub struct Trainer<S: StackTypes, O> {
-    model: Option<Model<S, O>>,
+    group: ReplicaGroup<S, O>,
+    costs: UnitCosts,
+    /// Whether the costs still wait for the first batch's profile.
+    profile_pending: bool,
+    shape: Shape,
+    initial_largest: f64,
+    /// Replicas at the start (the learning rate's reference).
+    base_replicas: usize,
     config: TrainerConfig,
     devices: Vec<Device<S::Backend>>,
-    make_optimizer: std::sync::Arc<dyn Fn() -> O + Send + Sync>,
     auto: AutoFreeze<Box<dyn FreezePolicy + Send>>,
     sampler: Option<ElasticSampler>,
     epoch: usize,
@@ -125,7 +115,7 @@ pub struct Trainer<S: StackTypes, O> {
 impl<S, O> Trainer<S, O>
 where
     S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
+    O: Optimizer<TrainableUnits<S>, S::Backend>,
     O::Record: ParamStates,
 {
     fn new(
@@ -146,10 +136,43 @@ where
             Some(dir) => Some(JsonLog::create(dir)?),
             None => None,
         };
+        // Parameter counts until the first batch is profiled.
+        let (frozen_factor, profile_pending) = match config.costs {
+            CostModel::Parameters { frozen_factor } => (frozen_factor, false),
+            CostModel::Profiled { .. } => (1.0 / 3.0, true),
+        };
+        let costs = UnitCosts::from_params(&stack.unit_params(), frozen_factor);
+        let replicas = config.replicas_for(stages, stages, devices.len());
+        let (shape, initial_largest) = initial_shape(&costs, stages, replicas);
+        let mut group = config
+            .replicas
+            .clone()
+            .with_pipeline(
+                config
+                    .replicas
+                    .pipeline
+                    .clone()
+                    .with_balance(Some(shape.balance.clone())),
+            )
+            .init(stack, device_lists(&devices, &shape), make_optimizer)?;
+        if config.parts.cache && config.parts.freeze {
+            group.attach_cache(ActivationCache::new(config.cache.clone())?);
+        }
+        tracing::info!(
+            K = shape.stages(),
+            R = shape.replicas,
+            M = config.replicas.pipeline.micro_batches_for(shape.stages()),
+            balance = ?shape.balance,
+            "PipeTransformer run starts"
+        );
         Ok(Self {
-            model: Some(Model::Waiting(stack)),
+            group,
+            costs,
+            profile_pending,
+            shape,
+            initial_largest,
+            base_replicas: replicas,
             devices,
-            make_optimizer: std::sync::Arc::new(make_optimizer),
             auto: AutoFreeze::new(policy, map),
             sampler: None,
             epoch: 0,
@@ -164,16 +187,9 @@ where
         &self.config
     }
 
-    fn running(&self) -> Option<&Running<S, O>> {
-        match self.model.as_ref().expect("model present") {
-            Model::Running(running) => Some(running),
-            Model::Waiting(_) => None,
-        }
-    }
-
     /// The freeze front (frozen units).
     pub fn front(&self) -> usize {
-        self.running().map_or(0, |r| r.group.front())
+        self.group.front()
     }
 
     /// Frozen layers (the policy's F).
@@ -181,33 +197,32 @@ where
         self.auto.frozen_layers()
     }
 
-    /// The current shape (`None` before the first batch).
-    pub fn shape(&self) -> Option<&Shape> {
-        self.running().map(|r| &r.shape)
+    /// The current shape: units per stage, replicas.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
     }
 
-    /// AutoPipe's unit costs (`None` before the first batch).
-    pub fn unit_costs(&self) -> Option<&UnitCosts> {
-        self.running().map(|r| &r.costs)
+    /// AutoPipe's unit costs (profiled on the first batch when so
+    /// configured).
+    pub fn unit_costs(&self) -> &UnitCosts {
+        &self.costs
     }
 
     /// The learning rate of the next step: the configured one, scaled
     /// linearly with the replica count under
     /// [`BatchPolicy::PerReplica`](crate::BatchPolicy::PerReplica).
     pub fn learning_rate(&self) -> f64 {
-        match (self.running(), self.sampler.as_ref()) {
-            (Some(running), Some(sampler)) => sampler.learning_rate(
-                self.config.lr,
-                running.base_replicas,
-                running.shape.replicas,
-            ),
-            _ => self.config.lr,
+        match self.sampler.as_ref() {
+            Some(sampler) => {
+                sampler.learning_rate(self.config.lr, self.base_replicas, self.shape.replicas)
+            }
+            None => self.config.lr,
         }
     }
 
-    /// The replica group (`None` before the first batch).
-    pub fn group(&self) -> Option<&ReplicaGroup<S, O>> {
-        self.running().map(|r| &r.group)
+    /// The replica group.
+    pub fn group(&self) -> &ReplicaGroup<S, O> {
+        &self.group
     }
 
     /// Micro-batches per replica with `stages` stages.
@@ -217,105 +232,40 @@ where
 
     /// The model's output for evaluation (no graph; dropout off).
     pub fn forward_inner(&self, input: InnerInput<S>) -> InnerOutput<S> {
-        match self.model.as_ref().expect("model present") {
-            Model::Running(running) => running.group.forward_inner(input),
-            Model::Waiting(stack) => {
-                burn_freeze::FreezableStack::new(stack.clone()).forward_inner(input)
-            }
-        }
+        self.group.forward_inner(input)
     }
 
     /// A copy of the whole model (frozen units too), to evaluate or save.
     pub fn to_layer_stack(&self) -> LayerStack<S> {
-        match self.model.as_ref().expect("model present") {
-            Model::Running(running) => running.group.to_layer_stack(),
-            Model::Waiting(stack) => stack.clone(),
-        }
+        self.group.to_layer_stack()
     }
 
     /// The trained model; the trainer ends.
-    pub fn into_layer_stack(mut self) -> LayerStack<S> {
-        match self.model.take().expect("model present") {
-            Model::Running(running) => running.group.into_layer_stack(),
-            Model::Waiting(stack) => stack,
-        }
+    pub fn into_layer_stack(self) -> LayerStack<S> {
+        self.group.into_layer_stack()
     }
 
-    /// Builds the pipeline and its replicas from the stack, profiling the
-    /// units on `input` if the costs are measured.
-    fn start(&mut self, input: &S::Input) -> Result<(), TrainerError>
+    /// Replaces the parameter-count costs by each unit's time measured on
+    /// `input` (a copy of the model on the first device), and rebalances the
+    /// starting pipeline on them.
+    fn profile(&mut self, input: &S::Input, repeats: usize) -> Result<(), TrainerError>
     where
         S::Output: Differentiable<S::Backend>,
     {
-        let Some(Model::Waiting(stack)) = self.model.take() else {
-            unreachable!("start runs once, on a waiting model")
-        };
-        let costs = match self.config.costs {
-            CostModel::Parameters { frozen_factor } => {
-                UnitCosts::from_params(&stack.unit_params(), frozen_factor)
-            }
-            CostModel::Profiled { repeats } => {
-                let profile = profile_units(&stack, input.clone(), &self.devices[0], repeats);
-                UnitCosts::from_profile(&profile)
-            }
-        };
-        let stages = self.config.stages.unwrap_or(self.devices.len());
-        let replicas = self.config.replicas_for(stages, stages, self.devices.len());
-        let (shape, initial_largest) = initial_shape(&costs, stages, replicas);
-        let make = self.make_optimizer.clone();
-        let built = self
-            .config
-            .replicas
-            .clone()
-            .with_pipeline(
-                self.config
-                    .replicas
-                    .pipeline
-                    .clone()
-                    .with_balance(Some(shape.balance.clone())),
-            )
-            .init(stack.clone(), self.device_lists(&shape), move || make());
-        let mut group = match built {
-            Ok(group) => group,
-            Err(error) => {
-                self.model = Some(Model::Waiting(stack));
-                return Err(error.into());
-            }
-        };
-        if self.config.parts.cache && self.config.parts.freeze {
-            match ActivationCache::new(self.config.cache.clone()) {
-                Ok(cache) => {
-                    group.attach_cache(cache);
-                }
-                Err(error) => {
-                    self.model = Some(Model::Waiting(stack));
-                    return Err(error.into());
-                }
-            }
+        let stack = self.group.to_layer_stack();
+        let profile = profile_units(&stack, input.clone(), &self.devices[0], repeats);
+        self.costs = UnitCosts::from_profile(&profile);
+        let (shape, initial_largest) =
+            initial_shape(&self.costs, self.shape.stages(), self.shape.replicas);
+        if shape != self.shape {
+            self.group
+                .repartition(&shape.balance, device_lists(&self.devices, &shape))?;
         }
-        tracing::info!(
-            K = shape.stages(),
-            R = shape.replicas,
-            M = self.micro_batches(shape.stages()),
-            balance = ?shape.balance,
-            "PipeTransformer run starts"
-        );
-        self.model = Some(Model::Running(Box::new(Running {
-            group,
-            costs,
-            shape,
-            initial_largest,
-            base_replicas: replicas,
-        })));
+        tracing::info!(balance = ?shape.balance, "unit costs profiled; pipeline balanced on them");
+        self.shape = shape;
+        self.initial_largest = initial_largest;
+        self.profile_pending = false;
         Ok(())
-    }
-
-    /// Device lists of a shape: replica `r` on the next `K` devices.
-    fn device_lists(&self, shape: &Shape) -> Vec<Vec<Device<S::Backend>>> {
-        let k = shape.stages();
-        (0..shape.replicas)
-            .map(|r| self.devices[r * k..(r + 1) * k].to_vec())
-            .collect()
     }
 
     /// AutoPipe and AutoDP after the front moved: the new shape, applied.
@@ -323,27 +273,20 @@ where
         let start = Instant::now();
         let devices = self.devices.len();
         let parts = self.config.parts;
-        let Some(Model::Running(running)) = self.model.as_mut() else {
-            unreachable!("transitions happen while running")
-        };
-        let front = running.group.front();
+        let front = self.group.front();
         let rules = Reshaping {
             pipe: parts.pipe,
             dp: parts.dp,
             cache: parts.cache,
             devices,
-            initial_largest: running.initial_largest,
+            initial_largest: self.initial_largest,
         };
-        let before = running.shape.clone();
-        let after = reshape(&running.costs, front, &before, &rules);
+        let before = self.shape.clone();
+        let after = reshape(&self.costs, front, &before, &rules);
         if after != before {
             let k = |shape: &Shape| shape.stages();
-            let lists = |shape: &Shape| {
-                (0..shape.replicas)
-                    .map(|r| self.devices[r * k(shape)..(r + 1) * k(shape)].to_vec())
-                    .collect::<Vec<_>>()
-            };
-            let group = &mut running.group;
+            let lists = |shape: &Shape| device_lists(&self.devices, shape);
+            let group = &mut self.group;
             if k(&after) == k(&before) && after.replicas == before.replicas {
                 group.repartition(&after.balance, lists(&before))?;
             } else {
@@ -361,7 +304,7 @@ where
                     group.resize(lists(&after))?;
                 }
             }
-            running.shape = after.clone();
+            self.shape = after.clone();
         }
         let record = Transition {
             epoch: self.epoch,
@@ -423,9 +366,7 @@ where
         let mut all_reduce = Duration::ZERO;
         let (mut steps, mut samples, mut loss_sum) = (0usize, 0usize, 0f64);
         loop {
-            let (replicas, stages) = self
-                .shape()
-                .map_or_else(|| self.start_shape(), |s| (s.replicas, s.stages()));
+            let (replicas, stages) = (self.shape.replicas, self.shape.stages());
             let min_batch = replicas * self.micro_batches(stages);
             let sampler = self.sampler.as_mut().expect("sampler made above");
             let Some(indices) = sampler.next_batch_min(replicas, min_batch) else {
@@ -446,15 +387,14 @@ where
                 );
             }
             let (input, targets) = batcher.batch(items, &self.devices[0]);
-            if self.running().is_none() {
-                self.start(&input)?;
+            if self.profile_pending
+                && let CostModel::Profiled { repeats } = self.config.costs
+            {
+                self.profile(&input, repeats)?;
             }
             let lr = self.learning_rate();
             let parts = self.config.parts;
-            let Some(Model::Running(running)) = self.model.as_mut() else {
-                unreachable!("started above")
-            };
-            let group = &mut running.group;
+            let group = &mut self.group;
             let report = if parts.cache && parts.freeze && group.front() > 0 {
                 let ids: Vec<u64> = indices.iter().map(|&i| i as u64).collect();
                 group.forward_backward_cached(&ids, input, targets, &loss)?
@@ -476,11 +416,9 @@ where
                 }
             }
         }
-        if self.config.parts.freeze
-            && let Some(Model::Running(running)) = self.model.as_mut()
-        {
-            let front = running.group.front();
-            if self.auto.after_epoch(&mut running.group)?.is_some() {
+        if self.config.parts.freeze {
+            let front = self.group.front();
+            if self.auto.after_epoch(&mut self.group)?.is_some() {
                 let record = self.transition(front)?;
                 transition_time += Duration::from_secs_f64(record.millis / 1e3);
                 transitions.push(record);
@@ -488,7 +426,7 @@ where
         }
         let cache_after = self.cache_counts();
         let seconds = started.elapsed().as_secs_f64();
-        let shape = self.shape().cloned().expect("a step ran");
+        let shape = self.shape.clone();
         let report = EpochReport {
             epoch: self.epoch,
             steps,
@@ -515,20 +453,9 @@ where
         Ok(report)
     }
 
-    /// The shape the run starts with.
-    fn start_shape(&self) -> (usize, usize) {
-        let stages = self.config.stages.unwrap_or(self.devices.len());
-        (
-            self.config.replicas_for(stages, stages, self.devices.len()),
-            stages,
-        )
-    }
-
     /// Checks the dataset and starts the sampler's epoch.
     fn begin_epoch(&mut self, len: usize) -> Result<(), TrainerError> {
-        let (replicas, stages) = self
-            .shape()
-            .map_or_else(|| self.start_shape(), |s| (s.replicas, s.stages()));
+        let (replicas, stages) = (self.shape.replicas, self.shape.stages());
         let needed = replicas * self.micro_batches(stages);
         if len < needed {
             return Err(TrainerError::DatasetTooSmall { len, needed });
@@ -548,9 +475,17 @@ where
 
     /// Cache hits (full and partial) and misses so far.
     fn cache_counts(&self) -> (u64, u64) {
-        self.group().and_then(|g| g.cache()).map_or((0, 0), |c| {
+        self.group.cache().map_or((0, 0), |c| {
             let s = c.stats();
             (s.hits + s.partial_hits, s.misses)
         })
     }
+}
+
+/// Device lists of a shape: replica `r` on the next `K` devices.
+fn device_lists<D: Clone>(devices: &[D], shape: &Shape) -> Vec<Vec<D>> {
+    let k = shape.stages();
+    (0..shape.replicas)
+        .map(|r| devices[r * k..(r + 1) * k].to_vec())
+        .collect()
 }

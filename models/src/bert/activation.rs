@@ -31,12 +31,40 @@ impl<B: Backend> BertInput<B> {
     /// # Panics
     /// When `sequences` is empty or holds an empty sequence.
     pub fn from_token_ids(sequences: &[Vec<u32>], pad_id: u32, device: &B::Device) -> Self {
+        let seq = sequences.iter().map(Vec::len).max().unwrap_or(0);
+        Self::from_token_ids_padded(sequences, pad_id, seq, device)
+    }
+
+    /// [`from_token_ids`](Self::from_token_ids), padded to `seq` positions
+    /// whatever the longest sequence (a fixed shape per sample, as a cache
+    /// of frozen outputs needs).
+    ///
+    /// ```
+    /// use burn::backend::Flex;
+    /// use models::bert::BertInput;
+    ///
+    /// let input = BertInput::<Flex>::from_token_ids_padded(&[vec![101, 102]], 0, 4, &Default::default());
+    /// assert_eq!(input.tokens.dims(), [1, 4]);
+    /// ```
+    ///
+    /// # Panics
+    /// When `sequences` is empty, holds an empty sequence, or one longer
+    /// than `seq`.
+    pub fn from_token_ids_padded(
+        sequences: &[Vec<u32>],
+        pad_id: u32,
+        seq: usize,
+        device: &B::Device,
+    ) -> Self {
         assert!(
             sequences.iter().all(|s| !s.is_empty()) && !sequences.is_empty(),
             "BERT input needs at least one non-empty sequence"
         );
+        assert!(
+            sequences.iter().all(|s| s.len() <= seq),
+            "a sequence is longer than the {seq} positions asked for"
+        );
         let batch = sequences.len();
-        let seq = sequences.iter().map(Vec::len).max().unwrap_or(0);
         let mut tokens = Vec::with_capacity(batch * seq);
         let mut padding = Vec::with_capacity(batch * seq);
         for sequence in sequences {
