@@ -559,7 +559,7 @@ where
                 self.replicas.push(copy);
             }
         }
-        tracing::info!(from, to = self.replicas.len(), "replica group resized");
+        tracing::debug!(from, to = self.replicas.len(), "replica group resized");
         Ok(())
     }
 

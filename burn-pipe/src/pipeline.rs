@@ -507,7 +507,7 @@ where
         self.stages = place(stack, balance, self.front, devices, |trainable| {
             optimizer_for(make(), trainable, &mut pool)
         });
-        tracing::info!(?balance, "pipeline repartitioned");
+        tracing::debug!(?balance, "pipeline repartitioned");
         Ok(())
     }
 
@@ -539,7 +539,7 @@ where
             let trainable = stage.units().trainable();
             stage.optimizer = optimizer_for(fresh, trainable, &mut pool);
         }
-        tracing::info!(
+        tracing::debug!(
             from = self.front,
             to = front,
             "pipeline freeze front moved up"

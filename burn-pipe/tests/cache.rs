@@ -134,3 +134,42 @@ fn bad_sample_ids_change_nothing() {
     assert!(pipeline.gradients(0).is_none() && pipeline.gradients(1).is_none());
     assert_eq!(pipeline.cache().unwrap().len(), 0);
 }
+
+#[test]
+fn a_batch_enters_only_after_frozen_units_of_stage_zero() {
+    use burn_freeze::Flow;
+    let device = Default::default();
+    let vit = VitConfig::tiny(4).with_layers(4).init::<B>(&device);
+    let mut pipeline = two_stages(vit);
+    pipeline.freeze_to(3).unwrap();
+    let (images, labels) = BandImages::new(4, 3, 16, 33).batch::<B>(0, 4, &device);
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    // The output of units 0..3, computed outside the pipeline's pass.
+    let input = Flow::Input(images.clone().inner());
+    let Flow::Hidden(hidden) = pipeline.stage(0).frozen().forward_units(input, 0, 3) else {
+        unreachable!("units 0..3 end in a hidden state")
+    };
+    for entry in [0, 4, 11] {
+        let error = pipeline
+            .forward_backward_from(entry, hidden.clone(), labels.clone(), |l, t| {
+                loss_fn.forward(l, t)
+            })
+            .unwrap_err();
+        assert!(matches!(error, PipeError::BadEntry { .. }), "{error}");
+    }
+    assert!(pipeline.gradients(0).is_none() && pipeline.gradients(1).is_none());
+    // Entering at 3 gives the loss of the whole batch from the input.
+    let from = pipeline
+        .forward_backward_from(3, hidden, labels.clone(), |l, t| loss_fn.forward(l, t))
+        .unwrap();
+    pipeline.clear_gradients();
+    let whole = pipeline
+        .forward_backward(images, labels, |l, t| loss_fn.forward(l, t))
+        .unwrap();
+    assert!(
+        (from.loss - whole.loss).abs() <= 1e-6,
+        "{} against {}",
+        from.loss,
+        whole.loss
+    );
+}

@@ -8,12 +8,14 @@ pub mod backend;
 pub mod bench;
 pub mod task;
 
-/// Sends `tracing` logs to stderr, filtered by `RUST_LOG` (default `info`).
+/// Sends `tracing` logs to stderr, filtered by `RUST_LOG` (default `info`,
+/// burn-collective's at `warn`), coloured only on a terminal.
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,burn_collective=warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }

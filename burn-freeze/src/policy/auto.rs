@@ -110,7 +110,7 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         if units > target.front() {
             target.freeze_to(units)?;
         }
-        tracing::info!(
+        tracing::debug!(
             from = self.state.frozen_layers,
             to = layers,
             units,
