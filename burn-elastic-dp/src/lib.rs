@@ -39,6 +39,6 @@ pub use error::ElasticError;
 pub use group::{GroupReport, ReplicaGroup};
 pub use sampler::{BatchPolicy, ElasticSampler};
 pub use trainer::{
-    CostModel, EpochReport, FreezeRule, LayerSpec, Parts, Trainer, TrainerConfig, TrainerError,
-    Transition,
+    CostModel, EpochReport, FreezeRule, LayerSpec, Parts, StepInfo, Trainer, TrainerConfig,
+    TrainerError, Transition,
 };

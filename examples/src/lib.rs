@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod job;
 pub mod task;
 
 /// Sends `tracing` logs to stderr, filtered by `RUST_LOG` (default `info`,

@@ -32,6 +32,17 @@ use crate::group::ReplicaGroup;
 use crate::sampler::ElasticSampler;
 use log::JsonLog;
 
+/// What [`Trainer::fit_epoch_observed`] reports after each step.
+#[derive(Debug, Clone, Copy)]
+pub struct StepInfo {
+    /// Samples in the step.
+    pub samples: usize,
+    /// Samples trained on so far this epoch (this step's included).
+    pub epoch_samples: usize,
+    /// The step's mean loss.
+    pub loss: f32,
+}
+
 /// PipeTransformer's trainer: a layer stack trained as R replicas of a
 /// K-stage pipeline over D devices, in which AutoFreeze moves the freeze
 /// front from the gradient statistics the steps already computed, AutoPipe
@@ -350,6 +361,27 @@ where
         InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
         S::Output: Differentiable<S::Backend>,
     {
+        self.fit_epoch_observed(dataset, batcher, loss, |_| {})
+    }
+
+    /// [`fit_epoch`](Self::fit_epoch), calling `on_step` after every step
+    /// (for a progress bar, say).
+    pub fn fit_epoch_observed<I, D, Bt, T, LossFn>(
+        &mut self,
+        dataset: &D,
+        batcher: &Bt,
+        loss: LossFn,
+        mut on_step: impl FnMut(&StepInfo),
+    ) -> Result<EpochReport, TrainerError>
+    where
+        D: Dataset<I>,
+        Bt: Batcher<S::Backend, I, (S::Input, T)>,
+        T: Activation<S::Backend>,
+        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+        InnerInput<S>: Cacheable<InnerBackendOf<S>>,
+        InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
+        S::Output: Differentiable<S::Backend>,
+    {
         let started = Instant::now();
         let len = dataset.len();
         if self.sampler.is_none() {
@@ -407,6 +439,11 @@ where
             samples += indices.len();
             loss_sum += f64::from(report.loss) * indices.len() as f64;
             all_reduce += report.all_reduce.iter().copied().max().unwrap_or_default();
+            on_step(&StepInfo {
+                samples: indices.len(),
+                epoch_samples: samples,
+                loss: report.loss,
+            });
             if parts.freeze {
                 let front = group.front();
                 if self.auto.after_step(group)?.is_some() {
