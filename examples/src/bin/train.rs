@@ -1,46 +1,37 @@
-//! The main job: train a model on the chosen backend, plainly on one device
-//! or through PipeTransformer's trainer (`burn_elastic_dp::Trainer`), and
-//! print the loss, held-out accuracy and the run's shape per epoch.
+//! The main job: pretrain a tiny transformer on generated data, then
+//! fine-tune it on a related task with PipeTransformer (freezing, pipeline,
+//! replicas, cache), next to plain Burn training from the same weights; a
+//! line per epoch, a summary table, the trained model and the metrics saved.
 //!
 //! ```text
-//! cargo run --release -p examples --bin train            # tiny ViT, generated images, plain
-//! cargo run --release -p examples --bin train -- --model bert --epochs 3
-//! # PipeTransformer over 4 devices (logical on CPU), alpha = 1/3: the frozen
-//! # prefix grows each epoch, the pipeline shortens, replicas fill the devices
-//! cargo run --release -p examples --bin train -- --devices 4 --freeze-alpha 0.33
+//! cargo run --release -p examples --bin train                     # ViT, 4 devices, alpha 1/3
+//! cargo run --release -p examples --bin train -- --size ci        # a quick smoke run
+//! cargo run --release -p examples --bin train -- --model bert --no-dp
+//! cargo run --release -p examples --bin train -- --plain          # plain Burn only
 //! ```
 
-use std::path::PathBuf;
-use std::time::Instant;
+use std::path::{Path, PathBuf};
 
-use burn::data::dataloader::batcher::Batcher;
-use burn::data::dataset::Dataset;
-use burn::nn::loss::CrossEntropyLossConfig;
-use burn::optim::{AdamConfig, Optimizer};
-use burn::prelude::*;
-use burn_elastic_dp::{
-    BatchPolicy, CostModel, FreezeRule, LayerSpec, Parts, ReplicaConfig, TrainerConfig,
-    TrainerError,
-};
-use burn_freeze::{
-    AutodiffActivation, Cacheable, FreezableStack, InnerBackendOf, InnerHidden, InnerInput,
-    IntoLayerStack, LayerStack, StackTypes,
-};
+use burn::module::Module;
+use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
+use burn_elastic_dp::{CostModel, FreezeRule, LayerSpec, Parts, ReplicaConfig, TrainerConfig};
 use burn_pipe::PipelineConfig;
 use clap::{Parser, ValueEnum};
-use examples::backend::{self, Train};
-use examples::task::{TaskBatcher, accuracy, indices};
+use examples::backend;
+use examples::job::{
+    EpochRecord, JobError, JobSpec, Method, ModelKind, Observer, Pretrained, RunRecord,
+};
 use indicatif::{ProgressBar, ProgressStyle};
-use models::bert::BertConfig;
-use models::synthetic::{BandImages, MajorityTokens};
-use models::vit::VitConfig;
+use serde::Serialize;
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum ModelKind {
-    /// Tiny ViT on images whose class is a bright band.
-    Vit,
-    /// Tiny BERT on sequences labelled by their majority half of the vocabulary.
-    Bert,
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Size {
+    /// Seconds: the CI smoke run.
+    Ci,
+    /// About a minute on a 2-core CPU.
+    Default,
+    /// Several minutes: wider and deeper.
+    Large,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -54,75 +45,101 @@ enum Rule {
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Costs {
+    /// Parameter counts: the same shapes every run (reproducible).
+    Params,
     /// Each unit's forward and backward time, measured on the first batch.
     Profiled,
-    /// Parameter counts.
-    Params,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendName {
+    Flex,
+    Cuda,
+    Tch,
 }
 
 #[derive(Debug, Parser)]
 #[command(
-    about = "Train a tiny transformer on generated data: plainly, or with PipeTransformer (freeze, pipeline, replicas, cache)"
+    about = "PipeTransformer fine-tuning end to end: pretrain a tiny transformer on generated data, fine-tune it on a related task with freezing, pipelining, replicas and caching, next to plain Burn training",
+    after_help = "F = frozen layers, K = pipeline stages, R = data-parallel replicas, M = micro-batches per replica, balance = units per stage. On a CPU the devices are logical: threads sharing the cores."
 )]
 struct Args {
-    /// Which model and generated task.
+    /// Preset sizes (model width and depth, samples, epochs); the flags below override them.
+    #[arg(long, value_enum, default_value = "default")]
+    size: Size,
+    /// The backend this binary was built with (cargo feature flex, cuda or tch); a check, not a switch.
+    #[arg(long, value_enum)]
+    backend: Option<BackendName>,
+    /// Model and generated tasks.
     #[arg(long, value_enum, default_value = "vit")]
     model: ModelKind,
-    /// Transformer layers (blocks) of the model.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=48))]
-    layers: u32,
-    /// Number of epochs.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
-    epochs: u32,
-    /// Optimizer steps per epoch at the starting replica count (the
-    /// dataset holds steps x batch-size samples).
-    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u32).range(1..))]
-    steps: u32,
-    /// Samples per step (the global batch, over all replicas).
+    /// Transformer blocks, 1 to 48.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=48))]
+    layers: Option<u32>,
+    /// Width of the blocks, a multiple of 4 from 4 to 1024.
+    #[arg(long, value_parser = hidden)]
+    hidden: Option<u32>,
+    /// Pretraining epochs, 0 to 100.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pretrain_epochs: Option<u32>,
+    /// Fine-tuning epochs, 1 to 1000.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    epochs: Option<u32>,
+    /// Fine-tuning samples per epoch, 1 to 10^7.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    samples: Option<u32>,
+    /// Held-out samples for the accuracy, 1 to 10^6.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    eval_samples: u32,
+    /// Samples per step (the global batch), 1 to 4096.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     batch_size: u32,
     /// Adam learning rate, in (0, 1].
     #[arg(long, default_value_t = 3e-3, value_parser = learning_rate)]
     lr: f64,
-    /// Seed of the generated data and of the sample order.
+    /// Seeds the weights, the data and the sample order: two runs with one seed print the same figures.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Number of classes (ViT only; BERT's task has 2).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=16))]
-    classes: u32,
-    /// Devices (GPUs; on CPU, logical devices sharing the one CPU). With
-    /// more than 1, or with --freeze-alpha, PipeTransformer's trainer runs.
-    /// Default: --stages.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
-    devices: Option<u32>,
-    /// Pipeline stages at the start (default: every device).
+    /// Devices, 1 to 64 (on a CPU, logical devices sharing the cores).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    devices: u32,
+    /// Pipeline stages at the start, 1 to --devices (default: every device).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     stages: Option<u32>,
-    /// Micro-batches per step and replica (default: the paper's choice for K).
+    /// Micro-batches per step and replica, 1 to 4096 (default: the paper's choice for K).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     micro_batches: Option<u32>,
-    /// Freeze layers as they converge; alpha in (0, 1) bounds the share of
-    /// the remaining layers frozen per epoch.
-    #[arg(long, value_parser = alpha)]
-    freeze_alpha: Option<f64>,
+    /// AutoFreeze's alpha, in (0, 1): the most of the remaining layers frozen per epoch.
+    #[arg(long, default_value_t = 1.0 / 3.0, value_parser = alpha)]
+    freeze_alpha: f64,
     /// How the front moves.
     #[arg(long, value_enum, default_value = "schedule")]
     freeze_rule: Rule,
     /// AutoPipe's unit costs.
-    #[arg(long, value_enum, default_value = "profiled")]
+    #[arg(long, value_enum, default_value = "params")]
     costs: Costs,
-    /// Keep the pipeline's length (no AutoPipe).
+    /// No AutoFreeze (and so nothing for the other three parts to act on).
+    #[arg(long)]
+    no_freeze: bool,
+    /// No AutoPipe: the pipeline keeps its length.
     #[arg(long)]
     no_pipe: bool,
-    /// Keep the replica count (no AutoDP).
+    /// No AutoDP: the replica count stays.
     #[arg(long)]
     no_dp: bool,
-    /// Recompute the frozen prefix every step (no AutoCache).
+    /// No AutoCache: frozen units run every step.
     #[arg(long)]
     no_cache: bool,
-    /// Directory for transitions.jsonl and epochs.jsonl.
+    /// Plain Burn training only (no PipeTransformer run).
+    #[arg(long, conflicts_with = "no_baseline")]
+    plain: bool,
+    /// Skip the plain Burn run that the summary compares with.
     #[arg(long)]
-    output_dir: Option<PathBuf>,
+    no_baseline: bool,
+    /// Where the trained model (Burn's recorder, model.mpk), metrics.json,
+    /// transitions.jsonl and epochs.jsonl go.
+    #[arg(long, default_value = "target/train")]
+    output_dir: PathBuf,
 }
 
 fn learning_rate(text: &str) -> Result<f64, String> {
@@ -139,26 +156,50 @@ fn alpha(text: &str) -> Result<f64, String> {
     }
 }
 
+fn hidden(text: &str) -> Result<u32, String> {
+    match text.parse::<u32>() {
+        Ok(h) if (4..=1024).contains(&h) && h.is_multiple_of(4) => Ok(h),
+        _ => Err(format!(
+            "expected a multiple of 4 from 4 to 1024, got {text}"
+        )),
+    }
+}
+
 impl Args {
-    fn devices(&self) -> usize {
-        self.devices.or(self.stages).unwrap_or(1) as usize
+    fn spec(&self) -> JobSpec {
+        // (layers, hidden, pretrain epochs, epochs, samples)
+        let (layers, hidden, pretrain, epochs, samples) = match self.size {
+            Size::Ci => (4, 16, 2, 3, 256),
+            Size::Default => (8, 32, 5, 6, 1024),
+            Size::Large => (12, 64, 6, 8, 2048),
+        };
+        JobSpec {
+            model: self.model,
+            layers: self.layers.map_or(layers, |l| l as usize),
+            hidden: self.hidden.map_or(hidden, |h| h as usize),
+            pretrain_epochs: self.pretrain_epochs.map_or(pretrain, |p| p as usize),
+            samples: self.samples.map_or(samples, |s| s as usize),
+            eval_samples: self.eval_samples as usize,
+            batch: self.batch_size as usize,
+            epochs: self.epochs.map_or(epochs, |e| e as usize),
+            lr: self.lr,
+            seed: self.seed,
+        }
     }
 
-    fn pipetransformer(&self) -> bool {
-        self.devices() > 1 || self.freeze_alpha.is_some()
-    }
-
-    /// The trainer's configuration for a model of `layers` blocks.
     fn trainer_config(&self, layers: usize) -> TrainerConfig {
-        let freeze = match (self.freeze_alpha, self.freeze_rule) {
-            (None, _) => FreezeRule::Fronts { layers: vec![0] },
-            (Some(alpha), Rule::Schedule) => FreezeRule::AlphaSchedule { alpha },
-            (Some(alpha), Rule::Argmin) => FreezeRule::AlphaArgmin { alpha },
+        let freeze = match self.freeze_rule {
+            Rule::Schedule => FreezeRule::AlphaSchedule {
+                alpha: self.freeze_alpha,
+            },
+            Rule::Argmin => FreezeRule::AlphaArgmin {
+                alpha: self.freeze_alpha,
+            },
         };
         TrainerConfig::new()
             .with_parts(
                 Parts::new()
-                    .with_freeze(self.freeze_alpha.is_some())
+                    .with_freeze(!self.no_freeze)
                     .with_pipe(!self.no_pipe)
                     .with_dp(!self.no_dp)
                     .with_cache(!self.no_cache),
@@ -170,10 +211,6 @@ impl Args {
                 layers,
             })
             .with_stages(self.stages.map(|s| s as usize))
-            .with_batch(BatchPolicy::FixedGlobal {
-                batch: self.batch_size as usize,
-            })
-            .with_lr(self.lr)
             .with_costs(match self.costs {
                 Costs::Profiled => CostModel::Profiled { repeats: 3 },
                 Costs::Params => CostModel::Parameters {
@@ -183,176 +220,311 @@ impl Args {
             .with_replicas(ReplicaConfig::new().with_pipeline(
                 PipelineConfig::new().with_micro_batches(self.micro_batches.map(|m| m as usize)),
             ))
-            .with_seed(self.seed)
-            .with_output_dir(self.output_dir.clone())
+            .with_output_dir(Some(self.output_dir.clone()))
     }
 }
 
-/// Why the job stopped: a configuration the trainer refused (exit code 2,
-/// like a bad flag) or a failure while training (exit code 1).
-fn exit_code(error: &TrainerError) -> i32 {
-    match error {
-        TrainerError::InvalidConfig { .. }
-        | TrainerError::BatchTooSmall { .. }
-        | TrainerError::TooManyStages { .. } => 2,
-        _ => 1,
-    }
+/// Progress bars for steps, and a line per epoch.
+struct Console {
+    bar: Option<ProgressBar>,
+    explained: bool,
+    units: usize,
 }
 
-/// Trains any model's layer stack on the generated task behind `batcher`:
-/// plainly (one device, nothing frozen) or through PipeTransformer's
-/// trainer. `layers` is the model's block count (two units each, after
-/// unit 0).
-fn train<S, Bt>(
-    stack: LayerStack<S>,
-    layers: usize,
-    batcher: Bt,
-    args: &Args,
-) -> Result<(), TrainerError>
-where
-    S: StackTypes<Backend = Train, Output = Tensor<Train, 2>>,
-    Bt: Batcher<Train, usize, (S::Input, Tensor<Train, 1, Int>)>,
-    InnerInput<S>: Cacheable<InnerBackendOf<S>>,
-    InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
-{
-    let device = backend::device(0);
-    let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let loss = |logits, labels| loss_fn.forward(logits, labels);
-    let (epochs, batch_size) = (args.epochs as usize, args.batch_size as usize);
-    let samples = args.steps as usize * batch_size;
-    let data = indices(samples);
-    // Held-out samples: indices past the training set's.
-    let held_out: Vec<usize> = (samples..samples + 256).collect();
-    let (held_x, held_y) = batcher.batch(held_out, &device);
-    let evaluate = |output: Tensor<backend::Inner, 2>| accuracy(output, held_y.clone().inner());
-    let params: usize = stack.unit_params().iter().sum();
-    println!(
-        "training tiny {:?} ({params} parameters, {} units) on {}: {epochs} epochs x {samples} samples, batch {batch_size}",
-        args.model,
-        stack.num_units(),
-        backend::NAME,
-    );
-    if args.pipetransformer() {
-        let devices: Vec<_> = (0..args.devices()).map(backend::device).collect();
-        let config = args.trainer_config(layers);
-        println!(
-            "PipeTransformer on {} devices{}: F = frozen layers, K = pipeline stages, R = replicas, M = micro-batches per replica, balance = units per stage",
-            devices.len(),
-            args.freeze_alpha
-                .map_or(", nothing frozen".to_string(), |a| format!(
-                    ", freezing with alpha {a}"
-                )),
+impl Observer for Console {
+    fn start(&mut self, name: &str, epochs: usize, samples: usize) {
+        let bar = ProgressBar::new((epochs * samples) as u64).with_style(
+            ProgressStyle::with_template("{prefix:>14} {bar:30} {pos}/{len} samples, {msg}")
+                .expect("a valid template"),
         );
-        let mut trainer = config.init(stack, devices, || AdamConfig::new().init())?;
-        for _ in 0..epochs {
-            let report = trainer.fit_epoch(&data, &batcher, loss)?;
-            let held_out = evaluate(trainer.forward_inner(held_x.clone().inner()));
-            let transitions: Vec<String> = report
-                .transitions
-                .iter()
-                .map(|t| {
-                    format!(
-                        "K {}->{}, R {}->{} in {:.1} ms",
-                        t.stages.0, t.stages.1, t.replicas.0, t.replicas.1, t.millis
-                    )
-                })
-                .collect();
-            println!(
-                "epoch {}: loss {:.4}, held-out accuracy {:.1}%, F={} (front {}/{} units), K={} {:?}, R={}, M={}, {:.0} samples/s, {:.2}s{}",
-                report.epoch,
-                report.loss,
-                100.0 * held_out,
-                report.frozen_layers,
-                report.front,
-                trainer.to_layer_stack().num_units(),
-                report.stages,
-                report.balance,
-                report.replicas,
-                report.micro_batches,
-                report.samples_per_second,
-                report.seconds,
-                if transitions.is_empty() {
-                    String::new()
-                } else {
-                    format!("; transition: {}", transitions.join("; "))
-                }
-            );
-        }
-        return Ok(());
+        bar.set_prefix(name.to_string());
+        self.bar = Some(bar);
     }
-    let mut stack = FreezableStack::new(stack);
-    let mut optim = AdamConfig::new().init::<Train, burn_freeze::TrainableUnits<S>>();
-    let bar = ProgressBar::new((epochs * args.steps as usize) as u64).with_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} steps {msg}").expect("valid template"),
-    );
-    let mut sampler = burn_elastic_dp::ElasticSampler::new(
-        data.len(),
-        BatchPolicy::FixedGlobal { batch: batch_size },
-        args.seed,
-    )?;
-    for epoch in 0..epochs {
-        let start = Instant::now();
-        let mut total = 0.0;
-        if epoch > 0 {
-            sampler.start_epoch();
+
+    fn step(&mut self, samples: usize, loss: f32) {
+        if let Some(bar) = &self.bar {
+            bar.inc(samples as u64);
+            bar.set_message(format!("loss {loss:.4}"));
         }
-        while let Some(items) = sampler.next_items(&data, 1) {
-            let n = items.len();
-            let (input, labels) = batcher.batch(items, &device);
-            let loss = loss(stack.forward(input), labels);
-            let value = loss.clone().into_scalar().elem::<f32>();
-            total += f64::from(value) * n as f64;
-            let grads = stack.gradients(loss.backward());
-            stack.map_trainable(|units| optim.step(args.lr, units, grads));
-            bar.inc(1);
-            bar.set_message(format!("loss {value:.4}"));
-        }
-        let held_out = evaluate(stack.forward_inner(held_x.clone().inner()));
-        bar.suspend(|| {
-            println!(
-                "epoch {epoch}: loss {:.4}, held-out accuracy {:.1}%, {:.2}s",
-                total / samples as f64,
-                100.0 * held_out,
-                start.elapsed().as_secs_f64()
-            )
-        });
     }
-    bar.finish_and_clear();
-    Ok(())
+
+    fn epoch(&mut self, record: &EpochRecord) {
+        let explain = !self.explained && record.stages * record.replicas > 1;
+        let line = epoch_line(record, self.units);
+        let print = || {
+            if explain {
+                println!(
+                    "  (F = frozen layers of the model, K = pipeline stages, R = data-parallel replicas of the pipeline, M = micro-batches per replica and step, balance = units per stage; the frozen layers' outputs are cached, so later epochs skip them)"
+                );
+            }
+            println!("{line}");
+        };
+        match &self.bar {
+            Some(bar) => bar.suspend(print),
+            None => print(),
+        }
+        self.explained |= explain;
+    }
+}
+
+impl Console {
+    fn finish(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+fn epoch_line(record: &EpochRecord, units: usize) -> String {
+    let accuracy = if record.accuracy.is_nan() {
+        String::new()
+    } else {
+        format!(", accuracy {:.1}%", 100.0 * record.accuracy)
+    };
+    format!(
+        "  epoch {}: loss {:.4}{accuracy}, {:.0} samples/s ({:.2}s); F={} (front {}/{units} units) K={} R={} M={} balance {:?}{}",
+        record.epoch,
+        record.loss,
+        record.samples_per_second,
+        record.seconds,
+        record.frozen_layers,
+        record.front,
+        record.stages,
+        record.replicas,
+        record.micro_batches,
+        record.balance,
+        if record.transition_seconds > 0.0 {
+            format!(", transitions {:.1} ms", 1e3 * record.transition_seconds)
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// What `metrics.json` holds.
+#[derive(Serialize)]
+struct Metrics<'a> {
+    backend: &'a str,
+    spec: &'a JobSpec,
+    devices: u32,
+    parameters: usize,
+    pretraining: &'a RunRecord,
+    runs: &'a [RunRecord],
+}
+
+fn save(dir: &Path, model: &Pretrained, metrics: &Metrics) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+    let recorder = NamedMpkFileRecorder::<FullPrecisionSettings>::new();
+    let path = dir.join("model");
+    // A model of an earlier run is replaced (without the recorder's warning).
+    let _ = std::fs::remove_file(path.with_extension("mpk"));
+    let saved = match model {
+        Pretrained::Vit(stack) => stack.clone().into_parts().save_file(&path, &recorder),
+        Pretrained::Bert(stack) => stack.clone().into_parts().save_file(&path, &recorder),
+    };
+    saved.map_err(|e| format!("cannot save the model to {}: {e}", path.display()))?;
+    let json = serde_json::to_string_pretty(metrics).expect("metrics serialise");
+    let path = dir.join("metrics.json");
+    std::fs::write(&path, json).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// Records pretraining epochs for the metrics.
+struct Pretraining {
+    console: Console,
+    epochs: Vec<EpochRecord>,
+}
+
+impl Observer for Pretraining {
+    fn start(&mut self, name: &str, epochs: usize, samples: usize) {
+        self.console.start(name, epochs, samples);
+    }
+    fn step(&mut self, samples: usize, loss: f32) {
+        self.console.step(samples, loss);
+    }
+    fn epoch(&mut self, record: &EpochRecord) {
+        let line = format!(
+            "  epoch {}: loss {:.4}, {:.0} samples/s ({:.2}s)",
+            record.epoch, record.loss, record.samples_per_second, record.seconds
+        );
+        match &self.console.bar {
+            Some(bar) => bar.suspend(|| println!("{line}")),
+            None => println!("{line}"),
+        }
+        self.epochs.push(record.clone());
+    }
+}
+
+fn fail(code: i32, message: impl std::fmt::Display) -> ! {
+    eprintln!("error: {message}");
+    std::process::exit(code)
 }
 
 fn main() {
     examples::init_logging();
     let args = Args::parse();
-    if let (Some(stages), Some(devices)) = (args.stages, args.devices)
-        && stages > devices
-    {
-        eprintln!(
-            "error: --stages {stages} exceeds --devices {devices}: at most one stage per device"
-        );
-        std::process::exit(2);
-    }
-    let device = backend::device(0);
-    let layers = args.layers as usize;
-    let result = match args.model {
-        ModelKind::Vit => {
-            let classes = args.classes as usize;
-            let task = BandImages::new(classes, 3, 16, args.seed);
-            let model = VitConfig::tiny(classes)
-                .with_layers(layers)
-                .init::<Train>(&device);
-            train(model.into_layer_stack(), layers, TaskBatcher(task), &args)
-        }
-        ModelKind::Bert => {
-            let task = MajorityTokens::new(64, 5, 15, args.seed);
-            let model = BertConfig::tiny(2)
-                .with_layers(layers)
-                .init::<Train>(&device);
-            train(model.into_layer_stack(), layers, TaskBatcher(task), &args)
-        }
+    let compiled = match backend::NAME {
+        name if name.starts_with("cuda") => BackendName::Cuda,
+        name if name.starts_with("tch") => BackendName::Tch,
+        _ => BackendName::Flex,
     };
-    if let Err(error) = result {
-        eprintln!("error: {error}");
-        std::process::exit(exit_code(&error));
+    if let Some(asked) = args.backend
+        && asked != compiled
+    {
+        fail(
+            2,
+            format!(
+                "--backend {asked:?} asked, but this binary runs {}: build it with `--features {}`",
+                backend::NAME,
+                format!("{asked:?}").to_lowercase()
+            ),
+        );
     }
+    if let Some(stages) = args.stages
+        && stages > args.devices
+    {
+        fail(
+            2,
+            format!(
+                "--stages {stages} exceeds --devices {}: at most one stage per device",
+                args.devices
+            ),
+        );
+    }
+    let spec = args.spec();
+    if let Err(error) = spec.check() {
+        fail(2, error);
+    }
+    let config = args.trainer_config(spec.layers);
+    if !args.plain
+        && let Err(error) = config.check(args.devices as usize)
+    {
+        fail(2, error);
+    }
+
+    println!(
+        "{:?} with {} blocks of width {} on {}; seed {}",
+        spec.model,
+        spec.layers,
+        spec.hidden,
+        backend::NAME,
+        spec.seed
+    );
+    println!(
+        "pretraining on the generated task ({} epochs of {} samples)",
+        spec.pretrain_epochs, spec.samples
+    );
+    let mut pretraining = Pretraining {
+        console: Console {
+            bar: None,
+            explained: true,
+            units: 0,
+        },
+        epochs: Vec::new(),
+    };
+    let pretrained = spec.pretrain(&mut pretraining);
+    pretraining.console.finish();
+    let pretraining = RunRecord {
+        name: "pretraining".into(),
+        seconds: pretraining.epochs.iter().map(|e| e.seconds).sum(),
+        accuracy: f64::NAN,
+        epochs: pretraining.epochs,
+    };
+    let units = pretrained.num_units();
+
+    let mut runs = Vec::new();
+    let mut trained = None;
+    let mut console = Console {
+        bar: None,
+        explained: false,
+        units,
+    };
+    if !args.plain {
+        let alpha = if args.no_freeze {
+            "nothing frozen".to_string()
+        } else {
+            format!("alpha {:.2}", args.freeze_alpha)
+        };
+        println!(
+            "fine-tuning with PipeTransformer on {} devices ({alpha}; {} units, {} parameters)",
+            args.devices,
+            units,
+            pretrained.num_params()
+        );
+        let method = Method::Trainer {
+            config,
+            devices: args.devices as usize,
+        };
+        match spec.finetune(&pretrained, "PipeTransformer", &method, &mut console) {
+            Ok((record, model)) => {
+                runs.push(record);
+                trained = Some(model);
+            }
+            Err(error) => fail(
+                if matches!(error, JobError::Spec(_)) {
+                    2
+                } else {
+                    1
+                },
+                error,
+            ),
+        }
+        console.finish();
+    }
+    if args.plain || !args.no_baseline {
+        println!("fine-tuning with plain Burn on one device, from the same pretrained weights");
+        match spec.finetune(&pretrained, "plain Burn", &Method::Plain, &mut console) {
+            Ok((record, model)) => {
+                runs.push(record);
+                trained.get_or_insert(model);
+            }
+            Err(error) => fail(1, error),
+        }
+        console.finish();
+    }
+
+    // The summary table.
+    let plain_seconds = runs
+        .iter()
+        .find(|r| r.name == "plain Burn")
+        .map(|r| r.seconds);
+    println!();
+    println!(
+        "{:<16} {:>9} {:>10} {:>12} {:>9} {:>14}",
+        "run", "accuracy", "train s", "samples/s", "speed-up", "final F/K/R"
+    );
+    for run in &runs {
+        let last = run.epochs.last().expect("at least one epoch");
+        let samples: f64 = (run.epochs.len() * spec.samples) as f64;
+        println!(
+            "{:<16} {:>8.1}% {:>10.2} {:>12.0} {:>9} {:>14}",
+            run.name,
+            100.0 * run.accuracy,
+            run.seconds,
+            samples / run.seconds,
+            plain_seconds.map_or("-".into(), |p| format!("{:.2}x", p / run.seconds)),
+            format!("{}/{}/{}", last.frozen_layers, last.stages, last.replicas),
+        );
+    }
+    if let [pipe, plain] = runs.as_slice() {
+        println!(
+            "accuracy change against plain Burn: {:+.1} points",
+            100.0 * (pipe.accuracy - plain.accuracy)
+        );
+    }
+    let metrics = Metrics {
+        backend: backend::NAME,
+        spec: &spec,
+        devices: args.devices,
+        parameters: pretrained.num_params(),
+        pretraining: &pretraining,
+        runs: &runs,
+    };
+    if let Err(error) = save(&args.output_dir, trained.as_ref().expect("a run"), &metrics) {
+        fail(1, error);
+    }
+    println!(
+        "saved the trained model ({}), metrics.json and the transition log in {}",
+        runs[0].name,
+        args.output_dir.display()
+    );
 }
