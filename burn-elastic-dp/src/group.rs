@@ -492,12 +492,29 @@ where
 
     /// Applies every replica's optimizers to its (all-reduced) gradients
     /// with learning rate `lr`, the replicas in parallel.
-    pub fn step(&mut self, lr: f64) {
-        thread::scope(|scope| {
-            for replica in &mut self.replicas {
-                scope.spawn(move || replica.step(lr));
-            }
+    ///
+    /// A non-finite gradient refuses the step on every replica (they hold
+    /// the same all-reduced gradients): nothing changes, and the error names
+    /// the replica, stage and unit.
+    pub fn step(&mut self, lr: f64) -> Result<(), ElasticError> {
+        let results: Vec<Result<(), burn_pipe::PipeError>> = thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .replicas
+                .iter_mut()
+                .map(|replica| scope.spawn(move || replica.step(lr)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("an optimizer step does not panic"))
+                .collect()
         });
+        match results.into_iter().enumerate().find(|(_, r)| r.is_err()) {
+            Some((replica, Err(source))) => {
+                self.abandon_step();
+                Err(ElasticError::Replica { replica, source })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// [`forward_backward`](Self::forward_backward) then [`step`](Self::step).
@@ -513,7 +530,7 @@ where
         LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
     {
         let report = self.forward_backward(input, targets, loss)?;
-        self.step(lr);
+        self.step(lr)?;
         Ok(report)
     }
 

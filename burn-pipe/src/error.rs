@@ -117,6 +117,17 @@ pub enum PipeError {
         /// Frozen units on stage 0.
         frozen_on_first: usize,
     },
+    /// A loss or gradient that is NaN or infinite: the step was refused
+    /// (no gradient kept, weights and optimizer state unchanged).
+    #[error("non-finite {what} at stage {stage}{}: the step is refused, nothing changed", unit.map_or(String::new(), |u| format!(", unit {u}")))]
+    NonFinite {
+        /// `"loss"` or `"gradient"`.
+        what: &'static str,
+        /// The stage (the last one for a loss).
+        stage: usize,
+        /// The unit whose gradient is not finite.
+        unit: Option<usize>,
+    },
     /// Every unit is frozen: a training step has nothing to train.
     #[error("every one of the {units} units is frozen: there is nothing to train")]
     NothingToTrain {

@@ -30,6 +30,7 @@ mod pass;
 mod pipeline;
 mod placement;
 mod profile;
+mod quiet;
 mod report;
 mod schedule;
 mod wiring;

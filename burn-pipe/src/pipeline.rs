@@ -136,6 +136,7 @@ where
         config: PipelineConfig,
         make_optimizer: impl Fn() -> O + Send + Sync + 'static,
     ) -> Result<Self, PipeError> {
+        crate::quiet::quiet_worker_panics();
         let units = stack.num_units();
         validate(balance, units, devices.len(), &config)?;
         let stages = place(stack, balance, 0, devices, |_| make_optimizer());
@@ -379,6 +380,16 @@ where
             tracing::warn!(%error, "pipelined pass failed; no gradient kept");
             return Err(error);
         }
+        let loss: f32 = reports.iter().map(|r| r.loss).sum();
+        if !loss.is_finite() {
+            let stage = self.stages.len() - 1;
+            tracing::warn!(stage, loss, "non-finite loss: no gradient kept");
+            return Err(PipeError::NonFinite {
+                what: "loss",
+                stage,
+                unit: None,
+            });
+        }
 
         let mut report = StepReport {
             loss: 0.0,
@@ -412,30 +423,58 @@ where
     /// recording each unit's gradient norm for
     /// [`last_gradient_norms`](FreezeFront::last_gradient_norms). A stage
     /// without gradients (nothing trainable) is left as it is.
-    pub fn step(&mut self, lr: f64) {
+    ///
+    /// A gradient that is not finite (NaN or infinite) refuses the step:
+    /// no stage steps, the gradients are dropped, weights and optimizer
+    /// state stay as they were, and the error names the stage and unit.
+    pub fn step(&mut self, lr: f64) -> Result<(), PipeError> {
+        // Every stage's per-unit norms first (one device read per stage), so
+        // that a non-finite gradient anywhere stops every stage.
         let norms: Vec<Vec<Option<GradNorm>>> = thread::scope(|scope| {
             let handles: Vec<_> = self
                 .stages
                 .iter_mut()
                 .map(|stage| {
-                    scope.spawn(move || {
-                        let Some(grads) = stage.pending.take() else {
-                            return vec![None; stage.range.len()];
-                        };
-                        let units = stage.units.as_mut().expect("units present");
-                        let norms = units.unit_gradient_norms(&grads);
-                        let optimizer = &mut stage.optimizer;
-                        units.map_trainable(|module| optimizer.step(lr, module, grads));
-                        norms
+                    scope.spawn(move || match &stage.pending {
+                        None => vec![None; stage.range.len()],
+                        Some(grads) => stage.units().unit_gradient_norms(grads),
                     })
                 })
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().expect("an optimizer step does not panic"))
+                .map(|h| h.join().expect("reading gradient norms does not panic"))
                 .collect()
         });
+        let bad = norms.iter().enumerate().find_map(|(stage, units)| {
+            units.iter().enumerate().find_map(|(i, norm)| {
+                norm.filter(|n| !(n.l1.is_finite() && n.l2.is_finite()))
+                    .map(|_| (stage, self.stages[stage].range.start + i))
+            })
+        });
+        if let Some((stage, unit)) = bad {
+            self.clear_gradients();
+            tracing::warn!(stage, unit, "non-finite gradient: the step is refused");
+            return Err(PipeError::NonFinite {
+                what: "gradient",
+                stage,
+                unit: Some(unit),
+            });
+        }
+        thread::scope(|scope| {
+            for stage in &mut self.stages {
+                scope.spawn(move || {
+                    let Some(grads) = stage.pending.take() else {
+                        return;
+                    };
+                    let units = stage.units.as_mut().expect("units present");
+                    let optimizer = &mut stage.optimizer;
+                    units.map_trainable(|module| optimizer.step(lr, module, grads));
+                });
+            }
+        });
         self.norms = norms.into_iter().flatten().collect();
+        Ok(())
     }
 
     /// [`forward_backward`](Pipeline::forward_backward) then [`step`](Pipeline::step).
@@ -451,7 +490,7 @@ where
         LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
     {
         let report = self.forward_backward(input, targets, loss)?;
-        self.step(lr);
+        self.step(lr)?;
         Ok(report)
     }
 

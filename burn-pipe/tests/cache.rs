@@ -65,7 +65,7 @@ fn train(
             } else {
                 pipeline.forward_backward(images, labels, loss).unwrap()
             };
-            pipeline.step(0.05);
+            pipeline.step(0.05).unwrap();
             losses.push(report.loss);
         }
     }

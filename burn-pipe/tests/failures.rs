@@ -289,9 +289,91 @@ fn a_stage_with_no_trainable_parameter_works() {
         "stage 0 differs by {}",
         compare.worst
     );
-    pipeline.step(0.05);
+    pipeline.step(0.05).unwrap();
     assert!(
         pipeline.gradients(0).is_none(),
         "the step applied the gradients"
     );
+}
+
+/// Every weight of a pipeline, in visiting order.
+fn all_weights<O>(pipeline: &Pipeline<common::UserTypes, O>) -> Vec<Vec<f32>>
+where
+    O: burn::optim::Optimizer<burn_freeze::TrainableUnits<common::UserTypes>, B>,
+{
+    let stack = pipeline.to_layer_stack();
+    let mut all = vec![common::Weights::of(stack.first())];
+    all.extend(stack.middle().iter().map(common::Weights::of));
+    all.push(common::Weights::of(stack.last()));
+    all.into_iter()
+        .flat_map(|w| w.0.into_iter().map(|(_, values, _)| values))
+        .collect()
+}
+
+#[test]
+fn a_non_finite_loss_or_gradient_refuses_the_step_and_changes_nothing() {
+    let device = Default::default();
+    let mut pipeline = PipelineConfig::new()
+        .with_micro_batches(Some(2))
+        .init(user_stack(4, 8, 2, 3), vec![device; 2], || {
+            burn::optim::AdamConfig::new().init()
+        })
+        .unwrap();
+    let (x, y) = user_batch(7, 8, 4, 3);
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    pipeline
+        .train_step(x.clone(), y.clone(), |l, t| loss_fn.forward(l, t), 1e-2)
+        .unwrap();
+    let before = all_weights(&pipeline);
+
+    // A NaN in the input: the loss is NaN; no gradient is kept.
+    let mut values = x.clone().into_data().to_vec::<f32>().unwrap();
+    values[5] = f32::NAN;
+    let poisoned = Tensor::<B, 1>::from_floats(values.as_slice(), &device).reshape([8, 4]);
+    let error = pipeline
+        .forward_backward(poisoned, y.clone(), |l, t| loss_fn.forward(l, t))
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            PipeError::NonFinite {
+                what: "loss",
+                stage: 1,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(pipeline.gradients(0).is_none() && pipeline.gradients(1).is_none());
+
+    // A finite loss whose gradient is not: sqrt at 0 has an infinite slope.
+    pipeline
+        .forward_backward(x.clone(), y.clone(), |l, _| {
+            l.mul_scalar(0.0).sqrt().sum().reshape([1])
+        })
+        .unwrap();
+    let error = pipeline.step(1e-2).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            PipeError::NonFinite {
+                what: "gradient",
+                unit: Some(_),
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(pipeline.gradients(0).is_none() && pipeline.gradients(1).is_none());
+    assert_eq!(
+        all_weights(&pipeline),
+        before,
+        "a refused step changed weights"
+    );
+
+    // And training goes on, Adam's state intact.
+    pipeline
+        .train_step(x, y, |l, t| loss_fn.forward(l, t), 1e-2)
+        .unwrap();
+    assert_ne!(all_weights(&pipeline), before);
 }

@@ -161,7 +161,7 @@ fn accumulating_two_half_batches_equals_one_full_batch() {
             )
             .unwrap();
     }
-    halves.step(0.5);
+    halves.step(0.5).unwrap();
     let diff = Weights::of(&Vit::from_layer_stack(halves.into_layer_stack()).unwrap())
         .relative_diff(&Weights::of(
             &Vit::from_layer_stack(whole.into_layer_stack()).unwrap(),

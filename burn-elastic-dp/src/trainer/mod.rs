@@ -433,7 +433,7 @@ where
             } else {
                 group.forward_backward(input, targets, &loss)?
             };
-            group.step(lr);
+            group.step(lr)?;
             steps += 1;
             self.steps += 1;
             samples += indices.len();
