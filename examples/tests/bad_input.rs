@@ -1,0 +1,105 @@
+//! Bad input to the binaries: each case is refused before any work with a
+//! one-line error that names the accepted range or the flag to set, and exit
+//! code 2 (arguments) or 1 (data), never a panic, a crash or exit 0.
+
+use std::process::Command;
+
+/// (binary, arguments, exit code, a fragment the error names)
+const CASES: &[(&str, &[&str], i32, &str)] = &[
+    ("train", &["--batch-size", "0"], 2, "1..=4096"),
+    ("train", &["--epochs", "0"], 2, "1..=1000"),
+    ("train", &["--samples", "0"], 2, "1..=10000000"),
+    ("train", &["--eval-samples", "0"], 2, "1..=1000000"),
+    ("train", &["--devices", "0"], 2, "1..=64"),
+    ("train", &["--devices", "65"], 2, "1..=64"),
+    ("train", &["--stages", "0"], 2, "1..=64"),
+    (
+        "train",
+        &["--stages", "5", "--devices", "4"],
+        2,
+        "at most one stage per device",
+    ),
+    ("train", &["--micro-batches", "0"], 2, "1..=4096"),
+    ("train", &["--freeze-alpha", "2"], 2, "(0, 1)"),
+    ("train", &["--freeze-alpha=-1"], 2, "(0, 1)"),
+    ("train", &["--freeze-alpha", "nan"], 2, "(0, 1)"),
+    ("train", &["--lr", "nan"], 2, "(0, 1]"),
+    ("train", &["--lr", "0"], 2, "(0, 1]"),
+    ("train", &["--layers", "0"], 2, "1..=48"),
+    ("train", &["--hidden", "6"], 2, "multiple of 4"),
+    (
+        "train",
+        &["--samples", "8", "--batch-size", "32"],
+        2,
+        "sample count",
+    ),
+    ("train", &["--batch-size", "8"], 2, "micro-batches"),
+    ("train", &["--weights", "/nonexistent"], 2, "--data"),
+    ("train", &["--data", "/nonexistent"], 2, "--weights"),
+    (
+        "train",
+        &["--eval-file", "x.txt"],
+        2,
+        "--weights and --data",
+    ),
+    (
+        "train",
+        &["--data", "/nonexistent", "--weights", "/nonexistent"],
+        1,
+        "/nonexistent",
+    ),
+    ("train", &["--max-length", "600"], 2, "8..=512"),
+    ("train", &["--backend", "cuda"], 2, "--features cuda"),
+    ("sst2", &["--batch-size", "0"], 2, "1..=4096"),
+    ("sst2", &["--max-length", "0"], 2, "3..=512"),
+    ("sst2", &["--max-length", "600"], 2, "3..=512"),
+    ("sst2", &["--epochs", "0"], 2, "1..=1000"),
+    ("sst2", &["--max-train-samples", "0"], 2, "1.."),
+    ("sst2", &["--max-dev-samples", "0"], 2, "1.."),
+    ("sst2", &["--lr", "nan"], 2, "(0, 1]"),
+    ("sst2", &["--weight-decay=-1"], 2, "[0, 1]"),
+    (
+        "sst2",
+        &["--data", "/nonexistent"],
+        1,
+        "/nonexistent/train.txt",
+    ),
+];
+
+fn binary(name: &str) -> &'static str {
+    match name {
+        "train" => env!("CARGO_BIN_EXE_train"),
+        "sst2" => env!("CARGO_BIN_EXE_sst2"),
+        other => panic!("no binary {other}"),
+    }
+}
+
+#[test]
+fn bad_input_is_a_one_line_error_with_the_right_exit_code() {
+    let out = std::env::temp_dir().join(format!("bad-input-{}", std::process::id()));
+    for (name, args, code, fragment) in CASES {
+        let mut command = Command::new(binary(name));
+        command.args(*args).env("RUST_LOG", "error");
+        if *name == "train" {
+            command.args(["--size", "ci", "--output-dir", out.to_str().unwrap()]);
+        }
+        let output = command.output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let first = stderr.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+        assert_eq!(
+            output.status.code(),
+            Some(*code),
+            "{name} {args:?}: exit {:?}, stderr:\n{stderr}",
+            output.status.code()
+        );
+        assert!(
+            first.starts_with("error:") && first.contains(fragment),
+            "{name} {args:?}: the first line does not name `{fragment}`:\n{stderr}"
+        );
+        assert!(
+            !stderr.contains("panicked"),
+            "{name} {args:?} panicked:\n{stderr}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(out);
+}
