@@ -69,6 +69,10 @@ pub struct NodeConfig {
     /// default. Ignored on other ranks.
     #[config(default = "None")]
     pub listen: Option<String>,
+    /// Longest to wait for every process to join, in milliseconds (at least
+    /// 1); the group's `timeout_ms` by default.
+    #[config(default = "None")]
+    pub join_timeout_ms: Option<u64>,
 }
 
 impl NodeConfig {
@@ -92,6 +96,9 @@ impl NodeConfig {
                     self.hub
                 ));
             }
+        }
+        if self.join_timeout_ms == Some(0) {
+            return bad("join_timeout_ms must be at least 1, got 0".into());
         }
         if let Some(listen) = &self.listen
             && !matches!(listen.parse::<SocketAddr>(), Ok(a) if a.port() != 0)
@@ -206,6 +213,8 @@ pub(crate) struct NodeLink {
     aborted: AtomicBool,
     /// The rank an exchange is waiting for now (`usize::MAX`: none).
     waiting_on: AtomicUsize,
+    /// The group's bound on a step, reported in timeouts.
+    step_timeout: Duration,
 }
 
 struct Links {
@@ -226,7 +235,8 @@ impl std::fmt::Debug for NodeLink {
     }
 }
 
-/// Validates `config` and joins the other processes within `timeout`:
+/// Validates `config` and joins the other processes within its join timeout
+/// (`timeout` by default):
 /// `None` without a node configuration or with one process.
 pub(crate) fn join(
     config: Option<&NodeConfig>,
@@ -240,6 +250,10 @@ pub(crate) fn join(
     if config.num_nodes == 1 {
         return Ok(None);
     }
+    let step_timeout = timeout;
+    let timeout = config
+        .join_timeout_ms
+        .map_or(timeout, Duration::from_millis);
     let deadline = Instant::now() + timeout;
     let (streams, replicas) = if config.rank == 0 {
         accept_all(config, local, deadline, timeout)?
@@ -273,6 +287,7 @@ pub(crate) fn join(
         abort_rx,
         aborted: AtomicBool::new(false),
         waiting_on: AtomicUsize::new(usize::MAX),
+        step_timeout,
     })))
 }
 
@@ -529,7 +544,7 @@ impl NodeLink {
                     Err(_) => Err(node_error(self.rank, "the leader replica is gone".into())),
                 },
                 recv(self.abort_rx) -> _ => Err(node_error(self.rank, "the step was aborted".into())),
-                default(timeout) => Err(ElasticError::NodesMissing { missing: vec![self.rank], waited: timeout }),
+                default(timeout) => Err(ElasticError::NodesMissing { missing: vec![self.rank], waited: self.step_timeout }),
             };
         }
         let result = self.exchange(values, deadline);
@@ -560,7 +575,7 @@ impl NodeLink {
             self.hub_exchange(&mut links.streams, values, round, deadline, total)
         } else {
             self.waiting_on.store(0, Ordering::SeqCst);
-            Self::node_exchange(&mut links.streams[0], values, round, deadline)
+            Self::node_exchange(&mut links.streams[0], values, round, deadline, self.step_timeout)
         };
         let result = result.map_err(|error| {
             if self.aborted.load(Ordering::SeqCst) {
@@ -604,7 +619,7 @@ impl NodeLink {
         for (i, stream) in streams.iter_mut().enumerate() {
             let rank = i + 1;
             self.waiting_on.store(rank, Ordering::SeqCst);
-            let waited = self.step_bound(deadline);
+            let waited = self.step_timeout;
             bounded_stream(stream, left(deadline, rank, waited)?)
                 .map_err(|error| io_error(rank, "setting a deadline", error))?;
             let (their_round, len) = read_u64(stream)
@@ -631,7 +646,7 @@ impl NodeLink {
         let message = encode(round, &sum);
         for (i, stream) in streams.iter_mut().enumerate() {
             self.waiting_on.store(i + 1, Ordering::SeqCst);
-            let waited = self.step_bound(deadline);
+            let waited = self.step_timeout;
             bounded_stream(stream, left(deadline, i + 1, waited)?)
                 .and_then(|()| stream.write_all(&message))
                 .map_err(|error| timeout_or(i + 1, "sending the result", error, waited))?;
@@ -645,8 +660,8 @@ impl NodeLink {
         values: Vec<f32>,
         round: u64,
         deadline: Instant,
+        waited: Duration,
     ) -> Result<Vec<f32>, ElasticError> {
-        let waited = deadline.saturating_duration_since(Instant::now());
         bounded_stream(stream, left(deadline, 0, waited)?)
             .and_then(|()| stream.write_all(&encode(round, &values)))
             .map_err(|error| timeout_or(0, "sending gradients to the hub", error, waited))?;
@@ -670,10 +685,6 @@ impl NodeLink {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
             .collect())
-    }
-
-    fn step_bound(&self, deadline: Instant) -> Duration {
-        deadline.saturating_duration_since(Instant::now())
     }
 }
 
