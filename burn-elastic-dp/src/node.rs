@@ -37,7 +37,7 @@ use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
-use crossbeam_channel::{Receiver, Sender, bounded, select};
+use crossbeam_channel::{Receiver, Sender, bounded, select, unbounded};
 
 use crate::error::ElasticError;
 
@@ -88,7 +88,11 @@ impl NodeConfig {
                 self.num_nodes, self.num_nodes, self.rank
             ));
         }
-        match self.hub.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>())) {
+        match self
+            .hub
+            .rsplit_once(':')
+            .map(|(h, p)| (h, p.parse::<u16>()))
+        {
             Some((host, Ok(port))) if !host.is_empty() && port != 0 => {}
             _ => {
                 return bad(format!(
@@ -265,7 +269,9 @@ pub(crate) fn join(
         .map(TcpStream::try_clone)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|error| node_error(0, format!("cloning a socket: {error}")))?;
-    let (followers, inboxes) = (1..local).map(|_| bounded(1)).unzip();
+    // Unbounded: the leader may run ahead through stages with nothing to
+    // all-reduce in this process; the results queue up in stage order.
+    let (followers, inboxes) = (1..local).map(|_| unbounded()).unzip();
     let (abort_tx, abort_rx) = bounded(0);
     tracing::info!(
         rank = config.rank,
@@ -374,7 +380,9 @@ fn accept_all(
             stream.set_nodelay(true)?;
             bounded_stream(
                 &stream,
-                deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)),
+                deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1)),
             )?;
             let mut magic = vec![0; 4];
             stream.read_exact(&mut magic)?;
@@ -465,10 +473,17 @@ fn connect_hub(
         stream.set_nodelay(true)?;
         bounded_stream(
             stream,
-            deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)),
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
         )?;
         let mut hello = MAGIC.to_vec();
-        for value in [VERSION, config.num_nodes as u32, config.rank as u32, local as u32] {
+        for value in [
+            VERSION,
+            config.num_nodes as u32,
+            config.rank as u32,
+            local as u32,
+        ] {
             hello.extend_from_slice(&value.to_le_bytes());
         }
         stream.write_all(&hello)?;
@@ -481,7 +496,9 @@ fn connect_hub(
                 config.num_nodes
             )));
         }
-        (0..nodes).map(|_| read_u32(stream).map(|c| c as usize)).collect()
+        (0..nodes)
+            .map(|_| read_u32(stream).map(|c| c as usize))
+            .collect()
     };
     let replicas = handshake(&mut stream).map_err(|error| match error.kind() {
         ErrorKind::WouldBlock | ErrorKind::TimedOut => ElasticError::NodesMissing {
@@ -553,7 +570,7 @@ impl NodeLink {
             .map(Arc::clone)
             .map_err(|error| error.to_string());
         for follower in &self.followers {
-            let _ = follower.try_send(shared.clone());
+            let _ = follower.send(shared.clone());
         }
         result
     }
@@ -566,7 +583,9 @@ impl NodeLink {
         if let Some(why) = &links.broken {
             return Err(node_error(
                 self.rank,
-                format!("the link to the other processes failed earlier ({why}); start every process again"),
+                format!(
+                    "the link to the other processes failed earlier ({why}); start every process again"
+                ),
             ));
         }
         let round = links.round;
@@ -575,7 +594,13 @@ impl NodeLink {
             self.hub_exchange(&mut links.streams, values, round, deadline, total)
         } else {
             self.waiting_on.store(0, Ordering::SeqCst);
-            Self::node_exchange(&mut links.streams[0], values, round, deadline, self.step_timeout)
+            Self::node_exchange(
+                &mut links.streams[0],
+                values,
+                round,
+                deadline,
+                self.step_timeout,
+            )
         };
         let result = result.map_err(|error| {
             if self.aborted.load(Ordering::SeqCst) {

@@ -142,8 +142,14 @@ fn pipeline_config() -> PipelineConfig {
 struct Collect(Vec<f32>);
 impl<Be: Backend> ModuleVisitor<Be> for Collect {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Be, D>>) {
-        self.0
-            .extend(param.val().to_data().convert::<f32>().to_vec::<f32>().unwrap());
+        self.0.extend(
+            param
+                .val()
+                .to_data()
+                .convert::<f32>()
+                .to_vec::<f32>()
+                .unwrap(),
+        );
     }
 }
 
@@ -178,8 +184,9 @@ fn group_config(rank: usize, port: u16, timeout_ms: u64) -> ReplicaConfig {
 const ROLE: &str = "ELASTIC_DP_NODE_ROLE";
 
 /// What a child process does, by `ELASTIC_DP_NODE_ROLE`:
-/// - `train`: joins as `ELASTIC_DP_NODE_RANK`, trains `STEPS` steps and
-///   writes its weights (little-endian f32) to `ELASTIC_DP_NODE_OUT`;
+/// - `train`: joins as `ELASTIC_DP_NODE_RANK` with `ELASTIC_DP_NODE_REPLICAS`
+///   replicas, trains `STEPS` steps and writes its weights (little-endian
+///   f32) to `ELASTIC_DP_NODE_OUT`;
 /// - `die`: joins as rank 1, then exits before the first step;
 /// - `stall`: joins as rank 1, then waits until it is killed.
 fn child(role: &str) {
@@ -188,14 +195,17 @@ fn child(role: &str) {
     let device = Default::default();
     if role == "train" {
         let rank: usize = var("ELASTIC_DP_NODE_RANK").parse().unwrap();
+        let replicas: usize = var("ELASTIC_DP_NODE_REPLICAS").parse().unwrap();
         // SGD: a gradient off by any factor shows in the weights.
         let mut group = group_config(rank, port, 60_000)
-            .init(stack(), vec![vec![device; 2]], || SgdConfig::new().init())
+            .init(stack(), vec![vec![device; 2]; replicas], || {
+                SgdConfig::new().init()
+            })
             .unwrap();
         for step in 0..STEPS {
             let (x, y) = batch(100 + step);
             let report = group.train_step(x, y, loss, 0.5).unwrap();
-            assert_eq!(report.shards, vec![if rank == 0 { 4 } else { 3 }]);
+            assert_eq!(report.shards.len(), replicas);
         }
         let bytes: Vec<u8> = weights(&group.to_layer_stack())
             .iter()
@@ -267,41 +277,6 @@ fn two_processes_train_as_one_pipeline_on_the_whole_batches() {
     if let Ok(role) = std::env::var(ROLE) {
         return child(&role);
     }
-    let port = free_port();
-    let dir = std::env::temp_dir();
-    let out = |rank: usize| -> PathBuf {
-        dir.join(format!(
-            "burn-elastic-dp-nodes-{}-{port}-{rank}.bin",
-            std::process::id()
-        ))
-    };
-    let children: Vec<Child> = (0..2)
-        .map(|rank| {
-            spawn(
-                TEST,
-                "train",
-                &[
-                    ("ELASTIC_DP_NODE_RANK", rank.to_string()),
-                    ("ELASTIC_DP_NODE_PORT", port.to_string()),
-                    ("ELASTIC_DP_NODE_OUT", out(rank).display().to_string()),
-                ],
-            )
-        })
-        .collect();
-    let mut trained = Vec::new();
-    for (rank, child) in children.into_iter().enumerate() {
-        let (status, stderr) = finish(child, Duration::from_secs(180));
-        assert!(
-            status.is_some_and(|s| s.success()),
-            "process {rank} failed ({status:?}):\n{stderr}"
-        );
-        let bytes = std::fs::read(out(rank)).unwrap();
-        let _ = std::fs::remove_file(out(rank));
-        trained.push(bytes);
-    }
-    assert!(!trained[0].is_empty());
-    assert_eq!(trained[0], trained[1], "the two processes' weights differ");
-
     // One pipeline on the whole batches, in this process.
     let device: Device<B> = Default::default();
     let mut single: Pipeline<Types, _> = pipeline_config()
@@ -313,22 +288,68 @@ fn two_processes_train_as_one_pipeline_on_the_whole_batches() {
         single.train_step(x, y, loss, 0.5).unwrap();
     }
     let expected = weights(&single.to_layer_stack());
-    let actual: Vec<f32> = trained[0]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    assert_eq!(actual.len(), expected.len());
-    // Training moved the weights, and the two processes moved them as the
-    // single pipeline did (the same maths; rounding differs with the
-    // summation order).
+    // Training moved the weights.
     assert!(initial.iter().zip(&expected).any(|(a, b)| a != b));
-    let worst = actual
-        .iter()
-        .zip(&expected)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    let scale = expected.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    assert!(worst <= 1e-4 * scale.max(1.0), "weights differ by {worst}");
+
+    // One replica per process (shards of 4 and 3), then 2 replicas in rank
+    // 0 and 1 in rank 1 (shards 3 + 2 and 2: burn-collective inside rank 0).
+    for layout in [[1, 1], [2, 1]] {
+        let port = free_port();
+        let dir = std::env::temp_dir();
+        let out = |rank: usize| -> PathBuf {
+            dir.join(format!(
+                "burn-elastic-dp-nodes-{}-{port}-{rank}.bin",
+                std::process::id()
+            ))
+        };
+        let children: Vec<Child> = (0..2)
+            .map(|rank| {
+                spawn(
+                    TEST,
+                    "train",
+                    &[
+                        ("ELASTIC_DP_NODE_RANK", rank.to_string()),
+                        ("ELASTIC_DP_NODE_REPLICAS", layout[rank].to_string()),
+                        ("ELASTIC_DP_NODE_PORT", port.to_string()),
+                        ("ELASTIC_DP_NODE_OUT", out(rank).display().to_string()),
+                    ],
+                )
+            })
+            .collect();
+        let mut trained = Vec::new();
+        for (rank, child) in children.into_iter().enumerate() {
+            let (status, stderr) = finish(child, Duration::from_secs(180));
+            assert!(
+                status.is_some_and(|s| s.success()),
+                "{layout:?}: process {rank} failed ({status:?}):\n{stderr}"
+            );
+            let bytes = std::fs::read(out(rank)).unwrap();
+            let _ = std::fs::remove_file(out(rank));
+            trained.push(bytes);
+        }
+        assert!(!trained[0].is_empty());
+        assert_eq!(
+            trained[0], trained[1],
+            "{layout:?}: the two processes' weights differ"
+        );
+        // The processes trained as the single pipeline did (the same maths;
+        // rounding differs with the summation order).
+        let actual: Vec<f32> = trained[0]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(actual.len(), expected.len());
+        let worst = actual
+            .iter()
+            .zip(&expected)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        let scale = expected.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        assert!(
+            worst <= 1e-4 * scale.max(1.0),
+            "{layout:?}: weights differ by {worst}"
+        );
+    }
 }
 
 #[test]
@@ -339,9 +360,8 @@ fn a_process_that_never_arrives_dies_or_stalls_ends_the_step_with_an_error() {
     }
     let device: Device<B> = Default::default();
     let build = move |rank, port, timeout_ms| {
-        group_config(rank, port, timeout_ms).init(stack(), vec![vec![device; 2]], || {
-            AdamConfig::new().init()
-        })
+        group_config(rank, port, timeout_ms)
+            .init(stack(), vec![vec![device; 2]], || AdamConfig::new().init())
     };
     let bound = Duration::from_secs(120);
 
@@ -365,7 +385,9 @@ fn a_process_that_never_arrives_dies_or_stalls_ends_the_step_with_an_error() {
     let (first, second) = within(bound, move || {
         let mut group = build(0, port, 60_000).unwrap();
         let (x, y) = batch(1);
-        let first = group.train_step(x.clone(), y.clone(), loss, 1e-2).unwrap_err();
+        let first = group
+            .train_step(x.clone(), y.clone(), loss, 1e-2)
+            .unwrap_err();
         let second = group.train_step(x, y, loss, 1e-2).unwrap_err();
         (first, second)
     });
