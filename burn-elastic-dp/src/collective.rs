@@ -136,15 +136,20 @@ pub(crate) fn reset<B: Backend>() {
     reset_collective::<B>();
 }
 
-/// The mean of `grads` over the group (one collective call per tensor, in
+/// The sum of `grads` over the group (one collective call per tensor, in
 /// parameter-id order; every peer must call this with the same tensors).
-pub(crate) fn all_reduce_mean<B: Backend>(
+///
+/// A sum, not a mean: the replicas scale their losses by their share of the
+/// batch, so the sum is the batch's gradient. burn-collective's mean divides
+/// every peer's copy of the shared sum apart, a full pass over the gradients
+/// per replica; the sum is handed to every peer as one shared buffer.
+pub(crate) fn all_reduce_sum<B: Backend>(
     replica: usize,
     stage: usize,
     grads: GradientsParams,
 ) -> Result<GradientsParams, ElasticError> {
     grads
-        .all_reduce::<B>(peer(replica), ReduceOperation::Mean)
+        .all_reduce::<B>(peer(replica), ReduceOperation::Sum)
         .map_err(|error| ElasticError::Collective {
             replica,
             operation: format!("all-reduce of stage {stage}'s gradients"),
@@ -250,11 +255,11 @@ pub(crate) fn unflatten<AB, M>(
     module.visit(&mut Unflatten::<AB::InnerBackend> { grads, reduced });
 }
 
-/// The mean of the gradients of `module`'s parameters over the group,
+/// The sum of the gradients of `module`'s parameters over the group,
 /// flattened into buckets of about `bucket_bytes` (as PyTorch DDP does): one
 /// collective call per bucket instead of one per tensor. Every peer must
 /// call this with the same module structure and bucket size.
-pub(crate) fn all_reduce_mean_bucketed<AB, M>(
+pub(crate) fn all_reduce_sum_bucketed<AB, M>(
     replica: usize,
     stage: usize,
     module: &M,
@@ -277,7 +282,7 @@ where
             let (slots, tensors): (Vec<Slot>, Vec<_>) = pending.drain(..).unzip();
             let bucket = Tensor::cat(tensors, 0).into_primitive().tensor();
             let bucket =
-                all_reduce::<AB::InnerBackend>(peer(replica), bucket, ReduceOperation::Mean)
+                all_reduce::<AB::InnerBackend>(peer(replica), bucket, ReduceOperation::Sum)
                     .map_err(|error| ElasticError::Collective {
                         replica,
                         operation: format!("all-reduce of a gradient bucket of stage {stage}"),

@@ -47,7 +47,7 @@ pub struct GroupReport {
 /// R replicas of a [`Pipeline`], each on its own devices (logical devices
 /// on CPU) and driven by its own thread. After each replica's forward and
 /// backward pass on its shard of the batch, the gradients are all-reduced
-/// (mean, weighted by shard sizes) through burn-collective, so every replica
+/// (summed, each replica's loss weighted by its share of the batch) through burn-collective, so every replica
 /// then steps with the gradients of the whole batch and the replicas stay
 /// identical.
 ///
@@ -272,8 +272,9 @@ where
                 .enumerate()
             {
                 let tx = tx.clone();
-                // The replica's mean loss, scaled so that the mean over
-                // replicas of the gradients is the whole batch's gradient.
+                // The replica's mean loss, scaled by its share of the
+                // batch so that the sum over replicas of the gradients is
+                // the whole batch's gradient.
                 let scale = plan.scale(replica);
                 thread::Builder::new()
                     .name(format!("burn-elastic-dp replica {replica}"))
@@ -294,12 +295,12 @@ where
                                     let grads = match mode {
                                         _ if count == 1 => grads,
                                         AllReduce::PerTensor => {
-                                            collective::all_reduce_mean::<InnerBackendOf<S>>(
+                                            collective::all_reduce_sum::<InnerBackendOf<S>>(
                                                 replica, stage, grads,
                                             )?
                                         }
                                         AllReduce::Bucketed { bucket_bytes } => {
-                                            collective::all_reduce_mean_bucketed::<S::Backend, _>(
+                                            collective::all_reduce_sum_bucketed::<S::Backend, _>(
                                                 replica,
                                                 stage,
                                                 &modules[stage],

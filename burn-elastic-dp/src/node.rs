@@ -3,9 +3,9 @@
 //!
 //! Inside a process the replicas all-reduce through burn-collective as
 //! before; between processes, each process's first replica (its *leader*)
-//! sends the process's mean gradients to rank 0 (the *hub*), which weighs
-//! every process's mean by its share of the replicas, sums them in rank order
-//! and sends the one result back to every process, so every replica of every
+//! sends the process's summed gradients (every replica's loss is scaled by its
+//! share of the global batch) to rank 0 (the *hub*), which adds them up in
+//! rank order and sends the one result back to every process, so every replica of every
 //! process steps with the same bits. The hub listens on one TCP port; that is
 //! the only port the processes need.
 //!
@@ -157,16 +157,17 @@ impl Shards {
             .collect()
     }
 
-    /// The factor on local replica `replica`'s mean loss so that the mean of
-    /// the gradients over every replica of the group is the global batch's.
+    /// The factor on local replica `replica`'s mean loss (its share of the
+    /// global batch) so that the sum of the gradients over every replica of
+    /// the group is the global batch's.
     pub fn scale(&self, replica: usize) -> f32 {
-        (self.all.len() * self.all[self.first + replica]) as f32 / self.batch as f32
+        self.all[self.first + replica] as f32 / self.batch as f32
     }
 
     /// The mean loss over this process's samples from its replicas' scaled losses.
     pub fn loss(&self, scaled: impl Iterator<Item = f32>) -> f32 {
         let samples: usize = self.mine().iter().sum();
-        scaled.sum::<f32>() * self.batch as f32 / (self.all.len() * samples) as f32
+        scaled.sum::<f32>() * self.batch as f32 / samples as f32
     }
 }
 
@@ -541,7 +542,7 @@ impl NodeLink {
         }
     }
 
-    /// The group-wide mean of `values` (this process's local mean, the same
+    /// The group-wide sum of `values` (this process's local sum, the same
     /// on every local replica), for local replica `replica`: the leader
     /// exchanges with the other processes, the others wait for its result.
     /// Every process must call this in the same order with as many values.
@@ -589,9 +590,8 @@ impl NodeLink {
             ));
         }
         let round = links.round;
-        let total = self.total_replicas() as f32;
         let result = if self.rank == 0 {
-            self.hub_exchange(&mut links.streams, values, round, deadline, total)
+            self.hub_exchange(&mut links.streams, values, round, deadline)
         } else {
             self.waiting_on.store(0, Ordering::SeqCst);
             Self::node_exchange(
@@ -627,19 +627,15 @@ impl NodeLink {
         }
     }
 
-    /// Rank 0: reads every rank's values in rank order, sums the weighted
-    /// means and sends the result to every rank.
+    /// Rank 0: reads every rank's values, adds them to its own in rank
+    /// order and sends the sum to every rank.
     fn hub_exchange(
         &self,
         streams: &mut [TcpStream],
-        values: Vec<f32>,
+        mut sum: Vec<f32>,
         round: u64,
         deadline: Instant,
-        total: f32,
     ) -> Result<Vec<f32>, ElasticError> {
-        let weight = |rank: usize| self.replicas[rank] as f32 / total;
-        let w0 = weight(0);
-        let mut sum: Vec<f32> = values.iter().map(|v| v * w0).collect();
         let mut bytes = Vec::new();
         for (i, stream) in streams.iter_mut().enumerate() {
             let rank = i + 1;
@@ -650,12 +646,12 @@ impl NodeLink {
             let (their_round, len) = read_u64(stream)
                 .and_then(|r| Ok((r, read_u64(stream)? as usize)))
                 .map_err(|error| timeout_or(rank, "waiting for its gradients", error, waited))?;
-            if their_round != round || len != values.len() {
+            if their_round != round || len != sum.len() {
                 return Err(node_error(
                     rank,
                     format!(
                         "sent exchange {their_round} of {len} values, expected exchange {round} of {}: the processes run different steps or models",
-                        values.len()
+                        sum.len()
                     ),
                 ));
             }
@@ -663,9 +659,8 @@ impl NodeLink {
             stream
                 .read_exact(&mut bytes)
                 .map_err(|error| timeout_or(rank, "reading its gradients", error, waited))?;
-            let w = weight(rank);
             for (s, chunk) in sum.iter_mut().zip(bytes.chunks_exact(4)) {
-                *s += w * f32::from_le_bytes(chunk.try_into().expect("4 bytes"));
+                *s += f32::from_le_bytes(chunk.try_into().expect("4 bytes"));
             }
         }
         let message = encode(round, &sum);
@@ -735,8 +730,8 @@ fn encode(round: u64, values: &[f32]) -> Vec<u8> {
     message
 }
 
-/// The group-wide mean of the gradients of `module`'s parameters (this
-/// process's mean in `grads`), flattened into one message per stage, for
+/// The group-wide sum of the gradients of `module`'s parameters (this
+/// process's sum in `grads`), flattened into one message per stage, for
 /// local replica `replica`.
 pub(crate) fn all_reduce_gradients<AB, M>(
     link: &NodeLink,
