@@ -516,11 +516,6 @@ fn connect_hub(
 }
 
 impl NodeLink {
-    /// Replicas in the whole group.
-    pub fn total_replicas(&self) -> usize {
-        self.replicas.iter().sum()
-    }
-
     /// Shuts every connection down: whatever waits on it returns with an
     /// error, here and in the other processes. The link stays failed.
     pub fn abort(&self) {
