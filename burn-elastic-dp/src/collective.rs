@@ -136,15 +136,20 @@ pub(crate) fn reset<B: Backend>() {
     reset_collective::<B>();
 }
 
-/// The mean of `grads` over the group (one collective call per tensor, in
+/// The sum of `grads` over the group (one collective call per tensor, in
 /// parameter-id order; every peer must call this with the same tensors).
-pub(crate) fn all_reduce_mean<B: Backend>(
+///
+/// A sum, not a mean: the replicas scale their losses by their share of the
+/// batch, so the sum is the batch's gradient. burn-collective's mean divides
+/// every peer's copy of the shared sum apart, a full pass over the gradients
+/// per replica; the sum is handed to every peer as one shared buffer.
+pub(crate) fn all_reduce_sum<B: Backend>(
     replica: usize,
     stage: usize,
     grads: GradientsParams,
 ) -> Result<GradientsParams, ElasticError> {
     grads
-        .all_reduce::<B>(peer(replica), ReduceOperation::Mean)
+        .all_reduce::<B>(peer(replica), ReduceOperation::Sum)
         .map_err(|error| ElasticError::Collective {
             replica,
             operation: format!("all-reduce of stage {stage}'s gradients"),
@@ -153,7 +158,7 @@ pub(crate) fn all_reduce_mean<B: Backend>(
 }
 
 /// One gradient of a bucket: its parameter, shape and element count.
-struct Slot {
+pub(crate) struct Slot {
     id: ParamId,
     shape: Vec<usize>,
     len: usize,
@@ -200,11 +205,61 @@ impl<AB: AutodiffBackend> ModuleVisitor<AB> for Unflatten<'_, AB::InnerBackend> 
     }
 }
 
-/// The mean of the gradients of `module`'s parameters over the group,
+/// Takes the gradients of `module`'s parameters out of `grads`, each
+/// flattened, in the module's visiting order (the same on every replica).
+pub(crate) fn flatten<AB, M>(
+    module: &M,
+    grads: &mut GradientsParams,
+) -> (Vec<Slot>, Vec<Tensor<AB::InnerBackend, 1>>)
+where
+    AB: AutodiffBackend,
+    M: AutodiffModule<AB>,
+{
+    let mut flatten = Flatten::<AB::InnerBackend> {
+        grads,
+        slots: Vec::new(),
+        flat: Vec::new(),
+    };
+    module.visit(&mut flatten);
+    (flatten.slots, flatten.flat)
+}
+
+/// Cuts `bucket` (the gradients of `slots`, one after another) back into
+/// gradients and puts them in `reduced` under their parameters.
+fn split_bucket<B: Backend>(
+    slots: Vec<Slot>,
+    bucket: Tensor<B, 1>,
+    reduced: &mut std::collections::HashMap<ParamId, (Vec<usize>, Tensor<B, 1>)>,
+) {
+    let mut start = 0;
+    for slot in slots {
+        let part = bucket.clone().narrow(0, start, slot.len);
+        start += slot.len;
+        reduced.insert(slot.id, (slot.shape, part));
+    }
+}
+
+/// Puts `flat` (the gradients of `slots`, one after another) back into
+/// `grads` under `module`'s parameters.
+pub(crate) fn unflatten<AB, M>(
+    module: &M,
+    grads: &mut GradientsParams,
+    slots: Vec<Slot>,
+    flat: Tensor<AB::InnerBackend, 1>,
+) where
+    AB: AutodiffBackend,
+    M: AutodiffModule<AB>,
+{
+    let mut reduced = std::collections::HashMap::with_capacity(slots.len());
+    split_bucket(slots, flat, &mut reduced);
+    module.visit(&mut Unflatten::<AB::InnerBackend> { grads, reduced });
+}
+
+/// The sum of the gradients of `module`'s parameters over the group,
 /// flattened into buckets of about `bucket_bytes` (as PyTorch DDP does): one
 /// collective call per bucket instead of one per tensor. Every peer must
 /// call this with the same module structure and bucket size.
-pub(crate) fn all_reduce_mean_bucketed<AB, M>(
+pub(crate) fn all_reduce_sum_bucketed<AB, M>(
     replica: usize,
     stage: usize,
     module: &M,
@@ -215,13 +270,7 @@ where
     AB: AutodiffBackend,
     M: AutodiffModule<AB>,
 {
-    let mut flatten = Flatten::<AB::InnerBackend> {
-        grads: &mut grads,
-        slots: Vec::new(),
-        flat: Vec::new(),
-    };
-    module.visit(&mut flatten);
-    let Flatten { slots, flat, .. } = flatten;
+    let (slots, flat) = flatten::<AB, M>(module, &mut grads);
     let mut reduced = std::collections::HashMap::with_capacity(slots.len());
     let mut pending: Vec<(Slot, Tensor<AB::InnerBackend, 1>)> = Vec::new();
     let mut pending_bytes = 0;
@@ -233,7 +282,7 @@ where
             let (slots, tensors): (Vec<Slot>, Vec<_>) = pending.drain(..).unzip();
             let bucket = Tensor::cat(tensors, 0).into_primitive().tensor();
             let bucket =
-                all_reduce::<AB::InnerBackend>(peer(replica), bucket, ReduceOperation::Mean)
+                all_reduce::<AB::InnerBackend>(peer(replica), bucket, ReduceOperation::Sum)
                     .map_err(|error| ElasticError::Collective {
                         replica,
                         operation: format!("all-reduce of a gradient bucket of stage {stage}"),
@@ -241,19 +290,13 @@ where
                     })?;
             let bucket =
                 Tensor::<AB::InnerBackend, 1>::from_primitive(TensorPrimitive::Float(bucket));
-            let mut start = 0;
-            for slot in slots {
-                let part = bucket.clone().narrow(0, start, slot.len);
-                start += slot.len;
-                reduced.insert(slot.id, (slot.shape, part));
-            }
+            split_bucket(slots, bucket, &mut reduced);
             pending_bytes = 0;
         }
     }
-    let mut unflatten = Unflatten::<AB::InnerBackend> {
+    module.visit(&mut Unflatten::<AB::InnerBackend> {
         grads: &mut grads,
         reduced,
-    };
-    module.visit(&mut unflatten);
+    });
     Ok(grads)
 }

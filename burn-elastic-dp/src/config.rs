@@ -9,6 +9,7 @@ use burn_pipe::PipelineConfig;
 
 use crate::error::ElasticError;
 use crate::group::ReplicaGroup;
+use crate::node::NodeConfig;
 
 /// How the replicas' gradients are all-reduced; both give the same mean.
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -53,6 +54,11 @@ pub struct ReplicaConfig {
     /// `bench elastic`.
     #[config(default = "AllReduceStrategy::Centralized")]
     pub strategy: AllReduceStrategy,
+    /// The group spans several processes (on one machine or several): this
+    /// process's place among them (see [`NodeConfig`]). `None` (the
+    /// default): every replica is in this process.
+    #[config(default = "None")]
+    pub nodes: Option<NodeConfig>,
 }
 
 impl ReplicaConfig {
@@ -63,8 +69,13 @@ impl ReplicaConfig {
     /// parameter ids.
     ///
     /// Fails, before any replica is built, on no replica, replicas of
-    /// different stage counts, a zero timeout, or a pipeline configuration
-    /// that does not fit (see [`PipelineConfig::init`]).
+    /// different stage counts, a zero timeout, a bad node configuration, or a
+    /// pipeline configuration that does not fit (see [`PipelineConfig::init`]).
+    ///
+    /// With [`nodes`](Self::nodes), it first joins the other processes
+    /// (waiting at most `timeout_ms` for them), and every step then expects
+    /// the same global batch in every process (each runs its own replicas'
+    /// shards of it).
     pub fn init<S, O>(
         &self,
         stack: LayerStack<S>,

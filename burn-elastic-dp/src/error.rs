@@ -108,6 +108,32 @@ pub enum ElasticError {
         /// How long it waited.
         waited: Duration,
     },
+    /// A node configuration that cannot work (see [`NodeConfig`](crate::NodeConfig)).
+    #[error("nodes: {0}")]
+    BadNodeConfig(String),
+    /// Another process of the group failed, refused this one, or its
+    /// connection broke.
+    #[error("node {node}: {message}")]
+    Node {
+        /// The other process's rank (this process's own when it failed here).
+        node: usize,
+        /// What happened.
+        message: String,
+    },
+    /// Processes of the group that did not join, or did not take their part
+    /// in a step, within the bound.
+    #[error("nodes {missing:?} did not answer within {waited:?}")]
+    NodesMissing {
+        /// Their ranks.
+        missing: Vec<usize>,
+        /// The bound.
+        waited: Duration,
+    },
+    /// Resizing a group that spans processes.
+    #[error(
+        "a replica group across processes keeps its replicas: resize or remove_replica would need every process to agree"
+    )]
+    NodesFixed,
     /// A sampler configuration that cannot work.
     #[error("sampler: {0}")]
     Sampler(String),

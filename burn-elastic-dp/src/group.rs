@@ -3,6 +3,7 @@
 //! every replica steps.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -13,11 +14,12 @@ use burn_freeze::{
     InnerInput, InnerOutput, LayerStack, ParamStates, StackCache, StackTypes, TrainableUnits,
     check_freeze, check_sample_ids, serve_prefix,
 };
-use burn_pipe::{Pipeline, StepReport, micro_batch_sizes, panic_message};
+use burn_pipe::{Pipeline, StepReport, panic_message};
 
 use crate::collective::{self, GroupToken};
 use crate::config::{AllReduce, ReplicaConfig};
 use crate::error::ElasticError;
+use crate::node::{self, NodeLink};
 
 /// What a replica thread tells the coordinating thread.
 enum Progress {
@@ -54,7 +56,7 @@ pub struct GroupReport {
 /// R replicas of a [`Pipeline`], each on its own devices (logical devices
 /// on CPU) and driven by its own thread. After each replica's forward and
 /// backward pass on its shard of the batch, the gradients are all-reduced
-/// (mean, weighted by shard sizes) through burn-collective, so every replica
+/// (summed, each replica's loss weighted by its share of the batch) through burn-collective, so every replica
 /// then steps with the gradients of the whole batch and the replicas stay
 /// identical.
 ///
@@ -101,6 +103,8 @@ pub struct ReplicaGroup<S: StackTypes, O> {
     formed: bool,
     /// AutoCache for the frozen prefix, shared by every replica.
     cache: Option<StackCache<S>>,
+    /// The other processes of the group, when it spans several (`node.rs`).
+    node: Option<Arc<NodeLink>>,
     _token: GroupToken,
 }
 
@@ -139,6 +143,9 @@ where
         if config.all_reduce == (AllReduce::Bucketed { bucket_bytes: 0 }) {
             return Err(ElasticError::EmptyBucket);
         }
+        if let Some(nodes) = &config.nodes {
+            nodes.validate()?;
+        }
         let token = GroupToken::acquire(Duration::from_millis(config.timeout_ms))?;
         stack.materialize();
         let mut replicas = Vec::with_capacity(devices.len());
@@ -149,11 +156,17 @@ where
                 .map_err(|source| ElasticError::Replica { replica, source })?;
             replicas.push(pipeline);
         }
+        let node = node::join(
+            config.nodes.as_ref(),
+            replicas.len(),
+            Duration::from_millis(config.timeout_ms),
+        )?;
         Ok(Self {
             replicas,
             config,
             formed: false,
             cache: None,
+            node,
             _token: token,
         })
     }
@@ -313,25 +326,26 @@ where
             });
         }
         let count = self.replicas.len();
-        let shards = micro_batch_sizes(batch, count).map_err(|_| ElasticError::BatchTooSmall {
-            batch,
-            replicas: count,
-        })?;
+        // One shard per replica of the whole group; this process's part.
+        let plan = node::shards(self.node.as_deref(), batch, count)?;
+        let shards = plan.mine();
         self.form()?;
         let inputs: Vec<Shard<S>> = match input {
-            Shard::Input(input) => input
-                .split_batch(&shards)
+            Shard::Input(input) => plan
+                .take(input.split_batch(&plan.all))
                 .into_iter()
                 .map(Shard::Input)
                 .collect(),
-            Shard::Hidden(entry, hidden) => hidden
-                .split_batch(&shards)
+            Shard::Hidden(entry, hidden) => plan
+                .take(hidden.split_batch(&plan.all))
                 .into_iter()
                 .map(|h| Shard::Hidden(entry, h))
                 .collect(),
         };
-        let targets = targets.split_batch(&shards);
+        let targets = plan.take(targets.split_batch(&plan.all));
         let timeout = self.timeout();
+        let (link, link_deadline) = (self.node.clone(), start + timeout);
+        let (link, plan) = (&link, &plan);
         let mode = self.config.all_reduce;
         let loss = &loss;
         let (tx, rx) = crossbeam_channel::unbounded::<Progress>();
@@ -342,6 +356,8 @@ where
         // Replicas still in their own pass when the deadline passed (or, if
         // all had arrived, every replica: the all-reduce itself stalled).
         let mut missing: Option<Vec<usize>> = None;
+        // The process an exchange between processes waited for at the deadline.
+        let mut missing_node: Option<usize> = None;
         thread::scope(|scope| {
             for (replica, ((pipeline, input), targets)) in self
                 .replicas
@@ -351,9 +367,10 @@ where
                 .enumerate()
             {
                 let tx = tx.clone();
-                // The replica's mean loss, scaled so that the mean over
-                // replicas of the gradients is the whole batch's gradient.
-                let scale = (count * shards[replica]) as f32 / batch as f32;
+                // The replica's mean loss, scaled by its share of the
+                // batch so that the sum over replicas of the gradients is
+                // the whole batch's gradient.
+                let scale = plan.scale(replica);
                 thread::Builder::new()
                     .name(format!("burn-elastic-dp replica {replica}"))
                     .spawn_scoped(scope, move || {
@@ -370,24 +387,38 @@ where
                             .map_err(|source| ElasticError::Replica { replica, source })?;
                             let _ = tx.send(Progress::Arrived(replica));
                             let reduce = Instant::now();
-                            if count > 1 {
+                            if count > 1 || link.is_some() {
                                 let modules: Vec<TrainableUnits<S>> = (0..pipeline.num_stages())
                                     .map(|s| pipeline.stage(s).trainable().clone())
                                     .collect();
-                                pipeline.map_gradients(|stage, grads| match mode {
-                                    AllReduce::PerTensor => {
-                                        collective::all_reduce_mean::<InnerBackendOf<S>>(
-                                            replica, stage, grads,
-                                        )
-                                    }
-                                    AllReduce::Bucketed { bucket_bytes } => {
-                                        collective::all_reduce_mean_bucketed::<S::Backend, _>(
+                                pipeline.map_gradients(|stage, grads| {
+                                    let grads = match mode {
+                                        _ if count == 1 => grads,
+                                        AllReduce::PerTensor => {
+                                            collective::all_reduce_sum::<InnerBackendOf<S>>(
+                                                replica, stage, grads,
+                                            )?
+                                        }
+                                        AllReduce::Bucketed { bucket_bytes } => {
+                                            collective::all_reduce_sum_bucketed::<S::Backend, _>(
+                                                replica,
+                                                stage,
+                                                &modules[stage],
+                                                grads,
+                                                bucket_bytes,
+                                            )?
+                                        }
+                                    };
+                                    // Then between the processes, if several.
+                                    match link {
+                                        Some(link) => node::all_reduce_gradients::<S::Backend, _>(
+                                            link,
                                             replica,
-                                            stage,
                                             &modules[stage],
                                             grads,
-                                            bucket_bytes,
-                                        )
+                                            link_deadline,
+                                        ),
+                                        None => Ok(grads),
                                     }
                                 })?;
                             }
@@ -419,19 +450,27 @@ where
                     Ok(Progress::Arrived(replica)) => arrived[replica] = true,
                     Ok(Progress::Done(replica, result)) => {
                         arrived[replica] = true;
-                        if result.is_err() && !reset && count > 1 {
+                        if result.is_err() && !reset && (count > 1 || link.is_some()) {
                             collective::reset::<InnerBackendOf<S>>();
+                            if let Some(link) = link {
+                                link.abort();
+                            }
                             reset = true;
                         }
                         results[replica] = Some(result);
                     }
                     Err(()) if !reset => {
                         let late: Vec<usize> = (0..count).filter(|&r| !arrived[r]).collect();
+                        let all_arrived = late.is_empty();
                         missing = Some(if late.is_empty() {
                             (0..count).filter(|&r| results[r].is_none()).collect()
                         } else {
                             late
                         });
+                        if let Some(link) = link {
+                            missing_node = link.waiting_on().filter(|_| all_arrived);
+                            link.abort();
+                        }
                         collective::reset::<InnerBackendOf<S>>();
                         reset = true;
                     }
@@ -464,7 +503,12 @@ where
                 }
             }
         }
-        if let Some(missing) = missing
+        if let Some(node) = missing_node {
+            failure = Some(ElasticError::NodesMissing {
+                missing: vec![node],
+                waited: timeout,
+            });
+        } else if let Some(missing) = missing
             && !matches!(
                 failure,
                 Some(ElasticError::Replica { .. } | ElasticError::ReplicaPanicked { .. })
@@ -480,7 +524,7 @@ where
             self.abandon_step();
             return Err(error);
         }
-        let loss = reports.iter().map(|r| r.loss).sum::<f32>() / count as f32;
+        let loss = plan.loss(reports.iter().map(|r| r.loss));
         Ok(GroupReport {
             loss,
             shards,
@@ -545,6 +589,9 @@ where
     /// Fails, changing nothing, with no replica, a replica without one
     /// device per stage, or gradients pending.
     pub fn resize(&mut self, devices: Vec<Vec<Device<S::Backend>>>) -> Result<(), ElasticError> {
+        if self.node.is_some() {
+            return Err(ElasticError::NodesFixed);
+        }
         if devices.is_empty() {
             return Err(ElasticError::NoReplicas);
         }
@@ -590,6 +637,9 @@ where
     /// Fails, changing nothing, when `replica` is out of range or is the
     /// last one.
     pub fn remove_replica(&mut self, replica: usize) -> Result<Pipeline<S, O>, ElasticError> {
+        if self.node.is_some() {
+            return Err(ElasticError::NodesFixed);
+        }
         if replica >= self.replicas.len() || self.replicas.len() == 1 {
             return Err(ElasticError::CannotRemove {
                 replica,

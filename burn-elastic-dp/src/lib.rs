@@ -13,7 +13,7 @@
 //! Files, one concern each: `config.rs` (the configuration and `init`),
 //! `group.rs` (the replicas and their threads), `collective.rs` (the
 //! burn-collective glue: forming, all-reducing, dissolving and resetting a
-//! group with bounded waits), `sampler.rs` (every sample once per epoch
+//! group with bounded waits), `node.rs` (groups across processes), `sampler.rs` (every sample once per epoch
 //! whatever the replica count), `error.rs`.
 //!
 //! The group resizes at a step boundary ([`ReplicaGroup::resize`]): a new
@@ -21,9 +21,12 @@
 //!
 //! Gradients are all-reduced per tensor or in buckets ([`AllReduce`]).
 //!
-//! Still to come (see the issue "burn-elastic-dp"): groups across processes,
-//! bounding a replica that stalls in its own computation, and the
-//! PipeTransformer trainer on top.
+//! A group can span several processes, on one machine or several
+//! ([`NodeConfig`], `node.rs`): each process holds its own replicas, and the
+//! processes exchange their gradients over TCP through rank 0.
+//!
+//! Still to come (see the issue "burn-elastic-dp"): bounding a replica that
+//! stalls in its own computation, and the PipeTransformer trainer on top.
 //!
 //! [`Pipeline`]: burn_pipe::Pipeline
 
@@ -31,12 +34,14 @@ mod collective;
 mod config;
 mod error;
 mod group;
+mod node;
 mod sampler;
 pub mod trainer;
 
 pub use config::{AllReduce, ReplicaConfig};
 pub use error::ElasticError;
 pub use group::{GroupReport, ReplicaGroup};
+pub use node::NodeConfig;
 pub use sampler::{BatchPolicy, ElasticSampler};
 pub use trainer::{
     CostModel, EpochReport, FreezeRule, LayerSpec, Parts, StepInfo, Trainer, TrainerConfig,
