@@ -707,6 +707,23 @@ where
         Ok(())
     }
 
+    /// Replica 0's optimizer state as one record (every replica holds the
+    /// same), to save in a checkpoint.
+    pub fn optimizer_record(&self) -> O::Record {
+        self.replicas[0].optimizer_record()
+    }
+
+    /// Loads a record of [`optimizer_record`](Self::optimizer_record) into
+    /// every replica.
+    pub fn load_optimizer_record(&mut self, record: O::Record)
+    where
+        O::Record: Clone,
+    {
+        for replica in &mut self.replicas {
+            replica.load_optimizer_record(record.clone());
+        }
+    }
+
     /// Number of units of the model.
     pub fn num_units(&self) -> usize {
         self.replicas[0].num_units()

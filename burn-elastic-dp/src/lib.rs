@@ -44,6 +44,6 @@ pub use group::{GroupReport, ReplicaGroup};
 pub use node::NodeConfig;
 pub use sampler::{BatchPolicy, ElasticSampler};
 pub use trainer::{
-    CostModel, EpochReport, FreezeRule, LayerSpec, Parts, StepInfo, Trainer, TrainerConfig,
-    TrainerError, Transition,
+    CheckpointConfig, CostModel, EpochReport, FreezeRule, LayerSpec, Parts, StepInfo, Trainer,
+    TrainerConfig, TrainerError, Transition,
 };

@@ -195,6 +195,39 @@ impl ElasticSampler {
         })
     }
 
+    /// Where the sampler stands: the epoch and the samples of it handed
+    /// out (with the seed, all a checkpoint needs).
+    pub fn position(&self) -> (usize, usize) {
+        (self.epoch, self.cursor)
+    }
+
+    /// Moves to `cursor` samples into epoch `epoch` (its order is a function
+    /// of the seed and the epoch), as [`position`](Self::position) gave.
+    ///
+    /// ```
+    /// use burn_elastic_dp::{BatchPolicy, ElasticSampler};
+    ///
+    /// let policy = BatchPolicy::FixedGlobal { batch: 3 };
+    /// let mut a = ElasticSampler::new(10, policy, 5).unwrap();
+    /// a.start_epoch();
+    /// a.next_batch(1);
+    /// let mut b = ElasticSampler::new(10, policy, 5).unwrap();
+    /// b.seek(1, 3).unwrap();
+    /// assert_eq!(a.next_batch(1), b.next_batch(1));
+    /// ```
+    pub fn seek(&mut self, epoch: usize, cursor: usize) -> Result<(), ElasticError> {
+        if cursor > self.len {
+            return Err(ElasticError::Sampler(format!(
+                "position {cursor} is beyond the epoch's {} samples",
+                self.len
+            )));
+        }
+        self.epoch = epoch;
+        self.shuffle();
+        self.cursor = cursor;
+        Ok(())
+    }
+
     /// Starts the next epoch, in a new shuffled order.
     pub fn start_epoch(&mut self) {
         self.epoch += 1;

@@ -538,3 +538,137 @@ fn bad_configurations_are_refused_before_any_work() {
     assert!(matches!(error, TrainerError::Io { .. }), "{error}");
     let _ = std::fs::remove_file(file);
 }
+
+/// A batcher that panics on its `crash_at`-th call (1-based; 0: never), as a
+/// killed process stops a run between two steps.
+#[derive(Clone)]
+struct Crashing {
+    calls: Arc<Mutex<usize>>,
+    crash_at: usize,
+}
+
+impl Batcher<B, Item, (Tensor<B, 2>, Tensor<B, 1, Int>)> for Crashing {
+    fn batch(&self, items: Vec<Item>, device: &Device<B>) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
+        let mut calls = self.calls.lock().unwrap();
+        *calls += 1;
+        assert!(
+            *calls != self.crash_at,
+            "simulated crash before step {}",
+            *calls
+        );
+        make_batch(&items, device)
+    }
+}
+
+/// Trains until 3 epochs are done, recording each step's loss.
+macro_rules! train_to_three_epochs {
+    ($trainer:expr, $data:expr, $batcher:expr, $losses:expr) => {
+        while $trainer.epoch() < 3 {
+            $trainer
+                .fit_epoch_observed($data, $batcher, loss, |step| $losses.push(step.loss))
+                .unwrap();
+        }
+    };
+}
+
+#[test]
+fn a_run_resumed_from_a_checkpoint_gives_the_losses_of_an_uninterrupted_one() {
+    let device: Device<B> = Default::default();
+    let data = dataset(64);
+    let config = |dir: &std::path::Path| {
+        elastic_config().with_checkpoint(Some(
+            burn_elastic_dp::CheckpointConfig::new(dir.to_path_buf()).with_every_steps(3),
+        ))
+    };
+    let never = Crashing {
+        calls: Arc::default(),
+        crash_at: 0,
+    };
+    // Two devices: K=2,R=1, then K=1,R=2 once 4 units are frozen (after
+    // step 4). At most two replicas: burn-collective sums the replicas of a
+    // process in hash-map order, so with three or more the last bit of a
+    // sum can differ between any two runs, resumed or not.
+    // The uninterrupted run: 4 steps per epoch, transitions after steps 4 and 8.
+    let dir = tempfile_dir("resume-reference");
+    let mut expected = Vec::new();
+    let mut trainer = config(&dir)
+        .init(stack_from_seed(), vec![device; 2], || {
+            AdamConfig::new().init()
+        })
+        .unwrap();
+    train_to_three_epochs!(trainer, &data, &never, expected);
+    assert_eq!(expected.len(), 12);
+    let expected_weights = weights(&trainer.to_layer_stack());
+    drop(trainer);
+
+    // Crashes before step 6 (the last checkpoint after step 4, a transition's)
+    // and before step 8 (after step 6, the every-3-steps one, mid-epoch).
+    for (crash_at, checkpoint_step) in [(6, 4), (8, 6)] {
+        let dir = tempfile_dir(&format!("resume-{crash_at}"));
+        let mut trainer = config(&dir)
+            .init(stack_from_seed(), vec![device; 2], || {
+                AdamConfig::new().init()
+            })
+            .unwrap();
+        let crashing = Crashing {
+            calls: Arc::default(),
+            crash_at,
+        };
+        let mut before = Vec::new();
+        let crashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            train_to_three_epochs!(trainer, &data, &crashing, before)
+        }));
+        assert!(crashed.is_err(), "the run was to crash");
+        drop(trainer);
+        assert_eq!(before, expected[..crash_at - 1]);
+
+        let (mut resumed, path) =
+            burn_elastic_dp::Trainer::resume(stack(), vec![device; 2], config(&dir), || {
+                AdamConfig::new().init()
+            })
+            .unwrap();
+        assert!(
+            path.ends_with(format!("step-{checkpoint_step:012}")),
+            "{path:?}"
+        );
+        assert_eq!(resumed.steps(), checkpoint_step);
+        let mut after = Vec::new();
+        train_to_three_epochs!(resumed, &data, &never, after);
+        assert_eq!(
+            after,
+            expected[checkpoint_step..],
+            "crash before step {crash_at}"
+        );
+        assert_eq!(weights(&resumed.to_layer_stack()), expected_weights);
+        drop(resumed);
+
+        // A truncated newest checkpoint is rejected; the one before is used.
+        let newest = dir.join(format!("step-{:012}", 12));
+        let model = newest.join("model.bin");
+        let bytes = std::fs::read(&model).unwrap();
+        std::fs::write(&model, &bytes[..bytes.len() / 2]).unwrap();
+        let (older, path) =
+            burn_elastic_dp::Trainer::resume(stack(), vec![device; 2], config(&dir), || {
+                AdamConfig::new().init()
+            })
+            .unwrap();
+        assert!(
+            older.steps() < 12 && !path.ends_with("step-000000000012"),
+            "{path:?}"
+        );
+        drop(older);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    // Nothing to resume from is an error that says why.
+    let empty = tempfile_dir("resume-empty");
+    let error = burn_elastic_dp::Trainer::resume(stack(), vec![device; 2], config(&empty), || {
+        AdamConfig::new().init()
+    })
+    .err()
+    .unwrap();
+    assert!(
+        matches!(error, TrainerError::NoCheckpoint { .. }),
+        "{error}"
+    );
+}

@@ -67,8 +67,8 @@ pub use optim_state::{
 };
 pub use policy::{
     AlphaArgmin, AlphaArgminConfig, AutoFreeze, ChangeRate, ChangeRateConfig, ChangeRateReading,
-    FixedSchedule, FreezePolicy, FreezeState, GradNorm, LayerMap, alpha_front, change_rate_front,
-    percentile, unit_grad_norm,
+    FixedSchedule, FreezePolicy, FreezeState, GradNorm, LayerMap, PolicyState, alpha_front,
+    change_rate_front, percentile, unit_grad_norm,
 };
 pub use range::{TrainableUnits, UnitRange, check_freeze};
 pub use stack::{IntoLayerStack, LayerStack, StackOf, TypesOf};

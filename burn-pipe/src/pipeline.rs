@@ -587,6 +587,34 @@ where
         Ok(())
     }
 
+    /// Every stage's optimizer state as one record keyed by parameter id,
+    /// to save in a checkpoint (Burn's recorders serialise it).
+    pub fn optimizer_record(&self) -> O::Record
+    where
+        O::Record: ParamStates,
+    {
+        let mut pool = StatePool::<O, TrainableUnits<S>, S::Backend>::new();
+        for stage in &self.stages {
+            pool_optimizer_state(&stage.optimizer, &mut pool);
+        }
+        O::Record::from_states(pool.into_iter().collect())
+    }
+
+    /// Loads a record of [`optimizer_record`](Self::optimizer_record): each
+    /// stage takes the states of its trainable units' parameters (by id);
+    /// the others are dropped.
+    pub fn load_optimizer_record(&mut self, record: O::Record)
+    where
+        O::Record: ParamStates,
+    {
+        let mut pool: StatePool<O, TrainableUnits<S>, S::Backend> =
+            record.into_states().into_iter().collect();
+        for stage in &mut self.stages {
+            let fresh = (self.make_optimizer)();
+            stage.optimizer = optimizer_for(fresh, stage.units().trainable(), &mut pool);
+        }
+    }
+
     /// Attaches an AutoCache for
     /// [`forward_backward_cached`](Pipeline::forward_backward_cached),
     /// replacing (and returning) any attached before.

@@ -156,6 +156,10 @@ pub struct TrainerConfig {
     /// missing); `None` writes nothing.
     #[config(default = "None")]
     pub output_dir: Option<PathBuf>,
+    /// Checkpoints (and where [`Trainer::resume`] reads them); `None`
+    /// writes none.
+    #[config(default = "None")]
+    pub checkpoint: Option<super::CheckpointConfig>,
 }
 
 /// A value outside `accepted`.
@@ -244,6 +248,14 @@ impl TrainerConfig {
                 return Err(invalid("costs.frozen_factor", frozen_factor, "[0, 1]"));
             }
             _ => {}
+        }
+        if let Some(checkpoint) = &self.checkpoint {
+            if checkpoint.every_steps == 0 {
+                return Err(invalid("checkpoint.every_steps", 0, "at least 1"));
+            }
+            if checkpoint.keep == 0 {
+                return Err(invalid("checkpoint.keep", 0, "at least 1"));
+            }
         }
         if self.replicas.timeout_ms == 0 {
             return Err(invalid("replicas.timeout_ms", 0, "at least 1 ms"));

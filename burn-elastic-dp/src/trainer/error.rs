@@ -73,6 +73,17 @@ pub enum TrainerError {
         /// Why.
         source: std::io::Error,
     },
+    /// No checkpoint to resume from verified.
+    #[error("no valid checkpoint in {dir}{}", if rejected.is_empty() { String::new() } else { format!(" (rejected: {})", rejected.join("; ")) })]
+    NoCheckpoint {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// Each checkpoint rejected, with the reason.
+        rejected: Vec<String>,
+    },
+    /// A checkpoint could not be encoded or decoded.
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
     /// The replica group (or a pipeline in it) refused or failed.
     #[error(transparent)]
     Elastic(#[from] ElasticError),

@@ -106,10 +106,11 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainerError + '_ {
     }
 }
 
-fn open(path: PathBuf) -> Result<(PathBuf, File), TrainerError> {
+fn open(path: PathBuf, append: bool) -> Result<(PathBuf, File), TrainerError> {
     let file = OpenOptions::new()
         .create(true)
-        .truncate(true)
+        .truncate(!append)
+        .append(append)
         .write(true)
         .open(&path)
         .map_err(io(&path))?;
@@ -124,12 +125,12 @@ fn append(target: &mut (PathBuf, File), record: &impl Serialize) -> Result<(), T
 
 impl JsonLog {
     /// Makes `dir` if missing and starts `transitions.jsonl` and
-    /// `epochs.jsonl` in it, empty.
-    pub(crate) fn create(dir: &Path) -> Result<Self, TrainerError> {
+    /// `epochs.jsonl` in it, empty, or appends to them (a resumed run).
+    pub(crate) fn create(dir: &Path, append: bool) -> Result<Self, TrainerError> {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         Ok(Self {
-            transitions: open(dir.join("transitions.jsonl"))?,
-            epochs: open(dir.join("epochs.jsonl"))?,
+            transitions: open(dir.join("transitions.jsonl"), append)?,
+            epochs: open(dir.join("epochs.jsonl"), append)?,
         })
     }
 

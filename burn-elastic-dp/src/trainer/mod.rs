@@ -5,6 +5,7 @@
 //! and AutoDP's decision), `log.rs` (transition and epoch records, JSON
 //! lines), `error.rs`; the loop is here.
 
+mod checkpoint;
 mod config;
 mod error;
 mod log;
@@ -14,8 +15,10 @@ use std::time::{Duration, Instant};
 
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
+use burn::module::Module;
 use burn::optim::Optimizer;
 use burn::prelude::*;
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn_freeze::{
     Activation, ActivationCache, AutoFreeze, Cacheable, Differentiable, FreezePolicy,
     InnerBackendOf, InnerHidden, InnerInput, InnerOutput, LayerStack, ParamStates, StackTypes,
@@ -23,6 +26,7 @@ use burn_freeze::{
 };
 use burn_pipe::profile_units;
 
+pub use checkpoint::CheckpointConfig;
 pub use config::{CostModel, FreezeRule, LayerSpec, Parts, TrainerConfig};
 pub use error::TrainerError;
 pub use log::{EpochReport, Transition};
@@ -120,6 +124,8 @@ pub struct Trainer<S: StackTypes, O> {
     sampler: Option<ElasticSampler>,
     epoch: usize,
     steps: usize,
+    /// Whether an epoch is under way (started, not finished).
+    mid_epoch: bool,
     log: Option<JsonLog>,
 }
 
@@ -144,7 +150,7 @@ where
         let map = config.layer_map(units)?;
         let policy = config.policy(map.num_layers());
         let log = match &config.output_dir {
-            Some(dir) => Some(JsonLog::create(dir)?),
+            Some(dir) => Some(JsonLog::create(dir, false)?),
             None => None,
         };
         // Parameter counts until the first batch is profiled.
@@ -188,6 +194,7 @@ where
             sampler: None,
             epoch: 0,
             steps: 0,
+            mid_epoch: false,
             log,
             config,
         })
@@ -436,6 +443,7 @@ where
             group.step(lr)?;
             steps += 1;
             self.steps += 1;
+            self.mid_epoch = true;
             samples += indices.len();
             loss_sum += f64::from(report.loss) * indices.len() as f64;
             all_reduce += report.all_reduce.iter().copied().max().unwrap_or_default();
@@ -444,13 +452,20 @@ where
                 epoch_samples: samples,
                 loss: report.loss,
             });
+            let mut moved = false;
             if parts.freeze {
                 let front = group.front();
                 if self.auto.after_step(group)?.is_some() {
                     let record = self.transition(front)?;
                     transition_time += Duration::from_secs_f64(record.millis / 1e3);
                     transitions.push(record);
+                    moved = true;
                 }
+            }
+            if let Some(checkpoint) = &self.config.checkpoint
+                && (moved || self.steps.is_multiple_of(checkpoint.every_steps))
+            {
+                self.save_checkpoint()?;
             }
         }
         if self.config.parts.freeze {
@@ -487,7 +502,159 @@ where
             log.epoch(&report)?;
         }
         self.epoch += 1;
+        self.mid_epoch = false;
+        if self.config.checkpoint.is_some() {
+            self.save_checkpoint()?;
+        }
         Ok(report)
+    }
+
+    /// Epochs finished.
+    pub fn epoch(&self) -> usize {
+        self.epoch
+    }
+
+    /// Optimizer steps taken.
+    pub fn steps(&self) -> usize {
+        self.steps
+    }
+
+    /// Writes a checkpoint of the run into the configured directory (see
+    /// [`CheckpointConfig`]; the trainer also does so every `every_steps`
+    /// steps, after each transition and at each epoch's end): weights,
+    /// optimizer state, freeze front and policy statistics, pipeline shape
+    /// and costs, replica count, the sampler's place in the epoch and the
+    /// step and epoch counters. Returns its directory, or `None` without a
+    /// checkpoint configuration.
+    ///
+    /// Not saved: the AutoCache's entries (a resumed run recomputes them,
+    /// exactly) and the backend's random state (Burn has no API for it: a
+    /// model with dropout resumes with other dropout masks).
+    pub fn save_checkpoint(&self) -> Result<Option<std::path::PathBuf>, TrainerError> {
+        let Some(config) = &self.config.checkpoint else {
+            return Ok(None);
+        };
+        let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+        let model = self.group.to_layer_stack().into_parts().into_record();
+        let model = recorder
+            .record(model, ())
+            .map_err(|e| TrainerError::Checkpoint(format!("the weights: {e}")))?;
+        let optimizer = recorder
+            .record(self.group.optimizer_record(), ())
+            .map_err(|e| TrainerError::Checkpoint(format!("the optimizer state: {e}")))?;
+        let (freeze, policy) = self.auto.save_state();
+        let state = checkpoint::RunState {
+            format: 0,
+            steps: self.steps,
+            epoch: self.epoch,
+            mid_epoch: self.mid_epoch,
+            sampler: self.sampler.as_ref().map(|s| {
+                let (epoch, cursor) = s.position();
+                (epoch, cursor, s.len())
+            }),
+            freeze,
+            policy,
+            front: self.group.front(),
+            shape: self.shape.clone(),
+            costs: self.costs.clone(),
+            initial_largest: self.initial_largest,
+            base_replicas: self.base_replicas,
+            profile_pending: self.profile_pending,
+            files: Vec::new(),
+        };
+        let path = checkpoint::write(config, state, &model, &optimizer)?;
+        tracing::debug!(checkpoint = %path.display(), steps = self.steps, "checkpoint written");
+        Ok(Some(path))
+    }
+
+    /// Resumes a run from the newest checkpoint in `config.checkpoint`'s
+    /// directory that verifies (a truncated or corrupted one is rejected,
+    /// with the reason logged, and the one before it used). `stack` gives
+    /// the architecture (its weights are replaced by the checkpoint's);
+    /// `devices` and `make_optimizer` as for [`TrainerConfig::init`]. The
+    /// run then goes on exactly where the checkpoint was taken: the same
+    /// losses, step for step, as a run never stopped (for a model without
+    /// dropout). Returns the trainer and the checkpoint used.
+    pub fn resume(
+        stack: LayerStack<S>,
+        devices: Vec<Device<S::Backend>>,
+        config: TrainerConfig,
+        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
+    ) -> Result<(Self, std::path::PathBuf), TrainerError>
+    where
+        O::Record: Clone,
+    {
+        let Some(checkpoint) = &config.checkpoint else {
+            return Err(TrainerError::InvalidConfig {
+                field: "checkpoint",
+                value: "None".into(),
+                accepted: "a checkpoint directory to resume from",
+            });
+        };
+        let loaded = checkpoint::read_latest(&checkpoint.dir)?;
+        let state = loaded.state;
+        let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+        let device = devices.first().cloned().unwrap_or_default();
+        let record = recorder.load(loaded.model, &device).map_err(|e| {
+            TrainerError::Checkpoint(format!("{}: the weights: {e}", loaded.path.display()))
+        })?;
+        let (first, middle, last) = stack.into_parts().load_record(record);
+        let stack = LayerStack::from_parts(first, middle, last);
+        let optimizer: O::Record = recorder.load(loaded.optimizer, &device).map_err(|e| {
+            TrainerError::Checkpoint(format!(
+                "{}: the optimizer state: {e}",
+                loaded.path.display()
+            ))
+        })?;
+        let mut trainer = Self::new(stack, devices, config, make_optimizer)?;
+        if let (Some(dir), Some(_)) = (&trainer.config.output_dir, &trainer.log) {
+            trainer.log = Some(JsonLog::create(dir, true)?);
+        }
+        // Down to replica 0, its front and balance, its optimizer state;
+        // then the saved replica count, each a copy of it.
+        let one = |shape: &Shape| Shape {
+            balance: shape.balance.clone(),
+            replicas: 1,
+        };
+        if trainer.shape.replicas > 1 {
+            trainer
+                .group
+                .resize(device_lists(&trainer.devices, &one(&trainer.shape)))?;
+        }
+        if state.front > 0 {
+            trainer.group.freeze_to(state.front)?;
+        }
+        trainer.group.repartition(
+            &state.shape.balance,
+            device_lists(&trainer.devices, &one(&state.shape)),
+        )?;
+        trainer.group.load_optimizer_record(optimizer);
+        if state.shape.replicas > 1 {
+            trainer
+                .group
+                .resize(device_lists(&trainer.devices, &state.shape))?;
+        }
+        trainer.shape = state.shape;
+        trainer.costs = state.costs;
+        trainer.initial_largest = state.initial_largest;
+        trainer.base_replicas = state.base_replicas;
+        trainer.profile_pending = state.profile_pending;
+        trainer.auto.load_state(state.freeze, state.policy);
+        if let Some((epoch, cursor, len)) = state.sampler {
+            let mut sampler = ElasticSampler::new(len, trainer.config.batch, trainer.config.seed)?;
+            sampler.seek(epoch, cursor)?;
+            trainer.sampler = Some(sampler);
+        }
+        trainer.epoch = state.epoch;
+        trainer.steps = state.steps;
+        trainer.mid_epoch = state.mid_epoch;
+        tracing::info!(
+            checkpoint = %loaded.path.display(),
+            steps = state.steps,
+            epoch = state.epoch,
+            "run resumed"
+        );
+        Ok((trainer, loaded.path))
     }
 
     /// Checks the dataset and starts the sampler's epoch.
@@ -504,7 +671,9 @@ where
                 now: len,
             });
         }
-        if self.epoch > 0 || sampler.remaining() != len {
+        // An epoch that stopped part-way (an error, or a checkpoint taken
+        // inside it) goes on where it stopped.
+        if !self.mid_epoch && (self.epoch > 0 || sampler.remaining() != len) {
             sampler.start_epoch();
         }
         Ok(())

@@ -58,6 +58,20 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         &self.policy
     }
 
+    /// Where training stands and the policy's statistics, for a checkpoint.
+    pub fn save_state(&self) -> (FreezeState, Option<super::PolicyState>) {
+        (self.state, self.policy.save_state())
+    }
+
+    /// Restores what [`save_state`](Self::save_state) gave (the target's
+    /// front is restored separately).
+    pub fn load_state(&mut self, state: FreezeState, policy: Option<super::PolicyState>) {
+        self.state = state;
+        if let Some(policy) = policy {
+            self.policy.load_state(policy);
+        }
+    }
+
     /// Feeds the policy the per-layer gradient norms of the step `target`
     /// just took and applies its decision. Returns the new layer front when
     /// it moved.

@@ -157,4 +157,24 @@ impl FreezePolicy for ChangeRate {
         tracing::debug!(?rates, frozen, front, "ChangeRate evaluated");
         (front > frozen).then_some(front)
     }
+
+    fn save_state(&self) -> Option<super::PolicyState> {
+        let some = |v: &[f64]| v.iter().copied().map(Some).collect();
+        let mut series = vec![some(&self.current)];
+        if let Some(previous) = &self.previous {
+            series.push(some(previous));
+        }
+        Some(super::PolicyState {
+            series,
+            counter: self.steps,
+        })
+    }
+
+    fn load_state(&mut self, state: super::PolicyState) {
+        let values = |v: Vec<Option<f64>>| v.into_iter().map(|x| x.unwrap_or(0.0)).collect();
+        let mut series = state.series.into_iter();
+        self.current = series.next().map(values).unwrap_or_default();
+        self.previous = series.next().map(values);
+        self.steps = state.counter;
+    }
 }

@@ -23,7 +23,7 @@ pub use schedule::{FixedSchedule, alpha_front};
 pub use stats::{GradNorm, LayerMap, unit_grad_norm};
 
 /// Where training stands when a policy is asked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FreezeState {
     /// Layers frozen now.
     pub frozen_layers: usize,
@@ -53,6 +53,26 @@ pub trait FreezePolicy {
         let _ = state;
         None
     }
+
+    /// The statistics gathered since the last decision, for a checkpoint
+    /// (`None`: the policy keeps none).
+    fn save_state(&self) -> Option<PolicyState> {
+        None
+    }
+
+    /// Restores what [`save_state`](Self::save_state) gave.
+    fn load_state(&mut self, state: PolicyState) {
+        let _ = state;
+    }
+}
+
+/// A policy's statistics between decisions, as a checkpoint stores them.
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+pub struct PolicyState {
+    /// Per-layer series (a policy's own layout).
+    pub series: Vec<Vec<Option<f64>>>,
+    /// A step counter.
+    pub counter: usize,
 }
 
 /// A boxed policy is a policy, so a trainer can hold any of them (or a
@@ -72,6 +92,14 @@ impl<P: FreezePolicy + ?Sized> FreezePolicy for Box<P> {
 
     fn after_epoch(&mut self, state: FreezeState) -> Option<usize> {
         (**self).after_epoch(state)
+    }
+
+    fn save_state(&self) -> Option<PolicyState> {
+        (**self).save_state()
+    }
+
+    fn load_state(&mut self, state: PolicyState) {
+        (**self).load_state(state)
     }
 }
 

@@ -86,4 +86,15 @@ impl FreezePolicy for AlphaArgmin {
         }
         Some(self.decide(state.frozen_layers, state.num_layers, &sums))
     }
+
+    fn save_state(&self) -> Option<super::PolicyState> {
+        Some(super::PolicyState {
+            series: vec![self.sums.clone()],
+            counter: 0,
+        })
+    }
+
+    fn load_state(&mut self, state: super::PolicyState) {
+        self.sums = state.series.into_iter().next().unwrap_or_default();
+    }
 }
