@@ -19,7 +19,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn_elastic_dp::{
-    BatchPolicy, ElasticSampler, EpochReport, StepInfo, TrainerConfig, TrainerError,
+    BatchPolicy, ElasticSampler, EpochReport, StepInfo, Trainer, TrainerConfig, TrainerError,
 };
 use burn_freeze::{
     AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput, IntoLayerStack,
@@ -76,6 +76,14 @@ pub enum Method {
     /// Burn as a user writes it: forward, backward, `GradientsParams`, one
     /// optimizer step, on one device; no crate of ours on the hot path.
     Plain,
+    /// [`Method::Trainer`] resumed from the newest valid checkpoint in the
+    /// config's checkpoint directory; it trains until `epochs` are done.
+    Resume {
+        /// As for `Trainer`; its `checkpoint` names the directory.
+        config: TrainerConfig,
+        /// Devices.
+        devices: usize,
+    },
     /// PipeTransformer's trainer over `devices` devices (logical on CPU).
     Trainer {
         /// The trainer's configuration (its batch, lr and seed are the spec's).
@@ -568,19 +576,26 @@ impl JobSpec {
                 );
                 Ok((record, stack))
             }
-            Method::Trainer { config, devices } => {
+            Method::Trainer { config, devices } | Method::Resume { config, devices } => {
                 let devices: Vec<_> = (0..*devices).map(backend::device).collect();
                 let config = config
                     .clone()
                     .with_batch(BatchPolicy::FixedGlobal { batch: self.batch })
                     .with_lr(self.lr)
                     .with_seed(self.seed);
-                let mut trainer = config.init(stack, devices, || AdamConfig::new().init())?;
+                let adam = || AdamConfig::new().init();
+                let mut trainer = if matches!(method, Method::Resume { .. }) {
+                    let (trainer, path) = Trainer::resume(stack, devices, config, adam)?;
+                    tracing::info!(checkpoint = %path.display(), "resuming fine-tuning");
+                    trainer
+                } else {
+                    config.init(stack, devices, adam)?
+                };
                 let loss_fn = CrossEntropyLossConfig::new().init(&device);
                 let loss = |logits, labels| loss_fn.forward(logits, labels);
                 observer.start(name, self.epochs, data.len());
                 let mut epochs = Vec::with_capacity(self.epochs);
-                for _ in 0..self.epochs {
+                while trainer.epoch() < self.epochs {
                     let report =
                         trainer.fit_epoch_observed(data, batcher, loss, |step: &StepInfo| {
                             observer.step(step.samples, step.loss)

@@ -16,7 +16,8 @@ use burn::data::dataset::Dataset;
 use burn::module::Module;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn_elastic_dp::{
-    BatchPolicy, CostModel, FreezeRule, LayerSpec, Parts, ReplicaConfig, TrainerConfig,
+    BatchPolicy, CheckpointConfig, CostModel, FreezeRule, LayerSpec, Parts, ReplicaConfig,
+    TrainerConfig,
 };
 use burn_pipe::PipelineConfig;
 use clap::{Parser, ValueEnum};
@@ -158,6 +159,15 @@ struct Args {
     /// With --data: after training, the accuracy on this SST-format file.
     #[arg(long)]
     eval_file: Option<PathBuf>,
+    /// Write a checkpoint every N fine-tuning steps (and after every
+    /// transition and epoch) into OUTPUT_DIR/checkpoints, N at least 1.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    checkpoint_every: Option<u32>,
+    /// Resume the PipeTransformer fine-tuning from the newest valid
+    /// checkpoint in OUTPUT_DIR/checkpoints (same flags as the run that
+    /// wrote it).
+    #[arg(long)]
+    resume: bool,
     /// Where the trained model (Burn's recorder, model.mpk), metrics.json,
     /// transitions.jsonl and epochs.jsonl go.
     #[arg(long, default_value = "target/train")]
@@ -259,6 +269,10 @@ impl Args {
                 PipelineConfig::new().with_micro_batches(self.micro_batches.map(|m| m as usize)),
             ))
             .with_output_dir(Some(self.output_dir.clone()))
+            .with_checkpoint((self.checkpoint_every.is_some() || self.resume).then(|| {
+                CheckpointConfig::new(self.output_dir.join("checkpoints"))
+                    .with_every_steps(self.checkpoint_every.unwrap_or(100) as usize)
+            }))
             .with_batch(BatchPolicy::FixedGlobal { batch: spec.batch })
             .with_lr(spec.lr)
             .with_seed(spec.seed)
@@ -538,9 +552,11 @@ fn main() {
             units,
             pretrained.num_params()
         );
-        let method = Method::Trainer {
-            config,
-            devices: args.devices as usize,
+        let devices = args.devices as usize;
+        let method = if args.resume {
+            Method::Resume { config, devices }
+        } else {
+            Method::Trainer { config, devices }
         };
         match finetune("PipeTransformer", &method, &mut console) {
             Ok((record, model)) => {
