@@ -31,6 +31,7 @@ mod collective;
 mod config;
 mod error;
 mod group;
+pub mod plan;
 mod sampler;
 
 pub use config::{AllReduce, ReplicaConfig};
