@@ -7,6 +7,7 @@
 pub mod backend;
 pub mod bench;
 pub mod elastic;
+pub mod plan;
 
 /// Sends `tracing` logs to stderr, filtered by `RUST_LOG` (default `info`).
 pub fn init_logging() {

@@ -6,6 +6,38 @@ use serde::{Deserialize, Serialize};
 
 use crate::plan::error::{PlanError, check};
 
+/// A unit's pass times measured at one batch size.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MeasuredPass {
+    /// Samples in the pass.
+    pub batch: usize,
+    /// Forward seconds of the whole pass.
+    pub forward: f64,
+    /// Backward seconds of the whole pass.
+    pub backward: f64,
+}
+
+/// Seconds of a pass over `samples` from `measured` (sorted by batch):
+/// linear between the two measured sizes around it, proportional to the
+/// samples beyond the ends.
+fn interpolate(measured: &[MeasuredPass], samples: f64, pass: fn(&MeasuredPass) -> f64) -> f64 {
+    let first = &measured[0];
+    let last = &measured[measured.len() - 1];
+    if samples <= first.batch as f64 {
+        return pass(first) * samples / first.batch as f64;
+    }
+    if samples >= last.batch as f64 {
+        return pass(last) * samples / last.batch as f64;
+    }
+    let right = measured
+        .iter()
+        .position(|m| m.batch as f64 >= samples)
+        .expect("samples within the measured range");
+    let (a, b) = (&measured[right - 1], &measured[right]);
+    let w = (samples - a.batch as f64) / (b.batch - a.batch) as f64;
+    pass(a) + w * (pass(b) - pass(a))
+}
+
 /// One partition unit's costs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UnitCost {
@@ -22,6 +54,12 @@ pub struct UnitCost {
     /// Backward seconds per pass whatever its size; 0 when unknown.
     #[serde(default)]
     pub backward_fixed: f64,
+    /// Pass times measured at given batch sizes, sorted by batch; when
+    /// present they replace the fixed plus per-sample model (interpolated
+    /// between sizes), since small and large passes differ in more than a
+    /// constant (caches, threads).
+    #[serde(default)]
+    pub measured: Vec<MeasuredPass>,
     /// Bytes of the unit's output per sample (what the next stage receives).
     pub activation_bytes: usize,
     /// Bytes of each trainable parameter tensor, in the order the replica
@@ -36,13 +74,37 @@ impl UnitCost {
     }
 
     /// Forward seconds of a pass over `samples` samples.
+    ///
+    /// ```
+    /// use burn_elastic_dp::plan::{MeasuredPass, UnitCost};
+    ///
+    /// let mut unit = UnitCost {
+    ///     name: "mlp".into(), forward: 1e-3, backward: 2e-3, forward_fixed: 1e-4,
+    ///     backward_fixed: 0.0, measured: vec![], activation_bytes: 0, param_tensors: vec![],
+    /// };
+    /// assert!((unit.forward_time(10.0) - 0.0101).abs() < 1e-12);
+    /// unit.measured = vec![
+    ///     MeasuredPass { batch: 2, forward: 0.002, backward: 0.004 },
+    ///     MeasuredPass { batch: 6, forward: 0.010, backward: 0.020 },
+    /// ];
+    /// assert!((unit.forward_time(4.0) - 0.006).abs() < 1e-12);
+    /// assert!((unit.backward_time(1.0) - 0.002).abs() < 1e-12);
+    /// ```
     pub fn forward_time(&self, samples: f64) -> f64 {
-        self.forward_fixed + self.forward * samples
+        if self.measured.is_empty() {
+            self.forward_fixed + self.forward * samples
+        } else {
+            interpolate(&self.measured, samples, |m| m.forward)
+        }
     }
 
     /// Backward seconds of a pass over `samples` samples.
     pub fn backward_time(&self, samples: f64) -> f64 {
-        self.backward_fixed + self.backward * samples
+        if self.measured.is_empty() {
+            self.backward_fixed + self.backward * samples
+        } else {
+            interpolate(&self.measured, samples, |m| m.backward)
+        }
     }
 }
 
@@ -55,7 +117,7 @@ impl UnitCost {
 ///
 /// let unit = |name: &str| UnitCost {
 ///     name: name.into(), forward: 1e-3, backward: 2e-3, forward_fixed: 0.0,
-///     backward_fixed: 0.0, activation_bytes: 4096, param_tensors: vec![4096, 64],
+///     backward_fixed: 0.0, measured: vec![], activation_bytes: 4096, param_tensors: vec![4096, 64],
 /// };
 /// let costs = ModelCosts {
 ///     model: "toy".into(), source: "made up".into(), layers: 1,
@@ -109,6 +171,18 @@ impl ModelCosts {
                     format!(
                         "unit {i} ({}): times must be seconds >= 0, got forward {} backward {} fixed {} / {}",
                         u.name, u.forward, u.backward, u.forward_fixed, u.backward_fixed
+                    )
+                },
+            )?;
+            check(
+                u.measured.windows(2).all(|w| w[0].batch < w[1].batch)
+                    && u.measured.iter().all(|m| {
+                        m.batch >= 1 && ok(m.forward) && ok(m.backward)
+                    }),
+                || {
+                    format!(
+                        "unit {i} ({}): measured passes need batches >= 1 in increasing order and times >= 0",
+                        u.name
                     )
                 },
             )?;

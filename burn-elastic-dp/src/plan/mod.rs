@@ -25,7 +25,7 @@ pub use collective_model::{
     Link, ReduceGroup, all_reduce_cost, buckets, centralized_all_reduce, centralized_reduce,
     ring_all_reduce, tree_all_reduce, tree_reduce,
 };
-pub use costs::{ModelCosts, UnitCost};
+pub use costs::{MeasuredPass, ModelCosts, UnitCost};
 pub use error::PlanError;
 pub use planner::{
     ClusterConfig, CostBasis, EpochPlan, EpochTime, Plan, PlanConfig, TransitionCost, plan,

@@ -340,7 +340,7 @@ impl PlanConfig {
 ///
 /// let unit = |name: String| UnitCost {
 ///     name, forward: 1e-3, backward: 2e-3, forward_fixed: 0.0, backward_fixed: 0.0,
-///     activation_bytes: 1 << 12, param_tensors: vec![1 << 20],
+///     measured: vec![], activation_bytes: 1 << 12, param_tensors: vec![1 << 20],
 /// };
 /// let costs = ModelCosts {
 ///     model: "toy".into(), source: "made up".into(), layers: 4,
@@ -656,6 +656,7 @@ mod tests {
                         backward: 2.0 * params * 1e-9,
                         forward_fixed: 0.0,
                         backward_fixed: 0.0,
+                        measured: vec![],
                         activation_bytes: 197 * d * 4,
                         param_tensors,
                     }
