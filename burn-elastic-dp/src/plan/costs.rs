@@ -176,9 +176,9 @@ impl ModelCosts {
             )?;
             check(
                 u.measured.windows(2).all(|w| w[0].batch < w[1].batch)
-                    && u.measured.iter().all(|m| {
-                        m.batch >= 1 && ok(m.forward) && ok(m.backward)
-                    }),
+                    && u.measured
+                        .iter()
+                        .all(|m| m.batch >= 1 && ok(m.forward) && ok(m.backward)),
                 || {
                     format!(
                         "unit {i} ({}): measured passes need batches >= 1 in increasing order and times >= 0",

@@ -116,6 +116,11 @@ pub struct PlanConfig {
     /// (the paper: 3 for ViT, 5 for BERT); `None`: never.
     #[config(default = "None")]
     pub cache_from: Option<usize>,
+    /// Bytes per second between a device and the cache in host memory:
+    /// each sample's cached activation is read (and, when the front moves,
+    /// the new one written) at this rate; `None`: free.
+    #[config(default = "None")]
+    pub cache_bandwidth: Option<f64>,
     /// Spend freed devices on more replicas (AutoDP); `false` keeps the
     /// starting replica count.
     #[config(default = true)]
@@ -138,6 +143,23 @@ pub struct PlanConfig {
     /// Fixed seconds per pass on top of the unit costs (dispatch).
     #[config(default = 0.0)]
     pub pass_overhead: f64,
+    /// Seconds per trainable parameter tensor of a stage added to each of
+    /// its backward passes: collecting and accumulating that micro-batch's
+    /// gradients (burn-pipe accumulates them micro-batch by micro-batch).
+    #[config(default = 0.0)]
+    pub backward_per_tensor: f64,
+    /// Optimizer step seconds per trainable tensor of a stage (counted in
+    /// compute; stages on their own devices step at once, stages sharing
+    /// a device one after another).
+    #[config(default = 0.0)]
+    pub optimizer_per_tensor: f64,
+    /// Optimizer step seconds per trainable parameter byte of a stage.
+    #[config(default = 0.0)]
+    pub optimizer_per_byte: f64,
+    /// Fixed seconds per step outside the pipeline (loading the batch),
+    /// counted in compute.
+    #[config(default = 0.0)]
+    pub step_overhead: f64,
 }
 
 /// One epoch's seconds, split.
@@ -299,6 +321,11 @@ impl PlanConfig {
             ok(t.pipeline_rebuild) && ok(t.group_rebuild) && ok(t.optimizer_state_factor),
             || "transition costs must be >= 0".into(),
         )?;
+        if let Some(bw) = self.cache_bandwidth {
+            check(bw.is_finite() && bw > 0.0, || {
+                format!("cache bandwidth must be bytes per second > 0, got {bw}")
+            })?;
+        }
         check(ok(self.pass_overhead), || {
             format!(
                 "pass overhead must be seconds >= 0, got {}",
@@ -430,6 +457,7 @@ fn run(
             balance: &balance,
             frozen_units,
             cache_front,
+            cached,
             micro_batch: replica_batch as f64 / micro_batches as f64,
             micro_batches,
         };
@@ -467,6 +495,7 @@ struct Layout<'a> {
     balance: &'a [usize],
     frozen_units: usize,
     cache_front: usize,
+    cached: bool,
     micro_batch: f64,
     micro_batches: usize,
 }
@@ -506,8 +535,12 @@ fn simulate_step(
                     work.forward += unit.forward_time(mb);
                 }
                 if u >= layout.frozen_units {
-                    work.backward += unit.backward_time(mb);
+                    work.backward += unit.backward_time(mb)
+                        + unit.param_tensors.len() as f64 * config.backward_per_tensor;
                 }
+            }
+            if s == 0 {
+                work.forward += cache_traffic(config, costs, layout) * mb;
             }
             work
         })
@@ -565,10 +598,46 @@ fn simulate_step(
             group.bucketed_cost(&tensors, config.all_reduce)
         })
         .collect();
-    Ok((
-        step_time(&trace, &reduce, config.reduce_timing),
-        trace.bubble_fraction(),
-    ))
+    let updates = starts.iter().map(|units| {
+        units
+            .clone()
+            .filter(|&u| u >= layout.frozen_units)
+            .map(|u| {
+                let unit = &costs.units[u];
+                unit.param_tensors.len() as f64 * config.optimizer_per_tensor
+                    + unit.param_bytes() as f64 * config.optimizer_per_byte
+            })
+            .sum::<f64>()
+    });
+    let update = if shared.is_some() {
+        updates.sum()
+    } else {
+        updates.fold(0.0, f64::max)
+    };
+    let mut step = step_time(&trace, &reduce, config.reduce_timing);
+    step.compute += update + config.step_overhead;
+    Ok((step, trace.bubble_fraction()))
+}
+
+/// Seconds per sample that stage 0 spends moving cached activations: the
+/// read of the cached output at the cache front, and the write of the new
+/// frozen output when the front moved past it.
+fn cache_traffic(config: &PlanConfig, costs: &ModelCosts, layout: &Layout) -> f64 {
+    let Some(bandwidth) = config.cache_bandwidth else {
+        return 0.0;
+    };
+    let bytes_at = |front: usize| costs.units[front - 1].activation_bytes as f64;
+    let read = if layout.cache_front > 0 {
+        bytes_at(layout.cache_front)
+    } else {
+        0.0
+    };
+    let write = if layout.cached && layout.frozen_units > layout.cache_front {
+        bytes_at(layout.frozen_units)
+    } else {
+        0.0
+    };
+    (read + write) / bandwidth
 }
 
 /// Seconds between two epochs: a pipeline rebuild when the boundaries move,

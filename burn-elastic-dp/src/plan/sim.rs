@@ -8,7 +8,10 @@ use burn_pipe::{Op, Schedule, stage_ops};
 
 use crate::plan::error::{PlanError, check};
 
-/// The work of one stage per micro-batch, at its device's full speed.
+/// The work of one stage per micro-batch, at its device's full speed. A
+/// stage whose backward work is 0 (every unit frozen) has no backward pass
+/// at all, as burn-pipe's worker skips it: it neither waits for a gradient
+/// nor pays the pass overhead.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StageWork {
     /// Seconds of one micro-batch's forward pass.
@@ -187,42 +190,61 @@ impl PipelineSim {
         let total_ops = 2 * m * k;
         let mut done = 0;
         while done < total_ops {
-            // Start every pass whose inputs have arrived and whose stage is free.
-            for s in 0..k {
-                if running_on[s] || next[s] == ops[s].len() {
-                    continue;
-                }
-                let op = ops[s][next[s]];
-                let arrival = match op {
-                    Op::Forward(_) if s == 0 => Some(0.0),
-                    Op::Forward(n) => {
-                        let t = forward_end[s - 1][n];
-                        (!t.is_nan()).then(|| t + self.send(s - 1))
+            // Start every pass whose inputs have arrived and whose stage is
+            // free (skipped backward passes may free a stage at once).
+            let mut progressed = true;
+            while progressed {
+                progressed = false;
+                for s in 0..k {
+                    if running_on[s] || next[s] == ops[s].len() {
+                        continue;
                     }
-                    Op::Backward(n) if s + 1 == k => Some(forward_end[s][n]),
-                    Op::Backward(n) => {
-                        let t = backward_end[s + 1][n];
-                        (!t.is_nan()).then(|| t + self.send(s))
+                    let op = ops[s][next[s]];
+                    if matches!(op, Op::Backward(_)) && self.stages[s].backward == 0.0 {
+                        let n = match op {
+                            Op::Backward(n) | Op::Forward(n) => n,
+                        };
+                        backward_end[s][n] = forward_end[s][n];
+                        next[s] += 1;
+                        done += 1;
+                        progressed = true;
+                        continue;
                     }
-                };
-                if let Some(arrival) = arrival {
-                    let start = arrival.max(stage_free[s]);
-                    let work = match op {
-                        Op::Forward(_) => self.stages[s].forward,
-                        Op::Backward(_) => self.stages[s].backward,
+                    let arrival = match op {
+                        Op::Forward(_) if s == 0 => Some(0.0),
+                        Op::Forward(n) => {
+                            let t = forward_end[s - 1][n];
+                            (!t.is_nan()).then(|| t + self.send(s - 1))
+                        }
+                        Op::Backward(n) if s + 1 == k => Some(forward_end[s][n]),
+                        Op::Backward(n) => {
+                            let t = backward_end[s + 1][n];
+                            (!t.is_nan()).then(|| t + self.send(s))
+                        }
                     };
-                    running.push(Running {
-                        stage: s,
-                        device: self.stages[s].device,
-                        work_from: start + self.pass_overhead,
-                        left: work,
-                        start,
-                        op,
-                    });
-                    busy[s] += work + self.pass_overhead;
-                    running_on[s] = true;
-                    next[s] += 1;
+                    if let Some(arrival) = arrival {
+                        let start = arrival.max(stage_free[s]);
+                        let work = match op {
+                            Op::Forward(_) => self.stages[s].forward,
+                            Op::Backward(_) => self.stages[s].backward,
+                        };
+                        running.push(Running {
+                            stage: s,
+                            device: self.stages[s].device,
+                            work_from: start + self.pass_overhead,
+                            left: work,
+                            start,
+                            op,
+                        });
+                        busy[s] += work + self.pass_overhead;
+                        running_on[s] = true;
+                        next[s] += 1;
+                        progressed = true;
+                    }
                 }
+            }
+            if done == total_ops {
+                break;
             }
             // Each device's share per working pass.
             let working = |r: &Running, at: f64| r.work_from <= at;
@@ -509,6 +531,39 @@ mod tests {
         assert!(trace.stage_end(1) < trace.stage_end(0));
         assert!((per_stage.all_reduce - 1.0).abs() < 1e-12);
         assert!((after.compute + after.bubble - trace.makespan).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_frozen_stage_has_no_backward_pass() {
+        let stages = vec![
+            StageWork {
+                forward: 1.0,
+                backward: 0.0,
+                device: 0,
+            },
+            StageWork {
+                forward: 1.0,
+                backward: 2.0,
+                device: 1,
+            },
+        ];
+        for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+            let mut sim = PipelineSim::new(schedule, 4, stages.clone());
+            sim.pass_overhead = 0.5;
+            let trace = sim.run().unwrap();
+            assert_eq!(trace.spans[0].len(), 4, "{schedule:?}");
+            assert!(
+                trace.spans[0]
+                    .iter()
+                    .all(|s| matches!(s.op, Op::Forward(_)))
+            );
+            // Stage 0 streams its forwards back to back, never waiting for
+            // a gradient.
+            assert!(
+                (trace.stage_end(0) - 4.0 * 1.5).abs() < 1e-9,
+                "{schedule:?}"
+            );
+        }
     }
 
     #[test]

@@ -135,6 +135,9 @@ struct Args {
     /// Cache the frozen prefix once this many layers are frozen (paper: 3 for ViT).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=256))]
     cache_from: u32,
+    /// Host-to-device bandwidth of the activation cache, GB/s, in (0, 100000].
+    #[arg(long, default_value_t = 12.0, value_parser = positive("GB/s", 100_000.0))]
+    cache_gbs: f64,
     /// Never cache the frozen prefix.
     #[arg(long)]
     no_cache: bool,
@@ -272,6 +275,7 @@ fn config(args: &Args, nodes: usize) -> PlanConfig {
         BasisArg::Time => CostBasis::Time,
     })
     .with_cache_from((!args.no_cache).then_some(args.cache_from as usize))
+    .with_cache_bandwidth(Some(args.cache_gbs * 1e9))
     .with_auto_dp(!args.no_auto_dp)
     .with_local_strategy(strategy(args.strategy, args.tree_arity))
     .with_global_strategy(strategy(args.global_strategy, args.tree_arity))
@@ -439,7 +443,13 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
                 shape.describe()
             );
             let costs = profile::profile(&shape, &batches, 5);
-            let rows = calibrate::predict_pipe(&report, &costs, args.cpu_capacity, given)?;
+            let step = profile::step_costs(&shape, report.batch, 9);
+            println!(
+                "measured outside the passes: gradient accumulation {:.1} us per parameter tensor and micro-batch",
+                step.accumulate_per_tensor * 1e6
+            );
+            let rows =
+                calibrate::predict_pipe(&report, &costs, &step, args.cpu_capacity, given)?;
             report::print_calibration(
                 &format!(
                     "bench pipe step times, from the profile alone ({} us per pass):",
@@ -447,7 +457,7 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
                 ),
                 &rows,
             );
-            Some((report, costs, rows))
+            Some((report, costs, step, rows))
         }
     };
     let train = match &args.calibrate_train {
@@ -474,8 +484,15 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
                 shape.describe()
             );
             let costs = profile::profile(&shape, &batches, 5);
+            let step = profile::step_costs(&shape, log.batch, 9);
+            println!(
+                "measured outside the passes: Adam {:.1} us and gradient accumulation {:.1} us per parameter tensor, data {:.2} ms per batch",
+                step.optimizer_per_tensor * 1e6,
+                step.accumulate_per_tensor * 1e6,
+                step.data * 1e3
+            );
             let (rows, matches) =
-                calibrate::predict_train(&log, &costs, args.cpu_capacity, given)?;
+                calibrate::predict_train(&log, &costs, &step, args.cpu_capacity, given)?;
             for (e, ok) in matches.iter().enumerate() {
                 let m = &log.epoch_rows[e];
                 println!(
@@ -494,7 +511,7 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
                 ),
                 &rows,
             );
-            Some((log, costs, rows))
+            Some((log, costs, step, rows))
         }
     };
     // One parameter, the fixed cost of a pass in the real pipeline (thread
@@ -502,47 +519,71 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
     // measurement and checked on the other.
     let mut plotted: Vec<(&str, Vec<Calibrated>)> = Vec::new();
     let mut fitted = serde_json::Map::new();
-    if let (Some((report, pipe_costs, _)), Some((log, train_costs, _))) = (&pipe, &train) {
+    if let (Some((report, pipe_costs, pipe_step, _)), Some((log, train_costs, step, _))) =
+        (&pipe, &train)
+    {
         let capacity = args.cpu_capacity;
-        let on_train = calibrate::fit_overhead(1e-3, |o| {
-            calibrate::predict_train(log, train_costs, capacity, o).map(|r| r.0)
+        // The pipeline's cost per pass, from bench pipe's steps relative to
+        // its interleaved sequential runs (24 rows, one parameter).
+        let pass = calibrate::fit_overhead(1e-3, |o| {
+            calibrate::predict_pipe_relative(report, pipe_costs, pipe_step, capacity, o)
         })?;
-        let on_pipe = calibrate::fit_overhead(1e-3, |o| {
-            calibrate::predict_pipe(report, pipe_costs, capacity, o)
+        // The job's cost per trainable tensor and step beyond Adam's
+        // (gradient statistics for AutoFreeze, bookkeeping), from its epochs
+        // after the first (the first also warms the process up).
+        let per_tensor = calibrate::fit_overhead(1e-3, |t| {
+            let mut step = *step;
+            step.optimizer_per_tensor += t;
+            calibrate::predict_train(log, train_costs, &step, capacity, pass)
+                .map(|r| r.0.into_iter().skip(1).collect())
         })?;
-        let pipe_checked = calibrate::predict_pipe(report, pipe_costs, capacity, on_train)?;
-        let train_checked = calibrate::predict_train(log, train_costs, capacity, on_pipe)?.0;
-        report::print_calibration(
-            &format!(
-                "bench pipe step times, pass overhead {:.0} us fitted on the main job:",
-                on_train * 1e6
-            ),
-            &pipe_checked,
+        let mut fitted_step = *step;
+        fitted_step.optimizer_per_tensor += per_tensor;
+        let pipe_relative =
+            calibrate::predict_pipe_relative(report, pipe_costs, pipe_step, capacity, pass)?;
+        let pipe_absolute =
+            calibrate::predict_pipe(report, pipe_costs, pipe_step, capacity, pass)?;
+        let train_fitted =
+            calibrate::predict_train(log, train_costs, &fitted_step, capacity, pass)?.0;
+        println!();
+        println!(
+            "calibrated: {:.0} us per pass (fitted on bench pipe, relative), {:.0} us per trainable tensor and step on top of Adam's measured {:.1} us (fitted on the main job's epochs 1..)",
+            pass * 1e6,
+            per_tensor * 1e6,
+            step.optimizer_per_tensor * 1e6
         );
         report::print_calibration(
-            &format!(
-                "main job epoch times, pass overhead {:.0} us fitted on bench pipe:",
-                on_pipe * 1e6
-            ),
-            &train_checked,
+            "bench pipe step times relative to the interleaved sequential run (calibrated):",
+            &pipe_relative,
         );
-        fitted.insert("overhead_fitted_on_train_s".into(), on_train.into());
-        fitted.insert("overhead_fitted_on_pipe_s".into(), on_pipe.into());
-        fitted.insert(
-            "pipe_checked".into(),
-            serde_json::to_value(&pipe_checked).expect("rows serialise"),
+        report::print_calibration(
+            "bench pipe step times, absolute (calibrated; the profile ran at another moment of the shared machine's load):",
+            &pipe_absolute,
         );
-        fitted.insert(
-            "train_checked".into(),
-            serde_json::to_value(&train_checked).expect("rows serialise"),
+        report::print_calibration(
+            "main job epoch times (calibrated; epoch 0 includes the process's warm-up and was not fitted):",
+            &train_fitted,
         );
-        plotted.push(("bench pipe steps (overhead fitted on the job)", pipe_checked));
-        plotted.push(("main job epochs (overhead fitted on bench pipe)", train_checked));
+        fitted.insert("pass_overhead_fitted_s".into(), pass.into());
+        fitted.insert("per_tensor_step_fitted_s".into(), per_tensor.into());
+        for (name, rows) in [
+            ("pipe_relative_calibrated", &pipe_relative),
+            ("pipe_absolute_calibrated", &pipe_absolute),
+            ("train_calibrated", &train_fitted),
+        ] {
+            fitted.insert(
+                name.into(),
+                serde_json::to_value(rows).expect("rows serialise"),
+            );
+        }
+        plotted.push(("bench pipe steps, relative to its sequential run", pipe_relative));
+        plotted.push(("bench pipe steps, absolute", pipe_absolute));
+        plotted.push(("main job epochs", train_fitted));
     } else {
-        if let Some((_, _, rows)) = &pipe {
+        if let Some((_, _, _, rows)) = &pipe {
             plotted.push(("bench pipe steps", rows.clone()));
         }
-        if let Some((_, _, rows)) = &train {
+        if let Some((_, _, _, rows)) = &train {
             plotted.push(("main job epochs", rows.clone()));
         }
     }
@@ -554,11 +595,11 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
     all.insert("pass_overhead_s".into(), given.into());
     all.insert(
         "pipe".into(),
-        serde_json::to_value(pipe.as_ref().map(|p| &p.2)).expect("rows serialise"),
+        serde_json::to_value(pipe.as_ref().map(|p| &p.3)).expect("rows serialise"),
     );
     all.insert(
         "train".into(),
-        serde_json::to_value(train.as_ref().map(|t| &t.2)).expect("rows serialise"),
+        serde_json::to_value(train.as_ref().map(|t| &t.3)).expect("rows serialise"),
     );
     all.extend(fitted);
     std::fs::write(

@@ -12,6 +12,7 @@ use burn_pipe::Schedule;
 use serde::Deserialize;
 
 use super::PlanCliError;
+use super::profile::StepCosts;
 
 /// One prediction beside its measurement.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -59,6 +60,9 @@ pub struct PipeRow {
     pub balance: Vec<usize>,
     /// Median step, milliseconds.
     pub step_ms: f64,
+    /// Median of the same micro-batches run one after another on one thread
+    /// through the plain model, interleaved with the pipeline's steps.
+    pub sequential_ms: f64,
 }
 
 /// Reads a `bench pipe` report.
@@ -89,8 +93,35 @@ fn schedule_named(name: &str) -> Result<Schedule, PlanCliError> {
 pub fn predict_pipe(
     report: &PipeReport,
     costs: &ModelCosts,
+    step: &StepCosts,
     capacity: f64,
     overhead: f64,
+) -> Result<Vec<Calibrated>, PlanCliError> {
+    simulate_pipe(report, costs, step, capacity, overhead, false)
+}
+
+/// As [`predict_pipe`], but relative to the sequential run the benchmark
+/// interleaved with each row: predicted step = measured sequential time x
+/// simulated step / simulated sequential time. The machine's load, which
+/// drifts between runs on a shared machine, cancels; what is left is what
+/// the simulator adds (schedule, bubble, shared device, pass overhead).
+pub fn predict_pipe_relative(
+    report: &PipeReport,
+    costs: &ModelCosts,
+    step: &StepCosts,
+    capacity: f64,
+    overhead: f64,
+) -> Result<Vec<Calibrated>, PlanCliError> {
+    simulate_pipe(report, costs, step, capacity, overhead, true)
+}
+
+fn simulate_pipe(
+    report: &PipeReport,
+    costs: &ModelCosts,
+    step: &StepCosts,
+    capacity: f64,
+    overhead: f64,
+    relative: bool,
 ) -> Result<Vec<Calibrated>, PlanCliError> {
     let mut out = Vec::new();
     for row in &report.rows {
@@ -105,7 +136,13 @@ pub fn predict_pipe(
                 start += n;
                 StageWork {
                     forward: units.iter().map(|u| u.forward_time(mb)).sum(),
-                    backward: units.iter().map(|u| u.backward_time(mb)).sum(),
+                    backward: units
+                        .iter()
+                        .map(|u| {
+                            u.backward_time(mb)
+                                + u.param_tensors.len() as f64 * step.accumulate_per_tensor
+                        })
+                        .sum(),
                     device: 0,
                 }
             })
@@ -114,12 +151,27 @@ pub fn predict_pipe(
         sim.device_capacity = vec![capacity];
         sim.pass_overhead = overhead;
         let trace = sim.run()?;
+        let sequential: f64 = costs
+            .units
+            .iter()
+            .map(|u| {
+                u.forward_time(mb)
+                    + u.backward_time(mb)
+                    + u.param_tensors.len() as f64 * step.accumulate_per_tensor
+            })
+            .sum::<f64>()
+            * row.micro_batches as f64;
+        let predicted = if relative {
+            row.sequential_ms / 1e3 * trace.makespan / sequential
+        } else {
+            trace.makespan
+        };
         out.push(Calibrated {
             label: format!(
                 "K={} M={:<2} {}",
                 row.stages, row.micro_batches, row.schedule
             ),
-            predicted: trace.makespan,
+            predicted,
             measured: row.step_ms / 1e3,
         });
     }
@@ -250,10 +302,11 @@ pub const TRAIN_HELD_OUT: usize = 256;
 /// one device of `capacity`, no replicas, parameter-balanced, nothing
 /// cached), each with the held-out forward pass the job times too; and
 /// whether the planned F, K and balance match the log's, epoch by epoch;
-/// `overhead` seconds per pass.
+/// `overhead` seconds per pass; `step` the job's optimizer and data costs.
 pub fn predict_train(
     log: &TrainLog,
     costs: &ModelCosts,
+    step: &StepCosts,
     capacity: f64,
     overhead: f64,
 ) -> Result<(Vec<Calibrated>, Vec<bool>), PlanCliError> {
@@ -268,7 +321,10 @@ pub fn predict_train(
         log.alpha,
     )
     .with_auto_dp(false)
-    .with_pass_overhead(overhead);
+    .with_pass_overhead(overhead)
+    .with_optimizer_per_tensor(step.optimizer_per_tensor)
+    .with_backward_per_tensor(step.accumulate_per_tensor)
+    .with_step_overhead(step.data);
     let planned = plan(&config, costs)?;
     let eval: f64 = costs
         .units

@@ -136,3 +136,112 @@ pub fn profile(shape: &Shape, batches: &[usize], repeats: usize) -> ModelCosts {
         units,
     }
 }
+
+/// What a step of the main job costs outside the pipeline's passes,
+/// measured on this backend.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepCosts {
+    /// Seconds of an Adam step per parameter tensor (burn's optimizer
+    /// updates each tensor with a handful of small operations).
+    pub optimizer_per_tensor: f64,
+    /// Seconds to generate one batch of the job's synthetic data.
+    pub data: f64,
+    /// Seconds per parameter tensor to collect one micro-batch's gradients
+    /// and add them to the accumulated ones (what burn-pipe's stages do
+    /// after every backward pass).
+    pub accumulate_per_tensor: f64,
+}
+
+/// Times `repeats` Adam steps on the whole model of `shape` (median, per
+/// parameter tensor) and the job's data generation for `batch` samples.
+pub fn step_costs(shape: &Shape, batch: usize, repeats: usize) -> StepCosts {
+    use burn::module::AutodiffModule;
+    use burn::nn::loss::CrossEntropyLossConfig;
+    use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+    use burn::tensor::backend::Backend;
+    use std::time::Instant;
+
+    fn median(mut v: Vec<f64>) -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+    let device = backend::device(0);
+    let tensors: usize = shape.units().iter().map(|u| u.tensors.len()).sum();
+    let loss = CrossEntropyLossConfig::new().init(&device);
+    let repeats = repeats.max(1);
+    /// Median seconds of an optimizer step of `model`, and of collecting
+    /// and accumulating one set of its gradients; `backward` runs a
+    /// backward pass.
+    fn time_steps<M: AutodiffModule<Train>>(
+        mut model: M,
+        backward: impl Fn(&M) -> <Train as burn::tensor::backend::AutodiffBackend>::Gradients,
+        repeats: usize,
+        device: &burn::tensor::Device<Train>,
+    ) -> (f64, f64) {
+        let mut optim = AdamConfig::new().init::<Train, M>();
+        let mut accumulator = burn::optim::GradientsAccumulator::<M>::new();
+        let (mut steps, mut accumulates) = (Vec::new(), Vec::new());
+        for _ in 0..=repeats {
+            let mut raw = backward(&model);
+            <Train as Backend>::sync(device).expect("device sync");
+            let start = Instant::now();
+            let g = GradientsParams::from_module(&mut raw, &model);
+            accumulator.accumulate(&model, g);
+            <Train as Backend>::sync(device).expect("device sync");
+            accumulates.push(start.elapsed().as_secs_f64());
+            let g = accumulator.grads();
+            let start = Instant::now();
+            model = optim.step(1e-3, model, g);
+            <Train as Backend>::sync(device).expect("device sync");
+            steps.push(start.elapsed().as_secs_f64());
+        }
+        (median(steps[1..].to_vec()), median(accumulates[1..].to_vec()))
+    }
+    let ((step, accumulate), data) = match shape {
+        Shape::Vit(config) => {
+            let task = BandImages::new(config.num_classes, config.channels, config.image_size, 7);
+            let (x, y) = task.batch::<Train>(0, batch, &device);
+            let step = time_steps(
+                config.init::<Train>(&device),
+                |m| loss.forward(m.forward(x.clone()), y.clone()).backward(),
+                repeats,
+                &device,
+            );
+            let data = median(
+                (0..repeats)
+                    .map(|i| {
+                        let start = Instant::now();
+                        let _ = task.batch::<Train>(i, batch, &device);
+                        start.elapsed().as_secs_f64()
+                    })
+                    .collect(),
+            );
+            (step, data)
+        }
+        Shape::Bert(config, seq) => {
+            let task = MajorityTokens::new(config.vocab_size, *seq, *seq, 7);
+            let (x, y) = task.batch::<Train>(0, batch, &device);
+            let step = time_steps(
+                config.init::<Train>(&device),
+                |m| loss.forward(m.forward(x.clone()), y.clone()).backward(),
+                repeats,
+                &device,
+            );
+            let data = median(
+                (0..repeats)
+                    .map(|i| {
+                        let start = Instant::now();
+                        let _ = task.batch::<Train>(i, batch, &device);
+                        start.elapsed().as_secs_f64()
+                    })
+                    .collect(),
+            );
+            (step, data)
+        }
+    };
+    StepCosts {
+        optimizer_per_tensor: step / tensors as f64,
+        data,
+        accumulate_per_tensor: accumulate / tensors as f64,
+    }
+}
