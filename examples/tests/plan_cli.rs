@@ -21,7 +21,10 @@ fn bad_flags_are_one_line_errors_with_exit_code_2() {
         (vec!["--bucket-mib", "-2"], "[0, 100000]"),
         (vec!["--epochs", "0"], "1..=10000"),
         (vec!["--stages", "40"], "stages must be in 1..=16"),
-        (vec!["--scaling", "12"], "not a multiple of --devices-per-node 8"),
+        (
+            vec!["--scaling", "12"],
+            "not a multiple of --devices-per-node 8",
+        ),
         (vec!["--batch", "4"], "fewer than the 16 micro-batches"),
     ] {
         let out = plan(&args);
@@ -37,7 +40,11 @@ fn the_papers_setting_compresses_and_speeds_up() {
     let dir = std::env::temp_dir().join(format!("plan-cli-{}", std::process::id()));
     let out = plan(&["--epochs", "6", "--out-dir", dir.to_str().unwrap()]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("predicted speed-up"), "{stdout}");
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap();
@@ -75,7 +82,11 @@ fn costs_round_trip_through_json() {
         "--out-dir",
         out_dir,
     ]);
-    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
     let second = plan(&[
         "--costs",
         file.to_str().unwrap(),

@@ -49,7 +49,8 @@ pub struct ClusterConfig {
     pub inter: Link,
     /// `Some(c)`: every stage of a replica runs on one shared device that
     /// runs `c` passes at full speed at once (a CPU, where the pipeline's
-    /// stages are threads); `None`: one device per stage.
+    /// stages are threads, and `intra` is the hand-over between them);
+    /// `None`: one device per stage.
     #[config(default = "None")]
     pub shared_device_capacity: Option<f64>,
 }
@@ -545,25 +546,25 @@ fn simulate_step(
             work
         })
         .collect();
-    let sends: Vec<f64> = if shared.is_some() {
-        Vec::new()
-    } else {
-        (0..layout.stages.saturating_sub(1))
-            .map(|s| {
-                let last_unit = starts[s].end - 1;
-                let bytes = costs.units[last_unit].activation_bytes as f64 * mb;
-                let crosses = (0..layout.replicas).any(|r| {
+    // Stages sharing a device hand messages over through memory: the
+    // intra-node link then stands for that hand-over (its latency: a
+    // thread waking up).
+    let sends: Vec<f64> = (0..layout.stages.saturating_sub(1))
+        .map(|s| {
+            let last_unit = starts[s].end - 1;
+            let bytes = costs.units[last_unit].activation_bytes as f64 * mb;
+            let crosses = shared.is_none()
+                && (0..layout.replicas).any(|r| {
                     node_of(config, layout.stages, r, s) != node_of(config, layout.stages, r, s + 1)
                 });
-                let link = if crosses {
-                    cluster.inter
-                } else {
-                    cluster.intra
-                };
-                link.transfer(bytes)
-            })
-            .collect()
-    };
+            let link = if crosses {
+                cluster.inter
+            } else {
+                cluster.intra
+            };
+            link.transfer(bytes)
+        })
+        .collect();
     let mut sim = PipelineSim::new(config.schedule, layout.micro_batches, stages);
     sim.sends = sends;
     sim.device_capacity = shared.map_or_else(Vec::new, |c| vec![c]);

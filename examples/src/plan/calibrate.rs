@@ -248,7 +248,12 @@ pub fn parse_train_log(text: &str) -> Result<TrainLog, PlanCliError> {
         .lines()
         .find(|l| l.starts_with("training "))
         .ok_or_else(|| bad("header line (\"training ...\")"))?;
-    let model = if header.contains("Bert") { "Bert" } else { "Vit" }.to_string();
+    let model = if header.contains("Bert") {
+        "Bert"
+    } else {
+        "Vit"
+    }
+    .to_string();
     let units = number_after(header, "parameters, ").ok_or_else(|| bad("unit count"))?;
     let epochs = number_after(header, ": ").ok_or_else(|| bad("epoch count"))?;
     let steps = number_after(header, "epochs x ").ok_or_else(|| bad("step count"))?;
@@ -310,7 +315,8 @@ pub fn predict_train(
     capacity: f64,
     overhead: f64,
 ) -> Result<(Vec<Calibrated>, Vec<bool>), PlanCliError> {
-    let link = Link::new(1e12, 0.0);
+    // Stage threads hand activations over through memory: no link cost.
+    let link = Link::new(1e15, 0.0);
     let cluster =
         ClusterConfig::new(log.stages, 1, link, link).with_shared_device_capacity(Some(capacity));
     let config = PlanConfig::new(
@@ -355,7 +361,7 @@ pub fn predict_train(
     Ok((out, matches))
 }
 
-/// The pass overhead in `0..=max` (steps of `max / 500`) whose predictions
+/// The overhead in `0..=max` (steps of `max / 500`) whose predictions
 /// from `predict` have the least mean squared log error.
 ///
 /// ```

@@ -130,7 +130,10 @@ pub fn speedup_vs_gpus(
     series: &[(String, Vec<(f64, f64)>)],
 ) -> Result<(), PlanCliError> {
     font()?;
-    let xs: Vec<f64> = series.iter().flat_map(|(_, s)| s.iter().map(|p| p.0)).collect();
+    let xs: Vec<f64> = series
+        .iter()
+        .flat_map(|(_, s)| s.iter().map(|p| p.0))
+        .collect();
     let x_lo = xs.iter().copied().fold(f64::INFINITY, f64::min) / 1.3;
     let x_hi = xs.iter().copied().fold(0.0, f64::max) * 1.3;
     let y_hi = series
@@ -158,7 +161,10 @@ pub fn speedup_vs_gpus(
     for (i, (name, points)) in series.iter().enumerate() {
         let color = colors[i % colors.len()];
         chart
-            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                color.stroke_width(2),
+            ))
             .map_err(plot_error)?
             .label(name.as_str())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));

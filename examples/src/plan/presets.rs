@@ -215,7 +215,13 @@ fn bert_units(c: &BertConfig, s: usize) -> Vec<UnitShape> {
     let h = c.hidden;
     let mut units = vec![UnitShape {
         name: "embeddings".into(),
-        tensors: vec![c.vocab_size * h, c.max_position * h, c.type_vocab_size * h, h, h],
+        tensors: vec![
+            c.vocab_size * h,
+            c.max_position * h,
+            c.type_vocab_size * h,
+            h,
+            h,
+        ],
         forward_flops: 12.0 * (s * h) as f64,
         output_elems: s * h,
     }];
@@ -230,7 +236,14 @@ fn bert_units(c: &BertConfig, s: usize) -> Vec<UnitShape> {
         });
         units.push(UnitShape {
             name: format!("feed-forward {l}"),
-            tensors: vec![h * c.intermediate, c.intermediate, c.intermediate * h, h, h, h],
+            tensors: vec![
+                h * c.intermediate,
+                c.intermediate,
+                c.intermediate * h,
+                h,
+                h,
+                h,
+            ],
             forward_flops: 2.0 * 2.0 * (s * h * c.intermediate) as f64,
             output_elems: s * h,
         });
@@ -249,7 +262,7 @@ mod tests {
     use super::*;
     use burn_freeze::IntoLayerStack;
 
-    type B = crate::backend::Inner;
+    type B = crate::backend::Train;
 
     /// The worked-out parameter counts are the models' own, unit by unit.
     #[test]

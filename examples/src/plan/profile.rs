@@ -76,7 +76,13 @@ pub fn profile(shape: &Shape, batches: &[usize], repeats: usize) -> ModelCosts {
                 .iter()
                 .map(|&b| {
                     let (images, _) = task.batch::<Train>(0, b, &device);
-                    (b, median_profile(|| profile_units(&stack, images.clone(), &device, 1), repeats))
+                    (
+                        b,
+                        median_profile(
+                            || profile_units(&stack, images.clone(), &device, 1),
+                            repeats,
+                        ),
+                    )
                 })
                 .collect()
         }
@@ -87,7 +93,13 @@ pub fn profile(shape: &Shape, batches: &[usize], repeats: usize) -> ModelCosts {
                 .iter()
                 .map(|&b| {
                     let (input, _) = task.batch::<Train>(0, b, &device);
-                    (b, median_profile(|| profile_units(&stack, input.clone(), &device, 1), repeats))
+                    (
+                        b,
+                        median_profile(
+                            || profile_units(&stack, input.clone(), &device, 1),
+                            repeats,
+                        ),
+                    )
                 })
                 .collect()
         }
@@ -195,7 +207,10 @@ pub fn step_costs(shape: &Shape, batch: usize, repeats: usize) -> StepCosts {
             <Train as Backend>::sync(device).expect("device sync");
             steps.push(start.elapsed().as_secs_f64());
         }
-        (median(steps[1..].to_vec()), median(accumulates[1..].to_vec()))
+        (
+            median(steps[1..].to_vec()),
+            median(accumulates[1..].to_vec()),
+        )
     }
     let ((step, accumulate), data) = match shape {
         Shape::Vit(config) => {
