@@ -430,7 +430,11 @@ fn run_scaling(args: &Args, costs: &ModelCosts) -> Result<(), PlanCliError> {
     let path = args.out_dir.join("speedup_vs_gpus.png");
     match plot::speedup_vs_gpus(
         &path,
-        &format!("predicted PipeTransformer speed-up, {}", costs.model),
+        &format!(
+            "predicted PipeTransformer speed-up, {} units, alpha {:.2}",
+            costs.units.len(),
+            args.alpha
+        ),
         &[
             ("predicted".to_string(), full),
             ("without transition costs".to_string(), no_transitions),
@@ -546,22 +550,33 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
         (&pipe, &train)
     {
         let capacity = args.cpu_capacity;
-        // One parameter, the fixed cost of a pass in the real pipeline
-        // (thread hand-over, fresh autodiff leaves, seeding the backward),
-        // fitted on the main job's epochs after the first (the first also
-        // warms the process up), then checked on bench pipe's 24 rows.
-        let pass = calibrate::fit_overhead(1e-3, |o| {
-            calibrate::predict_train(log, train_costs, step, capacity, o)
+        // One parameter: what each trainable parameter tensor adds to a
+        // stage's pass beyond the unit's profiled time (in the pipeline a
+        // stage makes fresh autodiff leaves of its parameters for every
+        // micro-batch and collects their gradients after it; a stage with
+        // nothing to train pays nothing). Fitted on the main job's epochs
+        // after the first (the first also warms the process up), then
+        // checked on bench pipe's 24 rows.
+        let with = |base: &examples::plan::profile::StepCosts, t: f64| {
+            let mut step = *base;
+            step.accumulate_per_tensor = t;
+            step
+        };
+        let per_tensor = calibrate::fit_overhead(1e-3, |t| {
+            calibrate::predict_train(log, train_costs, &with(step, t), capacity, 0.0)
                 .map(|r| r.0.into_iter().skip(1).collect())
         })?;
+        let pipe_step = with(pipe_step, per_tensor);
         let pipe_relative =
-            calibrate::predict_pipe_relative(report, pipe_costs, pipe_step, capacity, pass)?;
-        let pipe_absolute = calibrate::predict_pipe(report, pipe_costs, pipe_step, capacity, pass)?;
-        let train_fitted = calibrate::predict_train(log, train_costs, step, capacity, pass)?.0;
+            calibrate::predict_pipe_relative(report, pipe_costs, &pipe_step, capacity, 0.0)?;
+        let pipe_absolute = calibrate::predict_pipe(report, pipe_costs, &pipe_step, capacity, 0.0)?;
+        let train_fitted =
+            calibrate::predict_train(log, train_costs, &with(step, per_tensor), capacity, 0.0)?.0;
+        let pass = per_tensor;
         println!();
         println!(
-            "calibrated: {:.0} us per pass, fitted on the main job's epochs 1.. (one parameter); bench pipe is the check",
-            pass * 1e6
+            "calibrated: {:.1} us per trainable parameter tensor and backward pass, fitted on the main job's epochs 1.. (one parameter); bench pipe is the check",
+            per_tensor * 1e6
         );
         report::print_calibration(
             "check: bench pipe step times relative to the interleaved sequential run:",
@@ -575,7 +590,7 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
             "main job epoch times (the fit; epoch 0 includes the process's warm-up and was not fitted):",
             &train_fitted,
         );
-        fitted.insert("pass_overhead_fitted_s".into(), pass.into());
+        fitted.insert("per_tensor_per_pass_fitted_s".into(), pass.into());
         for (name, rows) in [
             ("pipe_relative_calibrated", &pipe_relative),
             ("pipe_absolute_calibrated", &pipe_absolute),

@@ -82,6 +82,9 @@ pub fn predicted_vs_measured(
         .configure_mesh()
         .x_desc("measured seconds")
         .y_desc("predicted seconds")
+        .x_label_formatter(&|v| format!("{v:.3}"))
+        .y_label_formatter(&|v| format!("{v:.3}"))
+        .light_line_style(WHITE)
         .draw()
         .map_err(plot_error)?;
     for (factor, style, label) in [
@@ -155,6 +158,7 @@ pub fn speedup_vs_gpus(
         .x_desc("GPUs (8 per node)")
         .y_desc("speed-up over pipeline + data parallel")
         .x_label_formatter(&|x| format!("{x:.0}"))
+        .light_line_style(WHITE)
         .draw()
         .map_err(plot_error)?;
     let colors = [RED, BLUE, GREEN, MAGENTA];
