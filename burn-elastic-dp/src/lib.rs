@@ -35,6 +35,7 @@ mod config;
 mod error;
 mod group;
 mod node;
+pub mod plan;
 mod sampler;
 pub mod trainer;
 

@@ -7,6 +7,7 @@
 pub mod backend;
 pub mod bench;
 pub mod job;
+pub mod plan;
 pub mod task;
 
 /// Sends `tracing` logs to stderr, filtered by `RUST_LOG` (default `info`,

@@ -117,10 +117,10 @@ fn channel_overhead<T: Clone + Send + 'static>(message: T, round_trips: usize) -
     elapsed / (2 * round_trips as u32)
 }
 
-/// Runs the pipeline benchmark.
-pub fn run(quick: bool) -> Result<(), BenchError> {
-    let device = backend::device(0);
-    let (config, batch, reps) = if quick {
+/// The benchmark's model, batch and timed repetitions (`plan --calibrate`
+/// rebuilds the same model to predict this benchmark's step times).
+pub fn model_config(quick: bool) -> (VitConfig, usize, usize) {
+    if quick {
         (
             VitConfig::tiny(10)
                 .with_image_size(32)
@@ -140,7 +140,13 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
             64,
             5,
         )
-    };
+    }
+}
+
+/// Runs the pipeline benchmark.
+pub fn run(quick: bool) -> Result<(), BenchError> {
+    let device = backend::device(0);
+    let (config, batch, reps) = model_config(quick);
     let model = format!(
         "ViT {}px/{} hidden {} layers {} ({} units)",
         config.image_size,

@@ -1,0 +1,215 @@
+//! What the planner knows about a model: per-unit pass times (a fixed part
+//! per pass plus a part per sample), activation sizes and gradient tensors;
+//! profiled on a real backend or measured elsewhere and read from JSON.
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::error::{PlanError, check};
+
+/// A unit's pass times measured at one batch size.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MeasuredPass {
+    /// Samples in the pass.
+    pub batch: usize,
+    /// Forward seconds of the whole pass.
+    pub forward: f64,
+    /// Backward seconds of the whole pass.
+    pub backward: f64,
+}
+
+/// Seconds of a pass over `samples` from `measured` (sorted by batch):
+/// linear between the two measured sizes around it, proportional to the
+/// samples beyond the ends.
+fn interpolate(measured: &[MeasuredPass], samples: f64, pass: fn(&MeasuredPass) -> f64) -> f64 {
+    let first = &measured[0];
+    let last = &measured[measured.len() - 1];
+    if samples <= first.batch as f64 {
+        return pass(first) * samples / first.batch as f64;
+    }
+    if samples >= last.batch as f64 {
+        return pass(last) * samples / last.batch as f64;
+    }
+    let right = measured
+        .iter()
+        .position(|m| m.batch as f64 >= samples)
+        .expect("samples within the measured range");
+    let (a, b) = (&measured[right - 1], &measured[right]);
+    let w = (samples - a.batch as f64) / (b.batch - a.batch) as f64;
+    pass(a) + w * (pass(b) - pass(a))
+}
+
+/// One partition unit's costs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnitCost {
+    /// A name for reports (`embedding`, `attention 3`, `head`).
+    pub name: String,
+    /// Forward seconds per sample.
+    pub forward: f64,
+    /// Backward seconds per sample (input and parameter gradients).
+    pub backward: f64,
+    /// Forward seconds per pass whatever its size (kernel launches,
+    /// autodiff bookkeeping); 0 when unknown.
+    #[serde(default)]
+    pub forward_fixed: f64,
+    /// Backward seconds per pass whatever its size; 0 when unknown.
+    #[serde(default)]
+    pub backward_fixed: f64,
+    /// Pass times measured at given batch sizes, sorted by batch; when
+    /// present they replace the fixed plus per-sample model (interpolated
+    /// between sizes), since small and large passes differ in more than a
+    /// constant (caches, threads).
+    #[serde(default)]
+    pub measured: Vec<MeasuredPass>,
+    /// Bytes of the unit's output per sample (what the next stage receives).
+    pub activation_bytes: usize,
+    /// Bytes of each trainable parameter tensor, in the order the replica
+    /// group all-reduces them.
+    pub param_tensors: Vec<usize>,
+}
+
+impl UnitCost {
+    /// Bytes of the unit's parameters.
+    pub fn param_bytes(&self) -> usize {
+        self.param_tensors.iter().sum()
+    }
+
+    /// Forward seconds of a pass over `samples` samples.
+    ///
+    /// ```
+    /// use burn_elastic_dp::plan::{MeasuredPass, UnitCost};
+    ///
+    /// let mut unit = UnitCost {
+    ///     name: "mlp".into(), forward: 1e-3, backward: 2e-3, forward_fixed: 1e-4,
+    ///     backward_fixed: 0.0, measured: vec![], activation_bytes: 0, param_tensors: vec![],
+    /// };
+    /// assert!((unit.forward_time(10.0) - 0.0101).abs() < 1e-12);
+    /// unit.measured = vec![
+    ///     MeasuredPass { batch: 2, forward: 0.002, backward: 0.004 },
+    ///     MeasuredPass { batch: 6, forward: 0.010, backward: 0.020 },
+    /// ];
+    /// assert!((unit.forward_time(4.0) - 0.006).abs() < 1e-12);
+    /// assert!((unit.backward_time(1.0) - 0.002).abs() < 1e-12);
+    /// ```
+    pub fn forward_time(&self, samples: f64) -> f64 {
+        if self.measured.is_empty() {
+            self.forward_fixed + self.forward * samples
+        } else {
+            interpolate(&self.measured, samples, |m| m.forward)
+        }
+    }
+
+    /// Backward seconds of a pass over `samples` samples.
+    pub fn backward_time(&self, samples: f64) -> f64 {
+        if self.measured.is_empty() {
+            self.backward_fixed + self.backward * samples
+        } else {
+            interpolate(&self.measured, samples, |m| m.backward)
+        }
+    }
+}
+
+/// A model's costs, unit by unit, and how its units make layers: layer `l`
+/// (a transformer block) is units `first_layer_unit + units_per_layer * l`
+/// onwards, as `burn_freeze::LayerMap::uniform` maps them.
+///
+/// ```
+/// use burn_elastic_dp::plan::{ModelCosts, UnitCost};
+///
+/// let unit = |name: &str| UnitCost {
+///     name: name.into(), forward: 1e-3, backward: 2e-3, forward_fixed: 0.0,
+///     backward_fixed: 0.0, measured: vec![], activation_bytes: 4096, param_tensors: vec![4096, 64],
+/// };
+/// let costs = ModelCosts {
+///     model: "toy".into(), source: "made up".into(), layers: 1,
+///     first_layer_unit: 1, units_per_layer: 2,
+///     units: vec![unit("embedding"), unit("attention 0"), unit("mlp 0"), unit("head")],
+/// };
+/// costs.validate().unwrap();
+/// assert_eq!(costs.layer_map().unwrap().unit_front(1), 3);
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelCosts {
+    /// The model, in words.
+    pub model: String,
+    /// Where the numbers come from (backend, batch sizes, or assumptions).
+    pub source: String,
+    /// Layers the freeze schedule counts.
+    pub layers: usize,
+    /// Unit of layer 0's first unit.
+    pub first_layer_unit: usize,
+    /// Units per layer.
+    pub units_per_layer: usize,
+    /// Every unit, first to last.
+    pub units: Vec<UnitCost>,
+}
+
+impl ModelCosts {
+    /// Checks every number: at least one unit, finite non-negative times,
+    /// layers within the units.
+    pub fn validate(&self) -> Result<(), PlanError> {
+        check(!self.units.is_empty(), || {
+            "the cost file has no unit".into()
+        })?;
+        check(self.units_per_layer >= 1, || {
+            "units_per_layer must be at least 1, got 0".into()
+        })?;
+        let end = self.first_layer_unit + self.units_per_layer * self.layers;
+        check(end <= self.units.len(), || {
+            format!(
+                "{} layers of {} units from unit {} end at unit {end}, beyond the {} units",
+                self.layers,
+                self.units_per_layer,
+                self.first_layer_unit,
+                self.units.len()
+            )
+        })?;
+        for (i, u) in self.units.iter().enumerate() {
+            let ok = |t: f64| t.is_finite() && t >= 0.0;
+            check(
+                ok(u.forward) && ok(u.backward) && ok(u.forward_fixed) && ok(u.backward_fixed),
+                || {
+                    format!(
+                        "unit {i} ({}): times must be seconds >= 0, got forward {} backward {} fixed {} / {}",
+                        u.name, u.forward, u.backward, u.forward_fixed, u.backward_fixed
+                    )
+                },
+            )?;
+            check(
+                u.measured.windows(2).all(|w| w[0].batch < w[1].batch)
+                    && u.measured
+                        .iter()
+                        .all(|m| m.batch >= 1 && ok(m.forward) && ok(m.backward)),
+                || {
+                    format!(
+                        "unit {i} ({}): measured passes need batches >= 1 in increasing order and times >= 0",
+                        u.name
+                    )
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The layer-to-unit map the freeze schedule uses.
+    pub fn layer_map(&self) -> Result<burn_freeze::LayerMap, PlanError> {
+        burn_freeze::LayerMap::uniform(
+            self.first_layer_unit,
+            self.units_per_layer,
+            self.layers,
+            self.units.len(),
+        )
+        .map_err(|e| PlanError::Invalid(e.to_string()))
+    }
+
+    /// Parameter bytes of each unit: the costs the real pipeline balances
+    /// by (`burn_pipe::unit_param_costs` counts parameters; bytes are
+    /// proportional).
+    pub fn param_costs(&self) -> Vec<f64> {
+        self.units.iter().map(|u| u.param_bytes() as f64).collect()
+    }
+
+    /// Forward plus backward seconds per sample of each unit.
+    pub fn time_costs(&self) -> Vec<f64> {
+        self.units.iter().map(|u| u.forward + u.backward).collect()
+    }
+}

@@ -1,0 +1,583 @@
+//! A discrete-event simulation of one training step of one pipeline replica:
+//! every stage runs the passes [`burn_pipe::stage_ops`] gives it, in that
+//! order, each pass waiting for its neighbour's message (an activation
+//! forward, a gradient back) and for its device; stages that share a device
+//! share its throughput. Then the gradients are all-reduced.
+
+use burn_pipe::{Op, Schedule, stage_ops};
+
+use crate::plan::error::{PlanError, check};
+
+/// The work of one stage per micro-batch, at its device's full speed. A
+/// stage whose backward work is 0 (every unit frozen) has no backward pass
+/// at all, as burn-pipe's worker skips it: it neither waits for a gradient
+/// nor pays the pass overhead.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StageWork {
+    /// Seconds of one micro-batch's forward pass.
+    pub forward: f64,
+    /// Seconds of one micro-batch's backward pass.
+    pub backward: f64,
+    /// Index of the device the stage runs on.
+    pub device: usize,
+}
+
+/// One step of one pipeline, to simulate.
+///
+/// ```
+/// use burn_elastic_dp::plan::{PipelineSim, StageWork};
+/// use burn_pipe::Schedule;
+///
+/// // 4 uniform stages on 4 devices, 12 micro-batches, free messages.
+/// let stages = (0..4).map(|d| StageWork { forward: 1.0, backward: 2.0, device: d }).collect();
+/// let trace = PipelineSim::new(Schedule::GPipe, 12, stages).run().unwrap();
+/// assert!((trace.bubble_fraction() - 3.0 / 15.0).abs() < 1e-9);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineSim {
+    /// Order of passes on each stage.
+    pub schedule: Schedule,
+    /// Micro-batches per step (at least 1).
+    pub micro_batches: usize,
+    /// The stages, first to last (at least one).
+    pub stages: Vec<StageWork>,
+    /// Seconds to send one micro-batch's activation from stage `s` to
+    /// `s + 1` (and its gradient back): one entry per boundary, or empty
+    /// for free messages.
+    pub sends: Vec<f64>,
+    /// How many passes each device runs at full speed at once (a GPU: 1;
+    /// a CPU whose passes each use one of its `c` cores: `c`); more share
+    /// it evenly. Devices not listed have capacity 1.
+    pub device_capacity: Vec<f64>,
+    /// Fixed seconds each pass takes on top of its work without using its
+    /// device (dispatch, thread hand-over, graph bookkeeping).
+    pub pass_overhead: f64,
+}
+
+/// When one pass ran.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OpSpan {
+    /// The pass.
+    pub op: Op,
+    /// When it was started (its overhead first, then its work).
+    pub start: f64,
+    /// When it finished.
+    pub end: f64,
+}
+
+/// The simulated step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineTrace {
+    /// Seconds from the first pass's start to the last pass's end.
+    pub makespan: f64,
+    /// Seconds of work (passes at full speed, with overhead) per stage.
+    pub busy: Vec<f64>,
+    /// Every stage's passes in the order they ran.
+    pub spans: Vec<Vec<OpSpan>>,
+}
+
+impl PipelineTrace {
+    /// Share of the stages' time spent idle: `1 - sum(busy) / (K * makespan)`
+    /// (GPipe's `(K - 1) / (M + K - 1)` for uniform stages).
+    pub fn bubble_fraction(&self) -> f64 {
+        if self.makespan <= 0.0 {
+            return 0.0;
+        }
+        1.0 - self.busy.iter().sum::<f64>() / (self.busy.len() as f64 * self.makespan)
+    }
+
+    /// When stage `s` ran its last pass.
+    pub fn stage_end(&self, s: usize) -> f64 {
+        self.spans[s].last().map_or(0.0, |span| span.end)
+    }
+}
+
+/// A pass in progress.
+struct Running {
+    stage: usize,
+    device: usize,
+    /// When its work starts (after its overhead).
+    work_from: f64,
+    /// Work left, in seconds at full speed.
+    left: f64,
+    start: f64,
+    op: Op,
+}
+
+impl PipelineSim {
+    /// A step of `stages` under `schedule` with `micro_batches`, free
+    /// messages, devices of capacity 1 and no pass overhead.
+    pub fn new(schedule: Schedule, micro_batches: usize, stages: Vec<StageWork>) -> Self {
+        Self {
+            schedule,
+            micro_batches,
+            stages,
+            sends: Vec::new(),
+            device_capacity: Vec::new(),
+            pass_overhead: 0.0,
+        }
+    }
+
+    /// Checks the inputs: at least one stage and micro-batch, finite
+    /// non-negative times, one send per boundary (or none), capacities > 0.
+    pub fn validate(&self) -> Result<(), PlanError> {
+        check(!self.stages.is_empty(), || {
+            "a pipeline needs at least 1 stage, got 0".into()
+        })?;
+        check(self.micro_batches >= 1, || {
+            "micro-batches must be at least 1, got 0".into()
+        })?;
+        let time_ok = |t: f64| t.is_finite() && t >= 0.0;
+        for (s, w) in self.stages.iter().enumerate() {
+            check(time_ok(w.forward) && time_ok(w.backward), || {
+                format!(
+                    "stage {s}: pass times must be seconds >= 0, got forward {} backward {}",
+                    w.forward, w.backward
+                )
+            })?;
+        }
+        check(
+            self.sends.is_empty() || self.sends.len() + 1 == self.stages.len(),
+            || {
+                format!(
+                    "{} send times given for {} stages: give one per boundary ({}) or none",
+                    self.sends.len(),
+                    self.stages.len(),
+                    self.stages.len() - 1
+                )
+            },
+        )?;
+        check(self.sends.iter().all(|&t| time_ok(t)), || {
+            "send times must be seconds >= 0".into()
+        })?;
+        check(
+            self.device_capacity
+                .iter()
+                .all(|&c| c.is_finite() && c > 0.0),
+            || "device capacities must be > 0".into(),
+        )?;
+        check(time_ok(self.pass_overhead), || {
+            format!(
+                "pass overhead must be seconds >= 0, got {}",
+                self.pass_overhead
+            )
+        })
+    }
+
+    fn send(&self, boundary: usize) -> f64 {
+        self.sends.get(boundary).copied().unwrap_or(0.0)
+    }
+
+    fn capacity(&self, device: usize) -> f64 {
+        self.device_capacity.get(device).copied().unwrap_or(1.0)
+    }
+
+    /// Runs the step: events are a pass becoming ready and a pass ending;
+    /// between events every running pass advances at its device's share.
+    pub fn run(&self) -> Result<PipelineTrace, PlanError> {
+        self.validate()?;
+        let (k, m) = (self.stages.len(), self.micro_batches);
+        let ops: Vec<Vec<Op>> = (0..k).map(|s| stage_ops(self.schedule, s, k, m)).collect();
+        let mut next = vec![0usize; k];
+        let mut stage_free = vec![0.0f64; k];
+        let mut running_on = vec![false; k];
+        let mut forward_end = vec![vec![f64::NAN; m]; k];
+        let mut backward_end = vec![vec![f64::NAN; m]; k];
+        let mut spans: Vec<Vec<OpSpan>> = vec![Vec::with_capacity(2 * m); k];
+        let mut busy = vec![0.0; k];
+        let mut running: Vec<Running> = Vec::new();
+        let mut now = 0.0f64;
+        let total_ops = 2 * m * k;
+        let mut done = 0;
+        while done < total_ops {
+            // Start every pass whose inputs have arrived and whose stage is
+            // free (skipped backward passes may free a stage at once).
+            let mut progressed = true;
+            while progressed {
+                progressed = false;
+                for s in 0..k {
+                    if running_on[s] || next[s] == ops[s].len() {
+                        continue;
+                    }
+                    let op = ops[s][next[s]];
+                    if matches!(op, Op::Backward(_)) && self.stages[s].backward == 0.0 {
+                        let n = match op {
+                            Op::Backward(n) | Op::Forward(n) => n,
+                        };
+                        backward_end[s][n] = forward_end[s][n];
+                        next[s] += 1;
+                        done += 1;
+                        progressed = true;
+                        continue;
+                    }
+                    let arrival = match op {
+                        Op::Forward(_) if s == 0 => Some(0.0),
+                        Op::Forward(n) => {
+                            let t = forward_end[s - 1][n];
+                            (!t.is_nan()).then(|| t + self.send(s - 1))
+                        }
+                        Op::Backward(n) if s + 1 == k => Some(forward_end[s][n]),
+                        Op::Backward(n) => {
+                            let t = backward_end[s + 1][n];
+                            (!t.is_nan()).then(|| t + self.send(s))
+                        }
+                    };
+                    if let Some(arrival) = arrival {
+                        let start = arrival.max(stage_free[s]);
+                        let work = match op {
+                            Op::Forward(_) => self.stages[s].forward,
+                            Op::Backward(_) => self.stages[s].backward,
+                        };
+                        running.push(Running {
+                            stage: s,
+                            device: self.stages[s].device,
+                            work_from: start + self.pass_overhead,
+                            left: work,
+                            start,
+                            op,
+                        });
+                        busy[s] += work + self.pass_overhead;
+                        running_on[s] = true;
+                        next[s] += 1;
+                        progressed = true;
+                    }
+                }
+            }
+            if done == total_ops {
+                break;
+            }
+            // Each device's share per working pass.
+            let working = |r: &Running, at: f64| r.work_from <= at;
+            let rate = |device: usize, at: f64, running: &[Running]| {
+                let n = running
+                    .iter()
+                    .filter(|r| r.device == device && working(r, at))
+                    .count() as f64;
+                (self.capacity(device) / n).min(1.0)
+            };
+            // The next event: a pass's work starting or a pass ending.
+            let mut next_time = f64::INFINITY;
+            for r in &running {
+                let t = if working(r, now) {
+                    now + r.left / rate(r.device, now, &running)
+                } else {
+                    r.work_from
+                };
+                next_time = next_time.min(t);
+            }
+            if !next_time.is_finite() {
+                return Err(PlanError::Invalid(format!(
+                    "the {:?} schedule of {k} stages and {m} micro-batches stalled",
+                    self.schedule
+                )));
+            }
+            let dt = next_time - now;
+            let rates: Vec<f64> = running
+                .iter()
+                .map(|r| {
+                    if working(r, now) {
+                        rate(r.device, now, &running)
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            for (r, rate) in running.iter_mut().zip(rates) {
+                r.left -= rate * dt;
+            }
+            now = next_time;
+            let tolerance = 1e-12 * now.max(1e-9);
+            let mut i = 0;
+            while i < running.len() {
+                let r = &running[i];
+                if r.work_from <= now + tolerance && r.left <= tolerance {
+                    let r = running.swap_remove(i);
+                    match r.op {
+                        Op::Forward(n) => forward_end[r.stage][n] = now,
+                        Op::Backward(n) => backward_end[r.stage][n] = now,
+                    }
+                    spans[r.stage].push(OpSpan {
+                        op: r.op,
+                        start: r.start,
+                        end: now,
+                    });
+                    stage_free[r.stage] = now;
+                    running_on[r.stage] = false;
+                    done += 1;
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        Ok(PipelineTrace {
+            makespan: now,
+            busy,
+            spans,
+        })
+    }
+}
+
+/// When the replicas' gradients are all-reduced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ReduceTiming {
+    /// As the replica group does: after the replica's whole pass, stage by
+    /// stage, one after another.
+    AfterPass,
+    /// Each stage as soon as its last backward pass ends, all stages at
+    /// once (each stage's replicas form their own group, as PyTorch DDP
+    /// over a pipeline does).
+    PerStage,
+}
+
+/// One step's seconds, split.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StepTime {
+    /// The mean stage's work.
+    pub compute: f64,
+    /// The pipeline's idle time (makespan less compute).
+    pub bubble: f64,
+    /// All-reduce time not hidden behind compute.
+    pub all_reduce: f64,
+}
+
+impl StepTime {
+    /// The whole step.
+    pub fn total(&self) -> f64 {
+        self.compute + self.bubble + self.all_reduce
+    }
+
+    /// This step `times` times over.
+    pub fn scaled(&self, times: f64) -> Self {
+        Self {
+            compute: self.compute * times,
+            bubble: self.bubble * times,
+            all_reduce: self.all_reduce * times,
+        }
+    }
+
+    /// The sum of two splits.
+    pub fn plus(&self, other: &Self) -> Self {
+        Self {
+            compute: self.compute + other.compute,
+            bubble: self.bubble + other.bubble,
+            all_reduce: self.all_reduce + other.all_reduce,
+        }
+    }
+}
+
+/// The step of `trace` with each stage's all-reduce of `reduce[s]` seconds
+/// run as `timing` says.
+///
+/// ```
+/// use burn_elastic_dp::plan::{PipelineSim, ReduceTiming, StageWork, step_time};
+/// use burn_pipe::Schedule;
+///
+/// let stages = (0..2).map(|d| StageWork { forward: 1.0, backward: 2.0, device: d }).collect();
+/// let trace = PipelineSim::new(Schedule::OneFOneB, 4, stages).run().unwrap();
+/// let step = step_time(&trace, &[0.5, 0.5], ReduceTiming::AfterPass);
+/// assert!((step.total() - (trace.makespan + 1.0)).abs() < 1e-12);
+/// ```
+pub fn step_time(trace: &PipelineTrace, reduce: &[f64], timing: ReduceTiming) -> StepTime {
+    let k = trace.busy.len();
+    let compute = trace.busy.iter().sum::<f64>() / k as f64;
+    let end = match timing {
+        ReduceTiming::AfterPass => trace.makespan + reduce.iter().sum::<f64>(),
+        ReduceTiming::PerStage => (0..k)
+            .map(|s| trace.stage_end(s) + reduce.get(s).copied().unwrap_or(0.0))
+            .fold(trace.makespan, f64::max),
+    };
+    StepTime {
+        compute,
+        bubble: trace.makespan - compute,
+        all_reduce: end - trace.makespan,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uniform(k: usize, forward: f64, backward: f64) -> Vec<StageWork> {
+        (0..k)
+            .map(|device| StageWork {
+                forward,
+                backward,
+                device,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn uniform_bubble_is_k_minus_1_over_m_plus_k_minus_1() {
+        for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+            for k in 1..=8 {
+                for m in [1, 2, 3, 4, 7, 8, 16, 32] {
+                    for (f, b) in [(1.0, 2.0), (0.3, 0.3), (2.0, 1.0)] {
+                        let trace = PipelineSim::new(schedule, m, uniform(k, f, b))
+                            .run()
+                            .unwrap();
+                        let expected = (k - 1) as f64 / (m + k - 1) as f64;
+                        assert!(
+                            (trace.bubble_fraction() - expected).abs() < 1e-9,
+                            "{schedule:?} K={k} M={m} f={f} b={b}: {} vs {expected}",
+                            trace.bubble_fraction()
+                        );
+                        let makespan = (m + k - 1) as f64 * (f + b);
+                        assert!((trace.makespan - makespan).abs() < 1e-9 * makespan);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn passes_run_in_stage_ops_order_and_respect_messages() {
+        let stages = vec![
+            StageWork {
+                forward: 1.0,
+                backward: 2.5,
+                device: 0,
+            },
+            StageWork {
+                forward: 0.5,
+                backward: 1.0,
+                device: 1,
+            },
+            StageWork {
+                forward: 2.0,
+                backward: 3.0,
+                device: 2,
+            },
+        ];
+        let mut sim = PipelineSim::new(Schedule::OneFOneB, 5, stages);
+        sim.sends = vec![0.25, 0.125];
+        let trace = sim.run().unwrap();
+        for s in 0..3 {
+            let order: Vec<Op> = trace.spans[s].iter().map(|span| span.op).collect();
+            assert_eq!(order, stage_ops(Schedule::OneFOneB, s, 3, 5));
+            for pair in trace.spans[s].windows(2) {
+                assert!(pair[1].start >= pair[0].end - 1e-12);
+            }
+        }
+        let end = |s: usize, op: Op| trace.spans[s].iter().find(|x| x.op == op).unwrap().end;
+        let start = |s: usize, op: Op| trace.spans[s].iter().find(|x| x.op == op).unwrap().start;
+        for n in 0..5 {
+            assert!(start(1, Op::Forward(n)) >= end(0, Op::Forward(n)) + 0.25 - 1e-12);
+            assert!(start(2, Op::Forward(n)) >= end(1, Op::Forward(n)) + 0.125 - 1e-12);
+            assert!(start(1, Op::Backward(n)) >= end(2, Op::Backward(n)) + 0.125 - 1e-12);
+            assert!(start(0, Op::Backward(n)) >= end(1, Op::Backward(n)) + 0.25 - 1e-12);
+        }
+        // The slowest stage bounds the step from below.
+        assert!(trace.makespan >= 5.0 * 5.0);
+    }
+
+    #[test]
+    fn stages_sharing_one_device_share_its_throughput() {
+        // Two stages on one device of capacity 1: no overlap is possible, so
+        // the step takes the sum of all the work.
+        let shared = vec![
+            StageWork {
+                forward: 1.0,
+                backward: 2.0,
+                device: 0,
+            },
+            StageWork {
+                forward: 1.0,
+                backward: 2.0,
+                device: 0,
+            },
+        ];
+        let trace = PipelineSim::new(Schedule::GPipe, 8, shared.clone())
+            .run()
+            .unwrap();
+        assert!((trace.makespan - 2.0 * 8.0 * 3.0).abs() < 1e-9);
+        // Capacity 2: as fast as two devices.
+        let mut sim = PipelineSim::new(Schedule::GPipe, 8, shared);
+        sim.device_capacity = vec![2.0];
+        let trace = sim.run().unwrap();
+        assert!((trace.makespan - 9.0 * 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn pass_overhead_adds_to_every_pass_on_the_critical_path() {
+        let mut sim = PipelineSim::new(Schedule::GPipe, 4, uniform(3, 1.0, 2.0));
+        sim.pass_overhead = 0.1;
+        let trace = sim.run().unwrap();
+        let expected = (4 + 3 - 1) as f64 * (1.0 + 2.0 + 0.2);
+        assert!((trace.makespan - expected).abs() < 1e-9);
+    }
+
+    #[test]
+    fn reduce_after_pass_is_exposed_per_stage_overlaps() {
+        let stages = vec![
+            StageWork {
+                forward: 1.0,
+                backward: 2.0,
+                device: 0,
+            },
+            StageWork {
+                forward: 1.0,
+                backward: 2.0,
+                device: 1,
+            },
+        ];
+        let trace = PipelineSim::new(Schedule::OneFOneB, 4, stages)
+            .run()
+            .unwrap();
+        let after = step_time(&trace, &[1.0, 1.0], ReduceTiming::AfterPass);
+        assert!((after.all_reduce - 2.0).abs() < 1e-12);
+        // The last stage finishes before the first: its reduce hides.
+        let per_stage = step_time(&trace, &[1.0, 1.0], ReduceTiming::PerStage);
+        assert!(trace.stage_end(1) < trace.stage_end(0));
+        assert!((per_stage.all_reduce - 1.0).abs() < 1e-12);
+        assert!((after.compute + after.bubble - trace.makespan).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_frozen_stage_has_no_backward_pass() {
+        let stages = vec![
+            StageWork {
+                forward: 1.0,
+                backward: 0.0,
+                device: 0,
+            },
+            StageWork {
+                forward: 1.0,
+                backward: 2.0,
+                device: 1,
+            },
+        ];
+        for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+            let mut sim = PipelineSim::new(schedule, 4, stages.clone());
+            sim.pass_overhead = 0.5;
+            let trace = sim.run().unwrap();
+            assert_eq!(trace.spans[0].len(), 4, "{schedule:?}");
+            assert!(
+                trace.spans[0]
+                    .iter()
+                    .all(|s| matches!(s.op, Op::Forward(_)))
+            );
+            // Stage 0 streams its forwards back to back, never waiting for
+            // a gradient.
+            assert!(
+                (trace.stage_end(0) - 4.0 * 1.5).abs() < 1e-9,
+                "{schedule:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_inputs_are_named() {
+        let err = PipelineSim::new(Schedule::GPipe, 0, uniform(2, 1.0, 1.0))
+            .run()
+            .unwrap_err();
+        assert!(err.to_string().contains("micro-batches"));
+        let mut sim = PipelineSim::new(Schedule::GPipe, 2, uniform(3, 1.0, 1.0));
+        sim.sends = vec![1.0];
+        assert!(sim.run().unwrap_err().to_string().contains("per boundary"));
+        let err = PipelineSim::new(Schedule::GPipe, 2, uniform(2, -1.0, 1.0))
+            .run()
+            .unwrap_err();
+        assert!(err.to_string().contains("stage 0"));
+    }
+}

@@ -1,0 +1,26 @@
+//! The pieces of `--bin plan`: model presets and their worked-out costs,
+//! profiling on this backend, calibration against this machine's
+//! measurements, tables and plots. The planner and simulator themselves are
+//! `burn_elastic_dp::plan`.
+
+pub mod calibrate;
+pub mod plot;
+pub mod presets;
+pub mod profile;
+pub mod report;
+
+use burn_elastic_dp::plan::PlanError;
+
+/// Why `plan` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanCliError {
+    /// A configuration the planner refuses.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// An input file that cannot be read or understood.
+    #[error("{0}")]
+    Input(String),
+    /// A plot that could not be drawn or written.
+    #[error("plot: {0}")]
+    Plot(String),
+}

@@ -1,0 +1,262 @@
+//! Costs measured on the real backend: each unit's forward and backward time
+//! (`burn_pipe::profile_units`) at several batch sizes, fitted as a fixed
+//! part per pass plus a part per sample.
+
+use burn_elastic_dp::plan::{MeasuredPass, ModelCosts, UnitCost};
+use burn_freeze::IntoLayerStack;
+use burn_pipe::{UnitProfile, profile_units};
+use models::synthetic::{BandImages, MajorityTokens};
+
+use super::presets::Shape;
+use crate::backend::{self, Train};
+
+/// Least-squares `fixed + per_sample * b` through `(b, seconds)` points,
+/// both parts kept at or above 0.
+///
+/// ```
+/// let (fixed, per) = examples::plan::profile::fit_linear(&[(2.0, 3.0), (8.0, 6.0), (32.0, 18.0)]);
+/// assert!((fixed - 2.0).abs() < 1e-9 && (per - 0.5).abs() < 1e-9);
+/// ```
+pub fn fit_linear(points: &[(f64, f64)]) -> (f64, f64) {
+    let n = points.len() as f64;
+    let mean_b = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let mean_t = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let var = points.iter().map(|p| (p.0 - mean_b).powi(2)).sum::<f64>();
+    let cov = points
+        .iter()
+        .map(|p| (p.0 - mean_b) * (p.1 - mean_t))
+        .sum::<f64>();
+    let slope = if var > 0.0 { cov / var } else { 0.0 };
+    if slope <= 0.0 {
+        return (mean_t.max(0.0), 0.0);
+    }
+    let fixed = mean_t - slope * mean_b;
+    if fixed < 0.0 {
+        // Through the origin instead.
+        let sbb = points.iter().map(|p| p.0 * p.0).sum::<f64>();
+        let sbt = points.iter().map(|p| p.0 * p.1).sum::<f64>();
+        return (0.0, sbt / sbb);
+    }
+    (fixed, slope)
+}
+
+/// The median per unit and pass of `repeats` profiles (at least 1), after
+/// one warm-up run; the median, as the benchmarks report, rather than the
+/// fastest, which a shared machine makes optimistic.
+fn median_profile(run: impl Fn() -> Vec<UnitProfile>, repeats: usize) -> Vec<UnitProfile> {
+    let _ = run();
+    let runs: Vec<Vec<UnitProfile>> = (0..repeats.max(1)).map(|_| run()).collect();
+    let median = |mut v: Vec<std::time::Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    (0..runs[0].len())
+        .map(|u| UnitProfile {
+            forward: median(runs.iter().map(|r| r[u].forward).collect()),
+            backward: median(runs.iter().map(|r| r[u].backward).collect()),
+        })
+        .collect()
+}
+
+/// Profiles every unit of `shape` on this backend at each of `batches`
+/// (the median of `repeats` runs each), keeps those times (interpolated
+/// between batch sizes) and a fit of fixed plus per-sample time; parameter tensors and activation sizes come from the
+/// shape (4-byte values).
+pub fn profile(shape: &Shape, batches: &[usize], repeats: usize) -> ModelCosts {
+    let mut batches = batches.to_vec();
+    batches.sort_unstable();
+    batches.dedup();
+    let batches = &batches[..];
+    let device = backend::device(0);
+    let profiles: Vec<(usize, Vec<UnitProfile>)> = match shape {
+        Shape::Vit(config) => {
+            let stack = config.init::<Train>(&device).into_layer_stack();
+            let task = BandImages::new(config.num_classes, config.channels, config.image_size, 7);
+            batches
+                .iter()
+                .map(|&b| {
+                    let (images, _) = task.batch::<Train>(0, b, &device);
+                    (
+                        b,
+                        median_profile(
+                            || profile_units(&stack, images.clone(), &device, 1),
+                            repeats,
+                        ),
+                    )
+                })
+                .collect()
+        }
+        Shape::Bert(config, seq) => {
+            let stack = config.init::<Train>(&device).into_layer_stack();
+            let task = MajorityTokens::new(config.vocab_size, *seq, *seq, 7);
+            batches
+                .iter()
+                .map(|&b| {
+                    let (input, _) = task.batch::<Train>(0, b, &device);
+                    (
+                        b,
+                        median_profile(
+                            || profile_units(&stack, input.clone(), &device, 1),
+                            repeats,
+                        ),
+                    )
+                })
+                .collect()
+        }
+    };
+    let units = shape
+        .units()
+        .into_iter()
+        .enumerate()
+        .map(|(i, u)| {
+            let points = |pass: fn(&UnitProfile) -> f64| -> Vec<(f64, f64)> {
+                profiles
+                    .iter()
+                    .map(|(b, p)| (*b as f64, pass(&p[i])))
+                    .collect()
+            };
+            let (forward_fixed, forward) = fit_linear(&points(|p| p.forward.as_secs_f64()));
+            let (backward_fixed, backward) = fit_linear(&points(|p| p.backward.as_secs_f64()));
+            UnitCost {
+                name: u.name,
+                forward,
+                backward,
+                forward_fixed,
+                backward_fixed,
+                measured: profiles
+                    .iter()
+                    .map(|(b, p)| MeasuredPass {
+                        batch: *b,
+                        forward: p[i].forward.as_secs_f64(),
+                        backward: p[i].backward.as_secs_f64(),
+                    })
+                    .collect(),
+                activation_bytes: u.output_elems * 4,
+                param_tensors: u.tensors.iter().map(|n| n * 4).collect(),
+            }
+        })
+        .collect();
+    ModelCosts {
+        model: shape.describe(),
+        source: format!(
+            "profiled on {} at batches {batches:?} (median of {repeats} after a warm-up), fitted as fixed + per-sample time",
+            backend::NAME
+        ),
+        layers: shape.layers(),
+        first_layer_unit: 1,
+        units_per_layer: 2,
+        units,
+    }
+}
+
+/// What a step of the main job costs outside the pipeline's passes,
+/// measured on this backend.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepCosts {
+    /// Seconds of an Adam step per parameter tensor (burn's optimizer
+    /// updates each tensor with a handful of small operations).
+    pub optimizer_per_tensor: f64,
+    /// Seconds to generate one batch of the job's synthetic data.
+    pub data: f64,
+    /// Seconds per parameter tensor to collect one micro-batch's gradients
+    /// and add them to the accumulated ones (what burn-pipe's stages do
+    /// after every backward pass).
+    pub accumulate_per_tensor: f64,
+}
+
+/// Times `repeats` Adam steps on the whole model of `shape` (median, per
+/// parameter tensor) and the job's data generation for `batch` samples.
+pub fn step_costs(shape: &Shape, batch: usize, repeats: usize) -> StepCosts {
+    use burn::module::AutodiffModule;
+    use burn::nn::loss::CrossEntropyLossConfig;
+    use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+    use burn::tensor::backend::Backend;
+    use std::time::Instant;
+
+    fn median(mut v: Vec<f64>) -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+    let device = backend::device(0);
+    let tensors: usize = shape.units().iter().map(|u| u.tensors.len()).sum();
+    let loss = CrossEntropyLossConfig::new().init(&device);
+    let repeats = repeats.max(1);
+    /// Median seconds of an optimizer step of `model`, and of collecting
+    /// and accumulating one set of its gradients; `backward` runs a
+    /// backward pass.
+    fn time_steps<M: AutodiffModule<Train>>(
+        mut model: M,
+        backward: impl Fn(&M) -> <Train as burn::tensor::backend::AutodiffBackend>::Gradients,
+        repeats: usize,
+        device: &burn::tensor::Device<Train>,
+    ) -> (f64, f64) {
+        let mut optim = AdamConfig::new().init::<Train, M>();
+        let mut accumulator = burn::optim::GradientsAccumulator::<M>::new();
+        let (mut steps, mut accumulates) = (Vec::new(), Vec::new());
+        for _ in 0..=repeats {
+            let mut raw = backward(&model);
+            <Train as Backend>::sync(device).expect("device sync");
+            let start = Instant::now();
+            let g = GradientsParams::from_module(&mut raw, &model);
+            accumulator.accumulate(&model, g);
+            <Train as Backend>::sync(device).expect("device sync");
+            accumulates.push(start.elapsed().as_secs_f64());
+            let g = accumulator.grads();
+            let start = Instant::now();
+            model = optim.step(1e-3, model, g);
+            <Train as Backend>::sync(device).expect("device sync");
+            steps.push(start.elapsed().as_secs_f64());
+        }
+        (
+            median(steps[1..].to_vec()),
+            median(accumulates[1..].to_vec()),
+        )
+    }
+    let ((step, accumulate), data) = match shape {
+        Shape::Vit(config) => {
+            let task = BandImages::new(config.num_classes, config.channels, config.image_size, 7);
+            let (x, y) = task.batch::<Train>(0, batch, &device);
+            let step = time_steps(
+                config.init::<Train>(&device),
+                |m| loss.forward(m.forward(x.clone()), y.clone()).backward(),
+                repeats,
+                &device,
+            );
+            let data = median(
+                (0..repeats)
+                    .map(|i| {
+                        let start = Instant::now();
+                        let _ = task.batch::<Train>(i, batch, &device);
+                        start.elapsed().as_secs_f64()
+                    })
+                    .collect(),
+            );
+            (step, data)
+        }
+        Shape::Bert(config, seq) => {
+            let task = MajorityTokens::new(config.vocab_size, *seq, *seq, 7);
+            let (x, y) = task.batch::<Train>(0, batch, &device);
+            let step = time_steps(
+                config.init::<Train>(&device),
+                |m| loss.forward(m.forward(x.clone()), y.clone()).backward(),
+                repeats,
+                &device,
+            );
+            let data = median(
+                (0..repeats)
+                    .map(|i| {
+                        let start = Instant::now();
+                        let _ = task.batch::<Train>(i, batch, &device);
+                        start.elapsed().as_secs_f64()
+                    })
+                    .collect(),
+            );
+            (step, data)
+        }
+    };
+    StepCosts {
+        optimizer_per_tensor: step / tensors as f64,
+        data,
+        accumulate_per_tensor: accumulate / tensors as f64,
+    }
+}

@@ -1,0 +1,111 @@
+//! The tables `plan` prints.
+
+use burn_elastic_dp::plan::{EpochPlan, EpochTime, Plan};
+
+use super::calibrate::Calibrated;
+
+/// Seconds in a short human unit.
+pub fn human(seconds: f64) -> String {
+    if seconds >= 3600.0 {
+        format!("{:.2}h", seconds / 3600.0)
+    } else if seconds >= 60.0 {
+        format!("{:.1}m", seconds / 60.0)
+    } else if seconds >= 1.0 {
+        format!("{seconds:.2}s")
+    } else {
+        format!("{:.2}ms", seconds * 1e3)
+    }
+}
+
+/// One line per epoch: F, K, R, M, boundaries and the time split.
+pub fn print_epochs(title: &str, epochs: &[EpochPlan]) {
+    println!("{title}");
+    println!(
+        "{:>5} {:>3} {:>6} {:>5} {:>3} {:>5} {:>3} {:>6}  {:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "epoch",
+        "F",
+        "units",
+        "cache",
+        "K",
+        "R",
+        "M",
+        "bubble",
+        "stage boundaries",
+        "compute",
+        "bubble",
+        "allreduce",
+        "transit.",
+        "epoch",
+        "step"
+    );
+    for e in epochs {
+        let t = &e.time;
+        println!(
+            "{:>5} {:>3} {:>6} {:>5} {:>3} {:>5} {:>3} {:>6.3}  {:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            e.epoch,
+            e.frozen_layers,
+            e.frozen_units,
+            if e.cached { "yes" } else { "no" },
+            e.stages,
+            e.replicas,
+            e.micro_batches,
+            e.bubble_fraction,
+            format!("{:?}", e.balance),
+            human(t.steps.compute),
+            human(t.steps.bubble),
+            human(t.steps.all_reduce),
+            human(t.transition),
+            human(t.total()),
+            human(e.step.total()),
+        );
+    }
+}
+
+/// Totals split by kind.
+pub fn split(t: &EpochTime) -> String {
+    format!(
+        "compute {} + bubble {} + all-reduce {} + transitions {} = {}",
+        human(t.steps.compute),
+        human(t.steps.bubble),
+        human(t.steps.all_reduce),
+        human(t.transition),
+        human(t.total())
+    )
+}
+
+/// The whole run against the baseline.
+pub fn print_summary(plan: &Plan) {
+    println!("PipeTransformer: {}", split(&plan.breakdown()));
+    println!("baseline:        {}", split(&plan.baseline_breakdown()));
+    println!(
+        "predicted speed-up over the baseline (pipeline + data parallel, nothing frozen): {:.2}x",
+        plan.speedup()
+    );
+}
+
+/// A calibration table; returns the largest absolute error.
+pub fn print_calibration(title: &str, rows: &[Calibrated]) -> f64 {
+    println!("{title}");
+    println!(
+        "{:<40} {:>12} {:>12} {:>8}",
+        "", "predicted", "measured", "error"
+    );
+    let mut worst: f64 = 0.0;
+    for r in rows {
+        worst = worst.max(r.error().abs());
+        println!(
+            "{:<40} {:>12} {:>12} {:>+7.1}%",
+            r.label,
+            human(r.predicted),
+            human(r.measured),
+            100.0 * r.error()
+        );
+    }
+    let mean = rows.iter().map(|r| r.error().abs()).sum::<f64>() / rows.len().max(1) as f64;
+    println!(
+        "mean |error| {:.1}%, largest {:.1}%",
+        100.0 * mean,
+        100.0 * worst
+    );
+    worst
+}
