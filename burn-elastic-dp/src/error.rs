@@ -137,6 +137,16 @@ pub enum ElasticError {
     /// A sampler configuration that cannot work.
     #[error("sampler: {0}")]
     Sampler(String),
+    /// Some replicas' optimizer steps failed while the others' applied: the
+    /// failed ones are behind and must leave the group
+    /// ([`ReplicaGroup::remove_replica`](crate::ReplicaGroup::remove_replica)).
+    #[error("replicas {failed:?} failed their optimizer step while the others stepped: {source}")]
+    PartialStep {
+        /// The replicas that did not step.
+        failed: Vec<usize>,
+        /// The first failure.
+        source: Box<ElasticError>,
+    },
     /// A freeze-front request that does not fit.
     #[error(transparent)]
     Freeze(#[from] burn_freeze::FreezeError),

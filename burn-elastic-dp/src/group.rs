@@ -392,6 +392,17 @@ where
                                     .map(|s| pipeline.stage(s).trainable().clone())
                                     .collect();
                                 pipeline.map_gradients(|stage, grads| {
+                                    burn_freeze::fault::check(
+                                        burn_freeze::fault::Phase::AllReduce,
+                                        Some(stage),
+                                        None,
+                                    )
+                                    .map_err(|e| {
+                                        ElasticError::Replica {
+                                            replica,
+                                            source: e.into(),
+                                        }
+                                    })?;
                                     let grads = match mode {
                                         _ if count == 1 => grads,
                                         AllReduce::PerTensor => {
@@ -552,13 +563,32 @@ where
                 .map(|h| h.join().expect("an optimizer step does not panic"))
                 .collect()
         });
-        match results.into_iter().enumerate().find(|(_, r)| r.is_err()) {
-            Some((replica, Err(source))) => {
-                self.abandon_step();
-                Err(ElasticError::Replica { replica, source })
-            }
-            _ => Ok(()),
+        let count = results.len();
+        let mut failed: Vec<(usize, burn_pipe::PipeError)> = results
+            .into_iter()
+            .enumerate()
+            .filter_map(|(r, result)| result.err().map(|e| (r, e)))
+            .collect();
+        if failed.is_empty() {
+            return Ok(());
         }
+        // The collective is intact (no all-reduce ran): it stays registered,
+        // so that removing a replica dissolves it properly.
+        for replica in &mut self.replicas {
+            replica.clear_gradients();
+        }
+        let all = failed.len() == count;
+        let replicas: Vec<usize> = failed.iter().map(|(r, _)| *r).collect();
+        let (replica, source) = failed.swap_remove(0);
+        let error = ElasticError::Replica { replica, source };
+        if all {
+            return Err(error);
+        }
+        // Some replicas stepped: they are ahead of the failed ones.
+        Err(ElasticError::PartialStep {
+            failed: replicas,
+            source: Box::new(error),
+        })
     }
 
     /// [`forward_backward`](Self::forward_backward) then [`step`](Self::step).

@@ -98,6 +98,9 @@ pub enum FreezeError {
 /// An AutoCache request that cannot be served.
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
+    /// A fault injected by a reliability test.
+    #[error("{0}")]
+    Injected(String),
     /// The spill directory cannot be created or written.
     #[error("the cache directory {path} is not writable: {source}")]
     UnwritableDirectory {

@@ -51,6 +51,9 @@ mod stack;
 mod types;
 mod unit;
 
+#[doc(hidden)]
+pub mod fault;
+
 pub use activation::{Activation, AutodiffActivation, Differentiable};
 pub use cache::{
     ActivationCache, CacheConfig, CacheKey, CacheStats, Cacheable, StackCache, check_sample_ids,

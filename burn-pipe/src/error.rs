@@ -128,6 +128,9 @@ pub enum PipeError {
         /// The unit whose gradient is not finite.
         unit: Option<usize>,
     },
+    /// A fault injected by a reliability test (`burn_freeze::fault`).
+    #[error("{0}")]
+    Injected(String),
     /// Every unit is frozen: a training step has nothing to train.
     #[error("every one of the {units} units is frozen: there is nothing to train")]
     NothingToTrain {
@@ -180,6 +183,12 @@ impl PipeError {
         };
         let best = (0..errors.len()).min_by_key(|&i| (rank(&errors[i]), i))?;
         Some(errors.swap_remove(best))
+    }
+}
+
+impl From<burn_freeze::fault::Injected> for PipeError {
+    fn from(injected: burn_freeze::fault::Injected) -> Self {
+        PipeError::Injected(injected.to_string())
     }
 }
 

@@ -428,6 +428,12 @@ where
     /// no stage steps, the gradients are dropped, weights and optimizer
     /// state stay as they were, and the error names the stage and unit.
     pub fn step(&mut self, lr: f64) -> Result<(), PipeError> {
+        if let Err(injected) =
+            burn_freeze::fault::check(burn_freeze::fault::Phase::Step, None, None)
+        {
+            self.clear_gradients();
+            return Err(injected.into());
+        }
         // Every stage's per-unit norms first (one device read per stage), so
         // that a non-finite gradient anywhere stops every stage.
         let norms: Vec<Vec<Option<GradNorm>>> = thread::scope(|scope| {
@@ -534,6 +540,7 @@ where
         if self.stages.iter().any(|s| s.pending.is_some()) {
             return Err(PipeError::GradientsPending("repartition"));
         }
+        burn_freeze::fault::check(burn_freeze::fault::Phase::Repartition, None, None)?;
         validate(balance, self.num_units(), devices.len(), &self.config)?;
         let mut pool = StatePool::<O, TrainableUnits<S>, S::Backend>::new();
         let mut ranges = Vec::with_capacity(self.stages.len());
@@ -644,6 +651,7 @@ where
         if self.stages.iter().any(|s| s.pending.is_some()) {
             return Err(PipeError::GradientsPending("replicate"));
         }
+        burn_freeze::fault::check(burn_freeze::fault::Phase::Spawn, None, None)?;
         if devices.len() != self.stages.len() {
             return Err(PipeError::DeviceCount {
                 devices: devices.len(),

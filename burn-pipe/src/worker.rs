@@ -10,7 +10,7 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
 use burn_freeze::{
     Activation, AutodiffActivation, Differentiable, Flow, InnerBackendOf, InnerFlow, StackTypes,
-    TrainableUnits, UnitRange, flow_to_device, fresh_leaves,
+    TrainableUnits, UnitRange, fault, flow_to_device, fresh_leaves,
 };
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
@@ -187,6 +187,11 @@ where
 
     for op in ops {
         current.set(op);
+        let (phase, n) = match op {
+            Op::Forward(n) => (fault::Phase::Forward, n),
+            Op::Backward(n) => (fault::Phase::Backward, n),
+        };
+        fault::check(phase, Some(stage), Some(n)).map_err(PipeError::from)?;
         match op {
             // A stage whose units are all frozen has no backward pass.
             Op::Backward(_) if !trains => {}

@@ -156,6 +156,13 @@ pub struct TrainerConfig {
     /// missing); `None` writes nothing.
     #[config(default = "None")]
     pub output_dir: Option<PathBuf>,
+    /// When a replica fails its part of a step (a panic or an error of its
+    /// own), shrink the group to the survivors and go on: a failed forward
+    /// and backward pass is run again on the survivors (nothing of it was
+    /// applied), a failed optimizer step is not (the survivors applied it).
+    /// With one replica left, or this off, the step fails.
+    #[config(default = true)]
+    pub recover_replicas: bool,
     /// Checkpoints (and where [`Trainer::resume`] reads them); `None`
     /// writes none.
     #[config(default = "None")]

@@ -32,6 +32,7 @@ pub use error::TrainerError;
 pub use log::{EpochReport, Transition};
 pub use shape::{Reshaping, Shape, UnitCosts, initial_shape, reshape};
 
+use crate::error::ElasticError;
 use crate::group::ReplicaGroup;
 use crate::sampler::ElasticSampler;
 use log::JsonLog;
@@ -417,15 +418,19 @@ where
                     needed: min_batch,
                 });
             }
-            let mut items = Vec::with_capacity(indices.len());
-            for &index in &indices {
-                items.push(
-                    dataset
-                        .get(index)
-                        .ok_or(TrainerError::MissingItem { index, len })?,
-                );
-            }
-            let (input, targets) = batcher.batch(items, &self.devices[0]);
+            let first_device = self.devices[0].clone();
+            let fetch = || -> Result<(S::Input, T), TrainerError> {
+                let mut items = Vec::with_capacity(indices.len());
+                for &index in &indices {
+                    items.push(
+                        dataset
+                            .get(index)
+                            .ok_or(TrainerError::MissingItem { index, len })?,
+                    );
+                }
+                Ok(batcher.batch(items, &first_device))
+            };
+            let (mut input, mut targets) = fetch()?;
             if self.profile_pending
                 && let CostModel::Profiled { repeats } = self.config.costs
             {
@@ -433,14 +438,46 @@ where
             }
             let lr = self.learning_rate();
             let parts = self.config.parts;
-            let group = &mut self.group;
-            let report = if parts.cache && parts.freeze && group.front() > 0 {
-                let ids: Vec<u64> = indices.iter().map(|&i| i as u64).collect();
-                group.forward_backward_cached(&ids, input, targets, &loss)?
-            } else {
-                group.forward_backward(input, targets, &loss)?
+            let report = loop {
+                let group = &mut self.group;
+                let attempt = if parts.cache && parts.freeze && group.front() > 0 {
+                    let ids: Vec<u64> = indices.iter().map(|&i| i as u64).collect();
+                    group.forward_backward_cached(&ids, input, targets, &loss)
+                } else {
+                    group.forward_backward(input, targets, &loss)
+                };
+                match attempt {
+                    Ok(report) => break report,
+                    Err(error) => {
+                        let Some(replica) = self.recoverable(&error) else {
+                            return Err(error.into());
+                        };
+                        // Nothing of the step was applied: the survivors run
+                        // the same batch again.
+                        tracing::warn!(%error, replica, "a replica failed; the group shrinks to the survivors and redoes the step");
+                        self.group.remove_replica(replica)?;
+                        self.shape.replicas -= 1;
+                        (input, targets) = fetch()?;
+                    }
+                }
             };
-            group.step(lr)?;
+            let group = &mut self.group;
+            match group.step(lr) {
+                Ok(()) => {}
+                Err(ElasticError::PartialStep { failed, source })
+                    if self.config.recover_replicas =>
+                {
+                    // The others applied the update: the failed replicas
+                    // leave, and the step is not run again.
+                    tracing::warn!(error = %source, ?failed, "replicas failed their optimizer step; they leave the group");
+                    for &replica in failed.iter().rev() {
+                        self.group.remove_replica(replica)?;
+                        self.shape.replicas -= 1;
+                    }
+                }
+                Err(error) => return Err(error.into()),
+            }
+            let group = &mut self.group;
             steps += 1;
             self.steps += 1;
             self.mid_epoch = true;
@@ -507,6 +544,25 @@ where
             self.save_checkpoint()?;
         }
         Ok(report)
+    }
+
+    /// The replica a failed step names, when the group may shrink to the
+    /// survivors and redo it: recovery on, more than one replica, and a
+    /// failure of that replica's own (not a non-finite loss, which the same
+    /// batch would give again).
+    fn recoverable(&self, error: &ElasticError) -> Option<usize> {
+        if !self.config.recover_replicas || self.group.num_replicas() < 2 {
+            return None;
+        }
+        match error {
+            ElasticError::Replica {
+                source: burn_pipe::PipeError::NonFinite { .. },
+                ..
+            } => None,
+            ElasticError::Replica { replica, .. }
+            | ElasticError::ReplicaPanicked { replica, .. } => Some(*replica),
+            _ => None,
+        }
     }
 
     /// Epochs finished.

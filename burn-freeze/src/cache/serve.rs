@@ -87,6 +87,8 @@ where
     let mut outputs: Vec<Option<InnerHidden<S>>> = vec![None; ids.len()];
     // Samples by the front they start from: (position in the batch, cached value).
     let mut groups: BTreeMap<usize, Vec<Start<S>>> = BTreeMap::new();
+    crate::fault::check(crate::fault::Phase::CacheRead, None, None)
+        .map_err(|e| CacheError::Injected(e.to_string()))?;
     for (i, &id) in ids.iter().enumerate() {
         match cache.lookup(id, units, &device) {
             Some((front, value)) if front == units => {
@@ -141,6 +143,10 @@ where
                 found: reference.clone(),
             });
         }
+    }
+    if !computed.is_empty() {
+        crate::fault::check(crate::fault::Phase::CacheWrite, None, None)
+            .map_err(|e| CacheError::Injected(e.to_string()))?;
     }
     for (i, value) in computed {
         cache.insert(ids[i], units, value.clone(), &input_shapes)?;
