@@ -245,6 +245,7 @@ impl Observer for Silent {}
 
 /// A pretrained model, ready to fine-tune (fresh classifier).
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // one lives at a time
 pub enum Pretrained {
     /// ViT's units.
     Vit(LayerStack<VitTypes<Train>>),
@@ -617,6 +618,12 @@ impl JobSpec {
     }
 }
 
+/// Held-out inputs and the accuracy of logits on them.
+type HeldOut<'a, S> = (
+    &'a <S as StackTypes>::Input,
+    &'a dyn Fn(Tensor<Inner, 2>) -> f64,
+);
+
 /// Plain Burn training of the whole model on one device, the batches in
 /// the order the trainer's sampler gives (one replica).
 #[allow(clippy::too_many_arguments)]
@@ -627,7 +634,7 @@ fn plain<S, I, D, Bt>(
     epochs: usize,
     data: &D,
     batcher: &Bt,
-    eval: Option<(&S::Input, &dyn Fn(Tensor<Inner, 2>) -> f64)>,
+    eval: Option<HeldOut<'_, S>>,
     observer: &mut impl Observer,
 ) -> (LayerStack<S>, RunRecord)
 where
