@@ -672,3 +672,62 @@ fn a_run_resumed_from_a_checkpoint_gives_the_losses_of_an_uninterrupted_one() {
         "{error}"
     );
 }
+
+#[test]
+fn valid_random_configurations_finish_a_short_job() {
+    let device: Device<B> = Default::default();
+    let data = dataset(48);
+    let batcher = Recording::default();
+    let mut state = 7u64;
+    let mut below = |n: u64| {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) % n
+    };
+    let mut finished = 0;
+    for _ in 0..12 {
+        let devices = 1 + below(4) as usize;
+        let stages = 1 + below(devices as u64) as usize;
+        let micro = 1 + below(3) as usize;
+        let parts = Parts::new()
+            .with_freeze(below(4) != 0)
+            .with_pipe(below(2) == 0)
+            .with_dp(below(2) == 0)
+            .with_cache(below(2) == 0);
+        let rule = match below(3) {
+            0 => FreezeRule::AlphaSchedule { alpha: 0.3 },
+            1 => FreezeRule::AlphaArgmin { alpha: 0.5 },
+            _ => FreezeRule::ChangeRate {
+                every_steps: 2,
+                percentile: 50.0,
+            },
+        };
+        let batch = if below(2) == 0 {
+            BatchPolicy::FixedGlobal { batch: 16 }
+        } else {
+            BatchPolicy::PerReplica { batch: 8 }
+        };
+        let config = elastic_config()
+            .with_parts(parts)
+            .with_freeze(rule)
+            .with_stages(Some(stages))
+            .with_batch(batch)
+            .with_replicas(
+                ReplicaConfig::new()
+                    .with_pipeline(PipelineConfig::new().with_micro_batches(Some(micro))),
+            );
+        let mut trainer = config
+            .init(stack_from_seed(), vec![device; devices], || {
+                AdamConfig::new().init()
+            })
+            .unwrap_or_else(|e| panic!("{devices} devices, {stages} stages, M={micro}: {e}"));
+        for _ in 0..2 {
+            let report = trainer.fit_epoch(&data, &batcher, loss).unwrap();
+            assert_eq!(report.samples, 48);
+            assert!(report.loss.is_finite());
+        }
+        finished += 1;
+    }
+    assert_eq!(finished, 12);
+}
