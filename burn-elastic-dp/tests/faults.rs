@@ -7,39 +7,20 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use burn::backend::Autodiff;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::{Linear, LinearConfig};
+use burn::nn::LinearConfig;
 use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn_elastic_dp::{BatchPolicy, CostModel, FreezeRule, ReplicaConfig, TrainerConfig};
+use burn_freeze::LayerStack;
 use burn_freeze::fault::{self, Fault, Phase};
-use burn_freeze::{LayerStack, StackMarker};
 use burn_pipe::PipelineConfig;
 
-#[cfg(not(feature = "test-tch"))]
-type Inner = burn::backend::Flex;
-#[cfg(feature = "test-tch")]
-type Inner = burn::backend::LibTorch;
-type B = Autodiff<Inner>;
+mod common;
 
-#[derive(Module, Debug)]
-pub struct Block<B: Backend> {
-    linear: Linear<B>,
-}
-
-impl<B: Backend> Block<B> {
-    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        x.clone() + self.linear.forward(x).tanh()
-    }
-}
-
-burn_freeze::unit!(Block<B>: Tensor<B, 2> => Tensor<B, 2>);
-
-type Types = StackMarker<B, Block<B>, Block<B>, Block<B>>;
+use common::{B, Block, Types, loss};
 const WIDTH: usize = 8;
 
 fn stack() -> LayerStack<Types> {
@@ -86,12 +67,6 @@ impl Batcher<B, Item, (Tensor<B, 2>, Tensor<B, 1, Int>)> for Points {
             Tensor::from_data(TensorData::new(y, [n]), device),
         )
     }
-}
-
-fn loss(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> Tensor<B, 1> {
-    CrossEntropyLossConfig::new()
-        .init(&logits.device())
-        .forward(logits, labels)
 }
 
 struct Collect(Vec<f32>);

@@ -6,42 +6,21 @@
 
 use std::sync::{Arc, Mutex};
 
-use burn::backend::Autodiff;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::{Linear, LinearConfig};
+use burn::nn::LinearConfig;
 use burn::optim::{AdamConfig, Optimizer};
 use burn::prelude::*;
 use burn_elastic_dp::{
     BatchPolicy, CostModel, FreezeRule, Parts, ReplicaConfig, TrainerConfig, TrainerError,
 };
-use burn_freeze::{CacheConfig, FreezableStack, LayerStack, StackMarker, TrainableUnits};
+use burn_freeze::{CacheConfig, FreezableStack, LayerStack, TrainableUnits};
 use burn_pipe::PipelineConfig;
 
-#[cfg(not(feature = "test-tch"))]
-type Inner = burn::backend::Flex;
-#[cfg(feature = "test-tch")]
-type Inner = burn::backend::LibTorch;
-type B = Autodiff<Inner>;
+mod common;
 
-/// A user's own unit: a residual block (the last one is the classifier, as
-/// wide as the blocks so that every unit costs the same).
-#[derive(Module, Debug)]
-pub struct Block<B: Backend> {
-    linear: Linear<B>,
-}
-
-impl<B: Backend> Block<B> {
-    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        x.clone() + self.linear.forward(x).tanh()
-    }
-}
-
-burn_freeze::unit!(Block<B>: Tensor<B, 2> => Tensor<B, 2>);
-
-type Types = StackMarker<B, Block<B>, Block<B>, Block<B>>;
+use common::{B, Block, Types, loss};
 
 const WIDTH: usize = 8;
 const UNITS: usize = 8;
@@ -109,12 +88,6 @@ impl Batcher<B, Item, (Tensor<B, 2>, Tensor<B, 1, Int>)> for Recording {
             .push(items.iter().map(|(i, _, _)| *i).collect());
         make_batch(&items, device)
     }
-}
-
-fn loss(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> Tensor<B, 1> {
-    CrossEntropyLossConfig::new()
-        .init(&logits.device())
-        .forward(logits, labels)
 }
 
 struct Collect(Vec<Vec<f32>>);
