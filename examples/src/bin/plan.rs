@@ -13,7 +13,7 @@
 //! # calibration against this machine's measurements
 //! cargo run --release -p examples --bin bench -- pipe --quick
 //! cargo run --release -p examples --bin train -- --stages 4 --freeze-alpha 0.33 > train.log
-//! cargo run --release -p examples --bin plan -- --calibrate target/bench/pipe.json --calibrate-train train.log
+//! cargo run --release -p examples --bin plan -- --calibrate target/bench/pipe.json --calibrate-train target/train/metrics.json
 //! ```
 
 use std::path::PathBuf;
@@ -175,7 +175,7 @@ struct Args {
     /// Calibrate against a `bench pipe` report (target/bench/pipe.json).
     #[arg(long)]
     calibrate: Option<PathBuf>,
-    /// Calibrate against the main job's printed output (`--bin train` log).
+    /// Calibrate against the main job: its metrics.json (`train --no-dp --no-cache --output-dir DIR`), or the log of the loop before it.
     #[arg(long)]
     calibrate_train: Option<PathBuf>,
     /// Passes this CPU runs at full speed at once, for calibration, in (0, 1024].
@@ -488,13 +488,24 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| PlanCliError::Input(format!("cannot read {}: {e}", path.display())))?;
-            let log = calibrate::parse_train_log(&text)?;
+            // `metrics.json` of today's main job, or the log of the loop before it.
+            let log = if text.trim_start().starts_with('{') {
+                calibrate::parse_train_metrics(&text)?
+            } else {
+                calibrate::parse_train_log(&text)?
+            };
             let (preset, layers) = if log.model == "Bert" {
                 (Preset::BertTiny, log.units.saturating_sub(2) / 2)
             } else {
                 (Preset::VitTiny, log.units.saturating_sub(3) / 2)
             };
-            let shape = preset.shape(Some(layers));
+            let shape = match (preset.shape(Some(layers)), log.hidden) {
+                (Shape::Vit(c), Some(h)) => Shape::Vit(c.with_hidden(h).with_mlp_dim(2 * h)),
+                (Shape::Bert(c, s), Some(h)) => {
+                    Shape::Bert(c.with_hidden(h).with_intermediate(2 * h), s)
+                }
+                (shape, None) => shape,
+            };
             println!(
                 "main job log: {} {} units, {} epochs x {} steps x {}, {} stages, alpha {}; profiling {} at batches {batches:?}",
                 log.model,

@@ -366,6 +366,11 @@ struct Metrics<'a> {
     backend: &'a str,
     spec: &'a JobSpec,
     devices: u32,
+    /// Pipeline stages at the start (the devices when not given).
+    stages: u32,
+    freeze_alpha: f64,
+    parts: Parts,
+    units: usize,
     parameters: usize,
     pretraining: &'a RunRecord,
     runs: &'a [RunRecord],
@@ -634,6 +639,14 @@ fn main() {
         backend: backend::NAME,
         spec: &spec,
         devices: args.devices,
+        stages: args.stages.unwrap_or(args.devices),
+        freeze_alpha: args.freeze_alpha,
+        parts: Parts::new()
+            .with_freeze(!args.no_freeze)
+            .with_pipe(!args.no_pipe)
+            .with_dp(!args.no_dp)
+            .with_cache(!args.no_cache),
+        units,
         parameters: pretrained.num_params(),
         pretraining: &pretraining,
         runs: &runs,

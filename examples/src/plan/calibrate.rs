@@ -207,6 +207,10 @@ pub struct TrainLog {
     pub alpha: f64,
     /// Per epoch: frozen units, K, balance, M, seconds.
     pub epoch_rows: Vec<TrainEpoch>,
+    /// Width of the blocks, when the log says (`None`: the tiny preset's).
+    pub hidden: Option<usize>,
+    /// Whether an epoch's time includes the held-out evaluation.
+    pub timed_eval: bool,
 }
 
 /// One epoch line of the main job.
@@ -297,6 +301,100 @@ pub fn parse_train_log(text: &str) -> Result<TrainLog, PlanCliError> {
         stages,
         alpha,
         epoch_rows,
+        hidden: None,
+        timed_eval: true,
+    })
+}
+
+/// Reads the main job's `metrics.json` (`train --output-dir DIR`): its
+/// PipeTransformer run, which must have run without replicas and cache
+/// (`--no-dp --no-cache`, what the planner's CPU calibration models: the
+/// stages threads of one shared device). Epoch times exclude evaluation.
+pub fn parse_train_metrics(text: &str) -> Result<TrainLog, PlanCliError> {
+    let bad = |what: &str| PlanCliError::Input(format!("the train metrics have no {what}"));
+    let json: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| PlanCliError::Input(format!("the train metrics are not JSON: {e}")))?;
+    let number = |v: &serde_json::Value, key: &str| v.get(key).and_then(serde_json::Value::as_f64);
+    let spec = json.get("spec").ok_or_else(|| bad("spec"))?;
+    let parts = json.get("parts").ok_or_else(|| bad("parts"))?;
+    if parts.get("dp").and_then(|v| v.as_bool()) != Some(false)
+        || parts.get("cache").and_then(|v| v.as_bool()) != Some(false)
+    {
+        return Err(PlanCliError::Input(
+            "calibrate with a run of `train --no-dp --no-cache` (the planner's CPU model has no replicas and no cache)".into(),
+        ));
+    }
+    let run = json
+        .get("runs")
+        .and_then(|r| r.as_array())
+        .and_then(|runs| {
+            runs.iter()
+                .find(|r| r.get("name").and_then(|n| n.as_str()) == Some("PipeTransformer"))
+        })
+        .ok_or_else(|| bad("PipeTransformer run"))?;
+    let model = match spec.get("model").and_then(|m| m.as_str()) {
+        Some("Bert") => "Bert",
+        _ => "Vit",
+    }
+    .to_string();
+    let samples = number(spec, "samples").ok_or_else(|| bad("samples"))? as usize;
+    let batch = number(spec, "batch").ok_or_else(|| bad("batch"))? as usize;
+    let mut epoch_rows = Vec::new();
+    for epoch in run
+        .get("epochs")
+        .and_then(|e| e.as_array())
+        .ok_or_else(|| bad("epochs"))?
+    {
+        let balance = epoch
+            .get("balance")
+            .and_then(|b| b.as_array())
+            .ok_or_else(|| bad("balance"))?
+            .iter()
+            .map(|v| v.as_u64().map(|n| n as usize))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad("readable balance"))?;
+        epoch_rows.push(TrainEpoch {
+            frozen_units: number(epoch, "front").ok_or_else(|| bad("front"))? as usize,
+            stages: number(epoch, "stages").ok_or_else(|| bad("stages"))? as usize,
+            balance,
+            micro_batches: number(epoch, "micro_batches").ok_or_else(|| bad("M"))? as usize,
+            seconds: number(epoch, "seconds").ok_or_else(|| bad("epoch time"))?,
+        });
+    }
+    if epoch_rows.is_empty() {
+        return Err(bad("epoch"));
+    }
+    // The metrics give each epoch's shape at its end (after the epoch's
+    // transition); an epoch trains at the shape the one before ended with.
+    // Epoch 0 starts with nothing frozen on the starting stages (its
+    // balance, from parameter counts, is not recorded: not compared).
+    let stages = number(&json, "stages").ok_or_else(|| bad("stages"))? as usize;
+    let mut during: Vec<TrainEpoch> = Vec::with_capacity(epoch_rows.len());
+    during.push(TrainEpoch {
+        frozen_units: 0,
+        stages,
+        balance: Vec::new(),
+        micro_batches: burn_pipe::default_micro_batches(stages),
+        seconds: epoch_rows[0].seconds,
+    });
+    for pair in epoch_rows.windows(2) {
+        during.push(TrainEpoch {
+            seconds: pair[1].seconds,
+            ..pair[0].clone()
+        });
+    }
+    let epoch_rows = during;
+    Ok(TrainLog {
+        model,
+        units: number(&json, "units").ok_or_else(|| bad("unit count"))? as usize,
+        epochs: epoch_rows.len(),
+        steps: samples.div_ceil(batch),
+        batch,
+        stages,
+        alpha: number(&json, "freeze_alpha").ok_or_else(|| bad("freeze alpha"))?,
+        epoch_rows,
+        hidden: number(spec, "hidden").map(|h| h as usize),
+        timed_eval: false,
     })
 }
 
@@ -332,11 +430,15 @@ pub fn predict_train(
     .with_backward_per_tensor(step.accumulate_per_tensor)
     .with_step_overhead(step.data);
     let planned = plan(&config, costs)?;
-    let eval: f64 = costs
-        .units
-        .iter()
-        .map(|u| u.forward_time(TRAIN_HELD_OUT as f64))
-        .sum();
+    let eval: f64 = if log.timed_eval {
+        costs
+            .units
+            .iter()
+            .map(|u| u.forward_time(TRAIN_HELD_OUT as f64))
+            .sum()
+    } else {
+        0.0
+    };
     let mut out = Vec::new();
     let mut matches = Vec::new();
     for (e, measured) in log.epoch_rows.iter().enumerate() {
@@ -346,7 +448,7 @@ pub fn predict_train(
         matches.push(
             p.frozen_units == measured.frozen_units
                 && p.stages == measured.stages
-                && p.balance == measured.balance
+                && (measured.balance.is_empty() || p.balance == measured.balance)
                 && p.micro_batches == measured.micro_batches,
         );
         out.push(Calibrated {
