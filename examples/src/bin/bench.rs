@@ -5,6 +5,7 @@
 //! cargo run --release -p examples --bin bench -- pipe [--quick]
 //! cargo run --release -p examples --bin bench -- freeze [--quick]
 //! cargo run --release -p examples --bin bench -- elastic [--quick]
+//! cargo run --release -p examples --bin bench -- headline [--quick] [--model vit|bert]
 //! ```
 
 use clap::{Parser, Subcommand};
@@ -18,7 +19,8 @@ static ALLOC: examples::bench::alloc::CountingAlloc = examples::bench::alloc::Co
 struct Args {
     #[command(subcommand)]
     bench: Bench,
-    /// Smaller sizes and fewer repetitions: finishes in under two minutes.
+    /// Smaller sizes and fewer repetitions: finishes in under two minutes
+    /// (headline: under five).
     #[arg(long, global = true)]
     quick: bool,
 }
@@ -31,6 +33,13 @@ enum Bench {
     Freeze,
     /// Data-parallel replicas: step time, all-reduce cost, transitions.
     Elastic,
+    /// The fine-tuning job as plain Burn, the pipeline baseline and
+    /// PipeTransformer, with the paper's ablations and alpha sweep; plots.
+    Headline {
+        /// Model and generated tasks.
+        #[arg(long, value_enum, default_value = "vit")]
+        model: examples::job::ModelKind,
+    },
 }
 
 fn main() {
@@ -40,6 +49,7 @@ fn main() {
         Bench::Pipe => examples::bench::pipe::run(args.quick),
         Bench::Freeze => examples::bench::freeze::run(args.quick),
         Bench::Elastic => examples::bench::elastic::run(args.quick),
+        Bench::Headline { model } => examples::bench::headline::run(args.quick, model),
     };
     if let Err(error) = result {
         eprintln!("bench failed: {error}");
