@@ -124,14 +124,25 @@ pub fn line_chart(
         .map_err(|e| err(e.to_string()))?;
     for (i, s) in series.iter().enumerate() {
         let colour = palette(i);
-        let points: Vec<(f64, f64)> = s.points.iter().copied().filter(|p| p.1.is_finite()).collect();
+        let points: Vec<(f64, f64)> = s
+            .points
+            .iter()
+            .copied()
+            .filter(|p| p.1.is_finite())
+            .collect();
         chart
             .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))
             .map_err(|e| err(e.to_string()))?
             .label(s.name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
+            });
         chart
-            .draw_series(points.into_iter().map(|p| Circle::new(p, 3, colour.filled())))
+            .draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 3, colour.filled())),
+            )
             .map_err(|e| err(e.to_string()))?;
     }
     chart

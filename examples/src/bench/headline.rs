@@ -135,23 +135,22 @@ struct Report {
     plots: Vec<PathBuf>,
 }
 
-/// Sizes of a run.
+/// Sizes of a run. BERT's task (majority of upper-half tokens) needs no
+/// position learning and transfers from pretraining within this budget;
+/// the tiny ViT's band task needs learned positions and stays near chance
+/// for hundreds of steps at these sizes.
 fn spec(model: ModelKind, quick: bool) -> JobSpec {
-    let (hidden, samples, pretrain_epochs, epochs) = if quick {
-        (64, 256, 2, 8)
-    } else {
-        (128, 1536, 3, 10)
-    };
+    let (hidden, samples, pretrain_epochs) = if quick { (64, 384, 10) } else { (96, 1536, 12) };
     JobSpec {
         model,
         layers: 12,
         hidden,
         pretrain_epochs,
         samples,
-        eval_samples: if quick { 256 } else { 512 },
+        eval_samples: 512,
         batch: 64,
-        epochs,
-        lr: 1e-3,
+        epochs: 10,
+        lr: 3e-4,
         seed: 42,
     }
 }
@@ -197,7 +196,11 @@ fn configurations(layers: usize) -> Vec<Configuration> {
         },
     ];
     let ablations = [
-        ("freeze", "freeze only", all.with_pipe(false).with_dp(false).with_cache(false)),
+        (
+            "freeze",
+            "freeze only",
+            all.with_pipe(false).with_dp(false).with_cache(false),
+        ),
         ("freeze+pipe+cache", "freeze+pipe+cache", all.with_dp(false)),
         ("freeze+pipe+dp", "freeze+pipe+dp", all.with_cache(false)),
     ];
@@ -278,11 +281,13 @@ fn modelled(profile: &[UnitProfile], run: &RunRecord, cache: bool) -> Vec<(f64, 
         .map(|(t, _)| {
             let front = if t == 0 { 0 } else { run.epochs[t - 1].front };
             let front = front.min(units);
-            let frozen: f64 = if cache {
-                fwd[previous.min(front)..front].iter().sum()
-            } else {
-                fwd[..front].iter().sum()
-            };
+            // `+ 0.0`: an empty f64 sum is -0.0.
+            let frozen: f64 = 0.0
+                + if cache {
+                    fwd[previous.min(front)..front].iter().sum::<f64>()
+                } else {
+                    fwd[..front].iter().sum::<f64>()
+                };
             previous = front;
             (frozen, both[front..].iter().sum())
         })
@@ -291,7 +296,10 @@ fn modelled(profile: &[UnitProfile], run: &RunRecord, cache: bool) -> Vec<(f64, 
 
 fn ideal_speedup(profile: &[UnitProfile], run: &RunRecord, cache: bool) -> f64 {
     let full: f64 = profile.iter().map(|p| p.cost(false, false)).sum();
-    let work: f64 = modelled(profile, run, cache).iter().map(|(f, a)| f + a).sum();
+    let work: f64 = modelled(profile, run, cache)
+        .iter()
+        .map(|(f, a)| f + a)
+        .sum();
     full * run.epochs.len() as f64 / work
 }
 
@@ -307,7 +315,9 @@ fn run_err<E: std::fmt::Display>(error: E) -> BenchError {
 }
 
 fn mib(bytes: Option<usize>) -> String {
-    bytes.map_or("-".into(), |b| format!("{:.1}", b as f64 / (1 << 20) as f64))
+    bytes.map_or("-".into(), |b| {
+        format!("{:.1}", b as f64 / (1 << 20) as f64)
+    })
 }
 
 /// Runs the headline benchmark on `model`.
@@ -329,6 +339,12 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
     let start = std::time::Instant::now();
     let pretrained = spec.pretrain(&mut Progress);
     let pretrain_seconds = start.elapsed().as_secs_f64();
+    println!(
+        "pretrained in {pretrain_seconds:.0} s ({} epochs); {} parameters, {} units",
+        spec.pretrain_epochs,
+        pretrained.num_params(),
+        pretrained.num_units()
+    );
     let profile = profile(&spec, &pretrained);
     let unit_profile_ms: Vec<(f64, f64)> = profile
         .iter()
@@ -339,13 +355,21 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
             )
         })
         .collect();
-    eprintln!("unit profile (forward ms, backward ms per batch of {}): {unit_profile_ms:.2?}", spec.batch);
+    eprintln!(
+        "unit profile (forward ms, backward ms per batch of {}): {unit_profile_ms:.2?}",
+        spec.batch
+    );
 
     let mut runs: Vec<(RunRecord, Option<usize>)> = Vec::new();
     for configuration in &configurations {
         let before = alloc::reset_peak();
         let (record, trained) = spec
-            .finetune(&pretrained, &configuration.name, &configuration.method, &mut Progress)
+            .finetune(
+                &pretrained,
+                &configuration.name,
+                &configuration.method,
+                &mut Progress,
+            )
             .map_err(run_err)?;
         drop(trained);
         let peak = alloc::installed().then(|| alloc::peak().saturating_sub(before));
@@ -378,7 +402,17 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
 
     println!(
         "{:<30} {:>8} {:>9} {:>7} {:>7} {:>6} {:>7} {:>7} {:>9} {:>6} {:>6}",
-        "configuration", "wall s", "samples/s", "vs (a)", "vs (b)", "ideal", "of id.", "peak MiB", "acc %", "d(a)", "d(b)"
+        "configuration",
+        "wall s",
+        "samples/s",
+        "vs (a)",
+        "vs (b)",
+        "ideal",
+        "of id.",
+        "peak MiB",
+        "acc %",
+        "d(a)",
+        "d(b)"
     );
     for row in &rows {
         let r = &row.run;
@@ -397,7 +431,9 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
             row.accuracy_delta_vs_baseline,
         );
     }
-    println!("(vs: speed-up in wall time; ideal: the freeze schedule's cost model; of id.: speed-up vs (b) / ideal; d: accuracy points vs (a), (b))");
+    println!(
+        "(vs: speed-up in wall time; ideal: the freeze schedule's cost model; of id.: speed-up vs (b) / ideal; d: accuracy points vs (a), (b))"
+    );
 
     println!("samples/s per epoch:");
     for row in &rows {
@@ -448,10 +484,21 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
             }
         })
         .collect();
-    println!("(c) per-phase breakdown, seconds (frozen fwd and active fwd+bwd modelled from the unit profile; all-reduce, transitions, bubble measured; other = the rest):");
+    println!(
+        "(c) per-phase breakdown, seconds (frozen fwd and active fwd+bwd modelled from the unit profile; all-reduce, transitions, bubble measured; other = the rest):"
+    );
     println!(
         "  {:>5} {:>8} {:>10} {:>10} {:>10} {:>11} {:>8} {:>8} {:>7} {:>7}",
-        "epoch", "wall", "frozen fwd", "active f+b", "all-reduce", "transitions", "bubble", "other", "hits", "misses"
+        "epoch",
+        "wall",
+        "frozen fwd",
+        "active f+b",
+        "all-reduce",
+        "transitions",
+        "bubble",
+        "other",
+        "hits",
+        "misses"
     );
     let mut total = [0.0f64; 7];
     for p in &breakdown {
@@ -492,7 +539,7 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
         fraction_of_ideal_85_percent: c.fraction_of_ideal_vs_baseline >= 0.85,
     };
     println!(
-        "targets for (c): >= 3x vs (b): {} ({:.2}x); >= 5x vs (a): {} ({:.2}x); accuracy >= (b) - 0.5 pt: {} ({:+.2} pt); >= 85% of ideal: {} ({:.0}% of {:.2}x)",
+        "targets for (c): >= 3x vs (b): {} ({:.2}x); >= 5x vs (a): {} ({:.2}x); accuracy >= (b) - 0.5 pt: {} ({:+.2} pt); >= 85% of ideal: {} ({:.0}% of {:.2}x vs (b); {:.0}% vs (a))",
         yes(targets.speedup_vs_baseline_3x),
         c.speedup_vs_baseline,
         yes(targets.speedup_vs_plain_5x),
@@ -501,7 +548,8 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
         c.accuracy_delta_vs_baseline,
         yes(targets.fraction_of_ideal_85_percent),
         100.0 * c.fraction_of_ideal_vs_baseline,
-        c.ideal_speedup
+        c.ideal_speedup,
+        100.0 * c.fraction_of_ideal_vs_plain
     );
 
     let plots = draw(&rows).map_err(run_err)?;
@@ -525,7 +573,12 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
         plots,
     };
     let path = write_report("headline", &report)?;
-    println!("wrote {} and {} plots in {}", path.display(), report.plots.len(), plot_dir().display());
+    println!(
+        "wrote {} and {} plots in {}",
+        path.display(),
+        report.plots.len(),
+        plot_dir().display()
+    );
     Ok(())
 }
 

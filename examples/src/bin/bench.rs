@@ -5,7 +5,7 @@
 //! cargo run --release -p examples --bin bench -- pipe [--quick]
 //! cargo run --release -p examples --bin bench -- freeze [--quick]
 //! cargo run --release -p examples --bin bench -- elastic [--quick]
-//! cargo run --release -p examples --bin bench -- headline [--quick] [--model vit|bert]
+//! cargo run --release -p examples --bin bench -- headline [--quick] [--model bert|vit]
 //! ```
 
 use clap::{Parser, Subcommand};
@@ -37,7 +37,7 @@ enum Bench {
     /// PipeTransformer, with the paper's ablations and alpha sweep; plots.
     Headline {
         /// Model and generated tasks.
-        #[arg(long, value_enum, default_value = "vit")]
+        #[arg(long, value_enum, default_value = "bert")]
         model: examples::job::ModelKind,
     },
 }
