@@ -94,16 +94,61 @@ fn span(values: impl Iterator<Item = f64>) -> (f64, f64) {
     (lo - pad, hi + pad)
 }
 
-/// Draws `series` as lines with markers, one colour each, with a legend.
+/// A tick label: integers without decimals, others with up to 3 digits.
+fn tick(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-9 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// Draws `series` as lines with markers, one colour each, with a legend;
+/// with `log_y` the y axis is logarithmic (non-positive values are left
+/// out).
 pub fn line_chart(
     path: &Path,
     title: &str,
     x_label: &str,
     y_label: &str,
     series: &[Series],
+    log_y: bool,
 ) -> Result<PathBuf, PlotError> {
     fonts();
     let err = fail(path);
+    // A log axis is drawn as log10 of the values, labelled with the values.
+    let logged: Vec<Series>;
+    let series = if log_y {
+        logged = series
+            .iter()
+            .map(|s| Series {
+                name: s.name.clone(),
+                points: s
+                    .points
+                    .iter()
+                    .filter(|p| p.1 > 0.0)
+                    .map(|&(x, y)| (x, y.log10()))
+                    .collect(),
+            })
+            .collect();
+        &logged[..]
+    } else {
+        series
+    };
+    let y_tick = |y: &f64| {
+        if log_y {
+            let v = 10f64.powf(*y);
+            if v >= 100.0 {
+                format!("{v:.0}")
+            } else {
+                format!("{v:.3}")
+            }
+        } else {
+            tick(*y)
+        }
+    };
     let (x0, x1) = span(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
     let (y0, y1) = span(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
     let root = BitMapBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
@@ -119,6 +164,8 @@ pub fn line_chart(
         .configure_mesh()
         .x_desc(x_label)
         .y_desc(y_label)
+        .x_label_formatter(&|x| tick(*x))
+        .y_label_formatter(&y_tick)
         .label_style(("sans-serif", 15))
         .draw()
         .map_err(|e| err(e.to_string()))?;
@@ -200,6 +247,7 @@ pub fn bar_chart(
             }
         })
         .y_desc(y_label)
+        .y_label_formatter(&|y| tick(*y))
         .label_style(("sans-serif", 14))
         .draw()
         .map_err(|e| err(e.to_string()))?;
@@ -248,15 +296,17 @@ fn per_epoch(runs: &[RunRecord], value: impl Fn(&crate::job::EpochRecord) -> f64
         .collect()
 }
 
-/// Samples per second per epoch, one curve per run, as `throughput.png`
-/// in `dir`.
+/// Samples per second per epoch, one curve per run (log scale: frozen,
+/// cached epochs run orders of magnitude faster), as `throughput.png` in
+/// `dir`.
 pub fn throughput(dir: &Path, runs: &[RunRecord]) -> Result<PathBuf, PlotError> {
     line_chart(
         &dir.join("throughput.png"),
         "Training throughput per epoch",
         "epoch",
-        "samples/s",
+        "samples/s (log scale)",
         &per_epoch(runs, |e| e.samples_per_second),
+        true,
     )
 }
 
@@ -268,6 +318,7 @@ pub fn loss(dir: &Path, runs: &[RunRecord]) -> Result<PathBuf, PlotError> {
         "epoch",
         "mean loss",
         &per_epoch(runs, |e| e.loss),
+        false,
     )
 }
 
@@ -280,6 +331,7 @@ pub fn accuracy(dir: &Path, runs: &[RunRecord]) -> Result<PathBuf, PlotError> {
         "epoch",
         "accuracy (%)",
         &per_epoch(runs, |e| 100.0 * e.accuracy),
+        false,
     )
 }
 
@@ -300,5 +352,6 @@ pub fn shape(dir: &Path, run: &RunRecord, file: &str) -> Result<PathBuf, PlotErr
             one("K (stages)", &|e| e.stages as f64),
             one("R (replicas)", &|e| e.replicas as f64),
         ],
+        false,
     )
 }

@@ -30,7 +30,7 @@ use burn::data::dataloader::batcher::Batcher;
 use burn_elastic_dp::{CostModel, FreezeRule, LayerSpec, Parts, TrainerConfig};
 use burn_pipe::{UnitProfile, profile_units};
 use models::synthetic::{BandImages, MajorityTokens};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{BenchError, alloc, write_report};
 use crate::backend;
@@ -44,7 +44,7 @@ const DEVICES: usize = 4;
 const PROFILE_REPEATS: usize = 5;
 
 /// Which table a configuration belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 enum Group {
     /// (a), (b), (c).
     Headline,
@@ -62,9 +62,9 @@ struct Configuration {
 }
 
 /// One configuration's results.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Row {
-    key: &'static str,
+    key: String,
     group: Group,
     run: RunRecord,
     /// Peak heap during the run, above the level before it.
@@ -385,7 +385,7 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
             let vs_plain = plain.seconds / run.seconds;
             let vs_base = baseline.seconds / run.seconds;
             Row {
-                key: c.key,
+                key: c.key.to_string(),
                 group: c.group,
                 peak_bytes: peak,
                 speedup_vs_plain: vs_plain,
@@ -445,7 +445,7 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
             .collect();
         println!("  {:<30} {}", row.run.name, per.join(" "));
     }
-    let c = &rows[2];
+    let c = row_c(&rows)?;
     println!("(c) F/K/R per epoch (at its end):");
     let shape: Vec<String> = c
         .run
@@ -582,6 +582,34 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
     Ok(())
 }
 
+fn row_c(rows: &[Row]) -> Result<&Row, BenchError> {
+    rows.iter()
+        .find(|r| r.key == "c")
+        .ok_or_else(|| BenchError::Run("no row (c) in the results".into()))
+}
+
+/// Redraws the plots from `target/bench/headline.json` (a finished run),
+/// training nothing.
+pub fn replot() -> Result<(), BenchError> {
+    #[derive(Deserialize)]
+    struct Saved {
+        rows: Vec<Row>,
+    }
+    let path = plot_dir().with_extension("json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| BenchError::Run(format!("cannot read {}: {e}", path.display())))?;
+    let saved: Saved = serde_json::from_str(&text)
+        .map_err(|e| BenchError::Run(format!("cannot parse {}: {e}", path.display())))?;
+    let plots = draw(&saved.rows)?;
+    println!(
+        "redrew {} plots in {} from {}",
+        plots.len(),
+        plot_dir().display(),
+        path.display()
+    );
+    Ok(())
+}
+
 fn yes(ok: bool) -> &'static str {
     if ok { "met" } else { "MISSED" }
 }
@@ -624,7 +652,7 @@ fn draw(rows: &[Row]) -> Result<Vec<PathBuf>, BenchError> {
         plots::throughput(&dir, &runs).map_err(run_err)?,
         plots::loss(&dir, &headline).map_err(run_err)?,
         plots::accuracy(&dir, &runs).map_err(run_err)?,
-        plots::shape(&dir, &rows[2].run, "c").map_err(run_err)?,
+        plots::shape(&dir, &row_c(rows)?.run, "c").map_err(run_err)?,
     ];
     paths.push(
         plots::bar_chart(

@@ -5,7 +5,7 @@
 //! cargo run --release -p examples --bin bench -- pipe [--quick]
 //! cargo run --release -p examples --bin bench -- freeze [--quick]
 //! cargo run --release -p examples --bin bench -- elastic [--quick]
-//! cargo run --release -p examples --bin bench -- headline [--quick] [--model bert|vit]
+//! cargo run --release -p examples --bin bench -- headline [--quick] [--model bert|vit] | headline --replot
 //! ```
 
 use clap::{Parser, Subcommand};
@@ -36,9 +36,12 @@ enum Bench {
     /// The fine-tuning job as plain Burn, the pipeline baseline and
     /// PipeTransformer, with the paper's ablations and alpha sweep; plots.
     Headline {
-        /// Model and generated tasks.
-        #[arg(long, value_enum, default_value = "bert")]
-        model: examples::job::ModelKind,
+        /// Model and generated tasks (default: bert).
+        #[arg(long, value_enum)]
+        model: Option<examples::job::ModelKind>,
+        /// Redraw the plots from target/bench/headline.json; trains nothing.
+        #[arg(long, conflicts_with = "model")]
+        replot: bool,
     },
 }
 
@@ -49,7 +52,15 @@ fn main() {
         Bench::Pipe => examples::bench::pipe::run(args.quick),
         Bench::Freeze => examples::bench::freeze::run(args.quick),
         Bench::Elastic => examples::bench::elastic::run(args.quick),
-        Bench::Headline { model } => examples::bench::headline::run(args.quick, model),
+        Bench::Headline { replot: true, .. } if args.quick => {
+            eprintln!("error: --replot redraws a finished run's plots; it takes no --quick");
+            std::process::exit(2);
+        }
+        Bench::Headline { replot: true, .. } => examples::bench::headline::replot(),
+        Bench::Headline { model, .. } => examples::bench::headline::run(
+            args.quick,
+            model.unwrap_or(examples::job::ModelKind::Bert),
+        ),
     };
     if let Err(error) = result {
         eprintln!("bench failed: {error}");
