@@ -94,20 +94,20 @@ fn span(values: impl Iterator<Item = f64>) -> (f64, f64) {
     (lo - pad, hi + pad)
 }
 
-/// A tick label: integers without decimals, others with up to 3 digits.
+/// A tick label: up to 3 decimals, trailing zeros dropped.
 fn tick(v: f64) -> String {
-    if (v - v.round()).abs() < 1e-9 {
-        format!("{v:.0}")
-    } else if v.abs() >= 10.0 {
-        format!("{v:.1}")
+    let text = format!("{v:.3}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    if text == "-0" {
+        "0".into()
     } else {
-        format!("{v:.3}")
+        text.into()
     }
 }
 
 /// Draws `series` as lines with markers, one colour each, with a legend;
 /// with `log_y` the y axis is logarithmic (non-positive values are left
-/// out).
+/// out); the legend goes where `legend` says (where the curves are not).
 pub fn line_chart(
     path: &Path,
     title: &str,
@@ -115,6 +115,7 @@ pub fn line_chart(
     y_label: &str,
     series: &[Series],
     log_y: bool,
+    legend: SeriesLabelPosition,
 ) -> Result<PathBuf, PlotError> {
     fonts();
     let err = fail(path);
@@ -194,7 +195,7 @@ pub fn line_chart(
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
+        .position(legend)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 14))
@@ -307,6 +308,7 @@ pub fn throughput(dir: &Path, runs: &[RunRecord]) -> Result<PathBuf, PlotError> 
         "samples/s (log scale)",
         &per_epoch(runs, |e| e.samples_per_second),
         true,
+        SeriesLabelPosition::UpperLeft,
     )
 }
 
@@ -319,6 +321,7 @@ pub fn loss(dir: &Path, runs: &[RunRecord]) -> Result<PathBuf, PlotError> {
         "mean loss",
         &per_epoch(runs, |e| e.loss),
         false,
+        SeriesLabelPosition::UpperRight,
     )
 }
 
@@ -332,6 +335,7 @@ pub fn accuracy(dir: &Path, runs: &[RunRecord]) -> Result<PathBuf, PlotError> {
         "accuracy (%)",
         &per_epoch(runs, |e| 100.0 * e.accuracy),
         false,
+        SeriesLabelPosition::LowerRight,
     )
 }
 
@@ -353,5 +357,6 @@ pub fn shape(dir: &Path, run: &RunRecord, file: &str) -> Result<PathBuf, PlotErr
             one("R (replicas)", &|e| e.replicas as f64),
         ],
         false,
+        SeriesLabelPosition::MiddleRight,
     )
 }
