@@ -778,6 +778,12 @@ where
 
     /// The trained model (replica 0's); the group ends.
     pub fn into_layer_stack(mut self) -> LayerStack<S> {
+        // Dissolve while every replica is counted: `Drop` would finish one
+        // peer too few, and the next group of another size could not form.
+        if self.formed {
+            collective::dissolve::<InnerBackendOf<S>>(self.replicas.len());
+            self.formed = false;
+        }
         self.replicas.swap_remove(0).into_layer_stack()
     }
 }

@@ -505,3 +505,21 @@ fn the_group_shrinks_to_the_survivors_and_redoes_the_step_losing_nothing() {
         })
     ));
 }
+
+#[test]
+fn a_group_taken_apart_lets_a_group_of_another_size_form() {
+    // `into_layer_stack` must finish every peer, or the next group of
+    // another size fails to register (RegisterParamsMismatch).
+    let device: Device<B> = Default::default();
+    for replicas in [3, 2] {
+        let mut group = ReplicaConfig::new()
+            .with_pipeline(pipeline_config())
+            .init(stack(0), vec![vec![device; 2]; replicas], || {
+                SgdConfig::new().init()
+            })
+            .unwrap();
+        let (x, y) = batch(replicas as u64, 12);
+        group.forward_backward(x, y, loss).unwrap();
+        let _ = group.into_layer_stack();
+    }
+}

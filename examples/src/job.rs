@@ -173,6 +173,18 @@ pub struct EpochRecord {
     pub transition_seconds: f64,
     /// Mean all-reduce seconds per step.
     pub all_reduce_seconds: f64,
+    /// Optimizer steps in it.
+    #[serde(default)]
+    pub steps: usize,
+    /// Seconds lost to pipeline bubbles (see `EpochReport::bubble_seconds`).
+    #[serde(default)]
+    pub bubble_seconds: f64,
+    /// Samples whose frozen prefix came from the cache (fully or partly).
+    #[serde(default)]
+    pub cache_hits: u64,
+    /// Samples whose frozen prefix ran.
+    #[serde(default)]
+    pub cache_misses: u64,
 }
 
 impl EpochRecord {
@@ -191,6 +203,10 @@ impl EpochRecord {
             balance: report.balance.clone(),
             transition_seconds: report.transition_seconds,
             all_reduce_seconds: report.all_reduce_seconds,
+            steps: report.steps,
+            bubble_seconds: report.bubble_seconds,
+            cache_hits: report.cache_hits,
+            cache_misses: report.cache_misses,
         }
     }
 }
@@ -662,6 +678,7 @@ where
         }
         let start = Instant::now();
         let mut total = 0.0;
+        let mut steps = 0;
         while let Some(items) = sampler.next_items(data, 1) {
             let n = items.len();
             let (input, labels) = batcher.batch(items, &device);
@@ -671,6 +688,7 @@ where
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             model = optim.step(spec.lr, model, grads);
             observer.step(n, value);
+            steps += 1;
         }
         let seconds = start.elapsed().as_secs_f64();
         let accuracy = eval.map_or(f64::NAN, |(x, evaluate)| {
@@ -692,6 +710,10 @@ where
             balance: vec![units],
             transition_seconds: 0.0,
             all_reduce_seconds: 0.0,
+            steps,
+            bubble_seconds: 0.0,
+            cache_hits: 0,
+            cache_misses: 0,
         };
         observer.epoch(&record);
         records.push(record);

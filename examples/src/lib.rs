@@ -1,5 +1,5 @@
 //! Shared pieces of the runnable PipeTransformer jobs: the backend chosen by
-//! cargo feature, and logging set-up.
+//! cargo feature, logging set-up, the main job and its plots.
 
 // Device types are `Copy` on the CPU backend but not on CUDA: keep the clones.
 #![allow(clippy::clone_on_copy)]
@@ -8,6 +8,7 @@ pub mod backend;
 pub mod bench;
 pub mod job;
 pub mod plan;
+pub mod plots;
 pub mod task;
 
 /// Sends `tracing` logs to stderr, filtered by `RUST_LOG` (default `info`,

@@ -71,6 +71,11 @@ pub struct EpochReport {
     pub transition_seconds: f64,
     /// Mean per step of the slowest replica's all-reduce time, in seconds.
     pub all_reduce_seconds: f64,
+    /// Seconds of its steps lost to pipeline bubbles: per step, each
+    /// replica's pass time times its bubble fraction (idle stage-time over
+    /// stages x wall), averaged over the replicas, summed over the steps.
+    #[serde(default)]
+    pub bubble_seconds: f64,
     /// Frozen layers (F) at its end.
     pub frozen_layers: usize,
     /// Freeze front (units) at its end.

@@ -404,6 +404,7 @@ where
         let mut transitions = Vec::new();
         let mut transition_time = Duration::ZERO;
         let mut all_reduce = Duration::ZERO;
+        let mut bubble = 0f64;
         let (mut steps, mut samples, mut loss_sum) = (0usize, 0usize, 0f64);
         loop {
             let (replicas, stages) = (self.shape.replicas, self.shape.stages());
@@ -484,6 +485,7 @@ where
             samples += indices.len();
             loss_sum += f64::from(report.loss) * indices.len() as f64;
             all_reduce += report.all_reduce.iter().copied().max().unwrap_or_default();
+            bubble += bubble_seconds(&report.replicas);
             on_step(&StepInfo {
                 samples: indices.len(),
                 epoch_samples: samples,
@@ -525,6 +527,7 @@ where
             samples_per_second: samples as f64 / seconds,
             transition_seconds: transition_time.as_secs_f64(),
             all_reduce_seconds: all_reduce.as_secs_f64() / steps.max(1) as f64,
+            bubble_seconds: bubble,
             frozen_layers: self.auto.frozen_layers(),
             front: self.front(),
             stages: shape.stages(),
@@ -742,6 +745,16 @@ where
             (s.hits + s.partial_hits, s.misses)
         })
     }
+}
+
+/// Seconds of a step's pipelined passes lost to bubbles: each replica's
+/// wall time times its bubble fraction, averaged over the replicas.
+fn bubble_seconds(replicas: &[burn_pipe::StepReport]) -> f64 {
+    let lost: f64 = replicas
+        .iter()
+        .map(|r| r.wall.as_secs_f64() * r.bubble_fraction())
+        .sum();
+    lost / replicas.len().max(1) as f64
 }
 
 /// Device lists of a shape: replica `r` on the next `K` devices.

@@ -3,6 +3,7 @@
 pub mod alloc;
 pub mod elastic;
 pub mod freeze;
+pub mod headline;
 pub mod pipe;
 mod report;
 

@@ -5,6 +5,7 @@
 //! cargo run --release -p examples --bin bench -- pipe [--quick]
 //! cargo run --release -p examples --bin bench -- freeze [--quick]
 //! cargo run --release -p examples --bin bench -- elastic [--quick]
+//! cargo run --release -p examples --bin bench -- headline [--quick] [--model bert|vit] | headline --replot
 //! ```
 
 use clap::{Parser, Subcommand};
@@ -18,7 +19,8 @@ static ALLOC: examples::bench::alloc::CountingAlloc = examples::bench::alloc::Co
 struct Args {
     #[command(subcommand)]
     bench: Bench,
-    /// Smaller sizes and fewer repetitions: finishes in under two minutes.
+    /// Smaller sizes and fewer repetitions: finishes in under two minutes
+    /// (headline: under five).
     #[arg(long, global = true)]
     quick: bool,
 }
@@ -31,6 +33,16 @@ enum Bench {
     Freeze,
     /// Data-parallel replicas: step time, all-reduce cost, transitions.
     Elastic,
+    /// The fine-tuning job as plain Burn, the pipeline baseline and
+    /// PipeTransformer, with the paper's ablations and alpha sweep; plots.
+    Headline {
+        /// Model and generated tasks (default: bert).
+        #[arg(long, value_enum)]
+        model: Option<examples::job::ModelKind>,
+        /// Redraw the plots from target/bench/headline.json; trains nothing.
+        #[arg(long, conflicts_with = "model")]
+        replot: bool,
+    },
 }
 
 fn main() {
@@ -40,6 +52,15 @@ fn main() {
         Bench::Pipe => examples::bench::pipe::run(args.quick),
         Bench::Freeze => examples::bench::freeze::run(args.quick),
         Bench::Elastic => examples::bench::elastic::run(args.quick),
+        Bench::Headline { replot: true, .. } if args.quick => {
+            eprintln!("error: --replot redraws a finished run's plots; it takes no --quick");
+            std::process::exit(2);
+        }
+        Bench::Headline { replot: true, .. } => examples::bench::headline::replot(),
+        Bench::Headline { model, .. } => examples::bench::headline::run(
+            args.quick,
+            model.unwrap_or(examples::job::ModelKind::Bert),
+        ),
     };
     if let Err(error) = result {
         eprintln!("bench failed: {error}");

@@ -654,8 +654,29 @@ fn main() {
     if let Err(error) = save(&args.output_dir, trained.as_ref().expect("a run"), &metrics) {
         fail(1, error);
     }
+    // Plots a person would rather look at than read.
+    let plots = [
+        examples::plots::throughput(&args.output_dir, &runs),
+        examples::plots::loss(&args.output_dir, &runs),
+        examples::plots::accuracy(&args.output_dir, &runs),
+    ]
+    .into_iter()
+    .chain(
+        runs.iter()
+            .find(|r| r.name == "PipeTransformer")
+            .map(|run| examples::plots::shape(&args.output_dir, run, "pipetransformer")),
+    )
+    .collect::<Result<Vec<_>, _>>();
+    let plots = match plots {
+        Ok(paths) => paths
+            .iter()
+            .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        Err(error) => fail(1, error),
+    };
     println!(
-        "saved the trained model ({}), metrics.json and the transition log in {}",
+        "saved the trained model ({}, model.mpk), metrics.json, the transition log and the plots ({plots}) in {}",
         runs[0].name,
         args.output_dir.display()
     );

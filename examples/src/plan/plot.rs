@@ -2,46 +2,17 @@
 //! against GPU count. Text is drawn with ab_glyph (pure Rust) from a
 //! TrueType font found on this system; without one, the plots are skipped.
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::path::Path;
 
 use plotters::prelude::*;
-use plotters::style::FontStyle;
 
 use super::PlanCliError;
 use super::calibrate::Calibrated;
 
-/// Fonts tried, first found wins (`PLAN_FONT` names another).
-const FONTS: [&str; 4] = [
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/TTF/DejaVuSans.ttf",
-    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-];
-
-/// Registers a system font as "sans-serif" once; the error says where it looked.
+/// Registers the embedded font (`crate::plots`) as "sans-serif".
 fn font() -> Result<(), PlanCliError> {
-    static FONT: OnceLock<Result<(), String>> = OnceLock::new();
-    FONT.get_or_init(|| {
-        let candidates: Vec<PathBuf> = std::env::var_os("PLAN_FONT")
-            .map(PathBuf::from)
-            .into_iter()
-            .chain(FONTS.iter().map(PathBuf::from))
-            .collect();
-        for path in &candidates {
-            if let Ok(bytes) = std::fs::read(path) {
-                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-                if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
-                    return Ok(());
-                }
-            }
-        }
-        Err(format!(
-            "no TrueType font found for the plots (tried {candidates:?}; set PLAN_FONT to a .ttf file)"
-        ))
-    })
-    .clone()
-    .map_err(PlanCliError::Plot)
+    crate::plots::fonts();
+    Ok(())
 }
 
 fn plot_error(e: impl std::fmt::Display) -> PlanCliError {
