@@ -10,7 +10,6 @@ use std::time::Duration;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::nn::LinearConfig;
 use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn_elastic_dp::{BatchPolicy, CostModel, FreezeRule, ReplicaConfig, TrainerConfig};
@@ -20,16 +19,15 @@ use burn_pipe::PipelineConfig;
 
 mod common;
 
-use common::{B, Block, Types, loss};
+use common::{B, Types, block, loss};
 const WIDTH: usize = 8;
 
 fn stack() -> LayerStack<Types> {
-    let device = Default::default();
-    <B as Backend>::seed(&device, 5);
-    let block = || Block {
-        linear: LinearConfig::new(WIDTH, WIDTH).init(&device),
-    };
-    let stack = LayerStack::new(block(), (0..6).map(|_| block()).collect(), block());
+    let stack = LayerStack::new(
+        block(1, WIDTH),
+        (2..8).map(|u| block(u, WIDTH)).collect(),
+        block(8, WIDTH),
+    );
     stack.materialize();
     stack
 }

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::nn::LinearConfig;
 use burn::optim::{AdamConfig, Optimizer};
 use burn::prelude::*;
 use burn_elastic_dp::{
@@ -20,18 +19,19 @@ use burn_pipe::PipelineConfig;
 
 mod common;
 
-use common::{B, Block, Types, loss};
+use common::{B, Types, block, loss};
 
 const WIDTH: usize = 8;
 const UNITS: usize = 8;
 
-/// 8 units of equal cost, weights read (Burn initialises lazily).
+/// 8 units of equal cost, the same weights in every call (drawn without the
+/// backend's random state, which tests running in parallel share).
 fn stack() -> LayerStack<Types> {
-    let device = Default::default();
-    let block = || Block {
-        linear: LinearConfig::new(WIDTH, WIDTH).init(&device),
-    };
-    let stack = LayerStack::new(block(), (0..UNITS - 2).map(|_| block()).collect(), block());
+    let stack = LayerStack::new(
+        block(1, WIDTH),
+        (0..UNITS as u64 - 2).map(|u| block(2 + u, WIDTH)).collect(),
+        block(UNITS as u64, WIDTH),
+    );
     stack.materialize();
     stack
 }
@@ -249,24 +249,13 @@ fn run(config: TrainerConfig) -> (Vec<f64>, Vec<Vec<f32>>, Option<burn_freeze::C
     let data = dataset(64);
     let batcher = Recording::default();
     let mut trainer = config
-        .init(stack_from_seed(), vec![device; 4], || {
-            AdamConfig::new().init()
-        })
+        .init(stack(), vec![device; 4], || AdamConfig::new().init())
         .unwrap();
     let losses = (0..3)
         .map(|_| trainer.fit_epoch(&data, &batcher, loss).unwrap().loss)
         .collect();
     let stats = trainer.group().cache().map(|c| c.stats());
     (losses, weights(&trainer.to_layer_stack()), stats)
-}
-
-/// The same initial weights in every call (a seeded backend under a lock,
-/// so that tests running in parallel do not interleave their draws).
-fn stack_from_seed() -> LayerStack<Types> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    let _guard = LOCK.lock().unwrap();
-    <B as Backend>::seed(&Default::default(), 11);
-    stack()
 }
 
 #[test]
@@ -363,9 +352,7 @@ fn every_combination_of_the_four_parts_runs() {
         let mut trainer = elastic_config()
             .with_parts(parts)
             .with_batch(BatchPolicy::FixedGlobal { batch: 8 })
-            .init(stack_from_seed(), vec![device; 4], || {
-                AdamConfig::new().init()
-            })
+            .init(stack(), vec![device; 4], || AdamConfig::new().init())
             .unwrap();
         for _ in 0..3 {
             let report = trainer.fit_epoch(&data, &batcher, loss).unwrap();
@@ -401,9 +388,7 @@ fn the_per_replica_batch_grows_with_the_replicas_and_scales_the_learning_rate() 
     let batcher = Recording::default();
     let mut trainer = elastic_config()
         .with_batch(BatchPolicy::PerReplica { batch: 8 })
-        .init(stack_from_seed(), vec![device; 4], || {
-            AdamConfig::new().init()
-        })
+        .init(stack(), vec![device; 4], || AdamConfig::new().init())
         .unwrap();
     for epoch in 0..3 {
         let report = trainer.fit_epoch(&data, &batcher, loss).unwrap();
@@ -565,9 +550,7 @@ fn a_run_resumed_from_a_checkpoint_gives_the_losses_of_an_uninterrupted_one() {
     let dir = tempfile_dir("resume-reference");
     let mut expected = Vec::new();
     let mut trainer = config(&dir)
-        .init(stack_from_seed(), vec![device; 2], || {
-            AdamConfig::new().init()
-        })
+        .init(stack(), vec![device; 2], || AdamConfig::new().init())
         .unwrap();
     train_to_three_epochs!(trainer, &data, &never, expected);
     assert_eq!(expected.len(), 12);
@@ -579,9 +562,7 @@ fn a_run_resumed_from_a_checkpoint_gives_the_losses_of_an_uninterrupted_one() {
     for (crash_at, checkpoint_step) in [(6, 4), (8, 6)] {
         let dir = tempfile_dir(&format!("resume-{crash_at}"));
         let mut trainer = config(&dir)
-            .init(stack_from_seed(), vec![device; 2], || {
-                AdamConfig::new().init()
-            })
+            .init(stack(), vec![device; 2], || AdamConfig::new().init())
             .unwrap();
         let crashing = Crashing {
             calls: Arc::default(),
@@ -691,9 +672,7 @@ fn valid_random_configurations_finish_a_short_job() {
                     .with_pipeline(PipelineConfig::new().with_micro_batches(Some(micro))),
             );
         let mut trainer = config
-            .init(stack_from_seed(), vec![device; devices], || {
-                AdamConfig::new().init()
-            })
+            .init(stack(), vec![device; devices], || AdamConfig::new().init())
             .unwrap_or_else(|e| panic!("{devices} devices, {stages} stages, M={micro}: {e}"));
         for _ in 0..2 {
             let report = trainer.fit_epoch(&data, &batcher, loss).unwrap();

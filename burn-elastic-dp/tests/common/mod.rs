@@ -40,3 +40,39 @@ pub fn loss(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> Tensor<B, 1> {
         .init(&logits.device())
         .forward(logits, labels)
 }
+
+/// `n` numbers in [-1, 1) from `seed`, without the backend's random state
+/// (tests running in parallel share it).
+pub fn numbers(seed: u64, n: usize) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            2.0 * ((state >> 40) as f32 / (1u64 << 24) as f32) - 1.0
+        })
+        .collect()
+}
+
+/// A block of width `width` whose weights depend only on `seed`.
+pub fn block(seed: u64, width: usize) -> Block<B> {
+    let device = Default::default();
+    let scale = 1.0 / (width as f32).sqrt();
+    let weight: Vec<f32> = numbers(seed, width * width)
+        .into_iter()
+        .map(|v| v * scale)
+        .collect();
+    Block {
+        linear: Linear {
+            weight: burn::module::Param::from_tensor(Tensor::from_data(
+                TensorData::new(weight, [width, width]),
+                &device,
+            )),
+            bias: Some(burn::module::Param::from_tensor(Tensor::from_data(
+                TensorData::new(numbers(seed + 1000, width), [width]),
+                &device,
+            ))),
+        },
+    }
+}
