@@ -240,16 +240,15 @@ impl Observer for Progress {
         eprintln!("-- {name}: {epochs} epochs of {samples} samples");
     }
     fn epoch(&mut self, e: &EpochRecord) {
+        // Pretraining has no held-out accuracy.
+        let accuracy = if e.accuracy.is_nan() {
+            "    -".to_string()
+        } else {
+            format!("{:>5.1}", 100.0 * e.accuracy)
+        };
         eprintln!(
-            "   epoch {:>2}: loss {:.4}  acc {:>5.1}%  {:>7.2} s  {:>7.1} samples/s  F={} K={} R={}",
-            e.epoch,
-            e.loss,
-            100.0 * e.accuracy,
-            e.seconds,
-            e.samples_per_second,
-            e.frozen_layers,
-            e.stages,
-            e.replicas
+            "   epoch {:>2}: loss {:.4}  acc {accuracy}%  {:>7.2} s  {:>7.1} samples/s  F={} K={} R={}",
+            e.epoch, e.loss, e.seconds, e.samples_per_second, e.frozen_layers, e.stages, e.replicas
         );
     }
 }
