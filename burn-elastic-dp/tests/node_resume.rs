@@ -12,50 +12,30 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use burn::backend::Autodiff;
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::{Linear, LinearConfig};
 use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn_elastic_dp::{NodeConfig, ReplicaConfig};
-use burn_freeze::{LayerStack, StackMarker};
+use burn_freeze::LayerStack;
 use burn_pipe::PipelineConfig;
 
-#[cfg(not(feature = "test-tch"))]
-type Inner = burn::backend::Flex;
-#[cfg(feature = "test-tch")]
-type Inner = burn::backend::LibTorch;
-type B = Autodiff<Inner>;
+mod common;
 
-#[derive(Module, Debug)]
-pub struct Block<B: Backend> {
-    linear: Linear<B>,
-}
-
-impl<B: Backend> Block<B> {
-    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        x.clone() + self.linear.forward(x).tanh()
-    }
-}
-
-burn_freeze::unit!(Block<B>: Tensor<B, 2> => Tensor<B, 2>);
-type Types = StackMarker<B, Block<B>, Block<B>, Block<B>>;
+use common::{B, Types, block, loss};
 
 const WIDTH: usize = 6;
 const STEPS: u64 = 6;
 const ROLE: &str = "ELASTIC_DP_RESUME_ROLE";
 const TEST: &str = "a_killed_process_fails_the_step_and_the_run_resumes_to_the_same_result";
 
-/// The same weights in every process (a seeded backend).
+/// The same weights in every process.
 fn stack() -> LayerStack<Types> {
-    let device = Default::default();
-    <B as Backend>::seed(&device, 3);
-    let block = || Block {
-        linear: LinearConfig::new(WIDTH, WIDTH).init(&device),
-    };
-    let stack = LayerStack::new(block(), vec![block(), block()], block());
+    let stack = LayerStack::new(
+        block(1, WIDTH),
+        vec![block(2, WIDTH), block(3, WIDTH)],
+        block(4, WIDTH),
+    );
     stack.materialize();
     stack
 }
@@ -77,12 +57,6 @@ fn batch(step: u64) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
         Tensor::<B, 1>::from_data(TensorData::new(x, [n * WIDTH]), &device).reshape([n, WIDTH]),
         Tensor::from_data(TensorData::new(y, [n]), &device),
     )
-}
-
-fn loss(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> Tensor<B, 1> {
-    CrossEntropyLossConfig::new()
-        .init(&logits.device())
-        .forward(logits, labels)
 }
 
 struct Collect(Vec<u8>);
