@@ -370,6 +370,6 @@ impl TrainerConfig {
         O: Optimizer<TrainableUnits<S>, S::Backend>,
         O::Record: ParamStates,
     {
-        Trainer::new(stack, devices, self.clone(), make_optimizer)
+        Trainer::new(stack, devices, self.clone(), make_optimizer, false)
     }
 }

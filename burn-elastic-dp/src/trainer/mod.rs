@@ -136,11 +136,14 @@ where
     O: Optimizer<TrainableUnits<S>, S::Backend>,
     O::Record: ParamStates,
 {
+    /// See [`TrainerConfig::init`]; `resuming` appends to the output
+    /// directory's logs instead of starting them afresh.
     fn new(
         stack: LayerStack<S>,
         devices: Vec<Device<S::Backend>>,
         config: TrainerConfig,
         make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
+        resuming: bool,
     ) -> Result<Self, TrainerError> {
         config.check(devices.len())?;
         let units = stack.num_units();
@@ -151,7 +154,7 @@ where
         let map = config.layer_map(units)?;
         let policy = config.policy(map.num_layers());
         let log = match &config.output_dir {
-            Some(dir) => Some(JsonLog::create(dir, false)?),
+            Some(dir) => Some(JsonLog::create(dir, resuming)?),
             None => None,
         };
         // Parameter counts until the first batch is profiled.
@@ -287,6 +290,30 @@ where
         Ok(())
     }
 
+    /// Moves the group to `after`: down to replica 0, `on_one` applied to
+    /// it, replica 0 repartitioned, then copied to the new replicas (weights,
+    /// parameter ids, front, optimizer state).
+    fn reshape_through_one(
+        &mut self,
+        after: &Shape,
+        on_one: impl FnOnce(&mut ReplicaGroup<S, O>) -> Result<(), ElasticError>,
+    ) -> Result<(), TrainerError> {
+        if self.shape.replicas > 1 {
+            self.group
+                .resize(device_lists(&self.devices, &self.shape.with_replicas(1)))?;
+        }
+        on_one(&mut self.group)?;
+        self.group.repartition(
+            &after.balance,
+            device_lists(&self.devices, &after.with_replicas(1)),
+        )?;
+        if after.replicas > 1 {
+            self.group.resize(device_lists(&self.devices, after))?;
+        }
+        self.shape = after.clone();
+        Ok(())
+    }
+
     /// AutoPipe and AutoDP after the front moved: the new shape, applied.
     fn transition(&mut self, front_before: usize) -> Result<Transition, TrainerError> {
         let start = Instant::now();
@@ -302,28 +329,14 @@ where
         };
         let before = self.shape.clone();
         let after = reshape(&self.costs, front, &before, &rules);
-        if after != before {
-            let k = |shape: &Shape| shape.stages();
-            let lists = |shape: &Shape| device_lists(&self.devices, shape);
-            let group = &mut self.group;
-            if k(&after) == k(&before) && after.replicas == before.replicas {
-                group.repartition(&after.balance, lists(&before))?;
-            } else {
-                // Down to replica 0, reshape it, then copy it to the new
-                // replicas (weights, parameter ids, optimizer state).
-                let one = |shape: &Shape| Shape {
-                    balance: shape.balance.clone(),
-                    replicas: 1,
-                };
-                if before.replicas > 1 {
-                    group.resize(lists(&one(&before)))?;
-                }
-                group.repartition(&after.balance, lists(&one(&after)))?;
-                if after.replicas > 1 {
-                    group.resize(lists(&after))?;
-                }
+        if after.stages() == before.stages() && after.replicas == before.replicas {
+            if after != before {
+                self.group
+                    .repartition(&after.balance, device_lists(&self.devices, &before))?;
+                self.shape = after.clone();
             }
-            self.shape = after.clone();
+        } else {
+            self.reshape_through_one(&after, |_| Ok(()))?;
         }
         let record = Transition {
             epoch: self.epoch,
@@ -501,7 +514,10 @@ where
                     moved = true;
                 }
             }
+            // The epoch's last step is saved by the epoch's end, at once.
+            let epoch_left = self.sampler.as_ref().is_some_and(|s| s.remaining() > 0);
             if let Some(checkpoint) = &self.config.checkpoint
+                && epoch_left
                 && (moved || self.steps.is_multiple_of(checkpoint.every_steps))
             {
                 self.save_checkpoint()?;
@@ -665,35 +681,16 @@ where
                 loaded.path.display()
             ))
         })?;
-        let mut trainer = Self::new(stack, devices, config, make_optimizer)?;
-        if let (Some(dir), Some(_)) = (&trainer.config.output_dir, &trainer.log) {
-            trainer.log = Some(JsonLog::create(dir, true)?);
-        }
-        // Down to replica 0, its front and balance, its optimizer state;
-        // then the saved replica count, each a copy of it.
-        let one = |shape: &Shape| Shape {
-            balance: shape.balance.clone(),
-            replicas: 1,
-        };
-        if trainer.shape.replicas > 1 {
-            trainer
-                .group
-                .resize(device_lists(&trainer.devices, &one(&trainer.shape)))?;
-        }
-        if state.front > 0 {
-            trainer.group.freeze_to(state.front)?;
-        }
-        trainer.group.repartition(
-            &state.shape.balance,
-            device_lists(&trainer.devices, &one(&state.shape)),
-        )?;
+        let mut trainer = Self::new(stack, devices, config, make_optimizer, true)?;
+        // The saved front and shape, then the saved optimizer state in
+        // every replica.
+        trainer.reshape_through_one(&state.shape, |group| {
+            if state.front > 0 {
+                group.freeze_to(state.front)?;
+            }
+            Ok(())
+        })?;
         trainer.group.load_optimizer_record(optimizer);
-        if state.shape.replicas > 1 {
-            trainer
-                .group
-                .resize(device_lists(&trainer.devices, &state.shape))?;
-        }
-        trainer.shape = state.shape;
         trainer.costs = state.costs;
         trainer.initial_largest = state.initial_largest;
         trainer.base_replicas = state.base_replicas;

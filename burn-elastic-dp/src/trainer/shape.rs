@@ -57,6 +57,14 @@ impl Shape {
     pub fn stages(&self) -> usize {
         self.balance.len()
     }
+
+    /// The same pipeline with `replicas` replicas.
+    pub fn with_replicas(&self, replicas: usize) -> Shape {
+        Shape {
+            balance: self.balance.clone(),
+            replicas,
+        }
+    }
 }
 
 /// What AutoPipe and AutoDP may do.
