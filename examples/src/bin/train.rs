@@ -230,6 +230,15 @@ impl Args {
         }
     }
 
+    /// The parts the `--no-*` flags leave on.
+    fn parts(&self) -> Parts {
+        Parts::new()
+            .with_freeze(!self.no_freeze)
+            .with_pipe(!self.no_pipe)
+            .with_dp(!self.no_dp)
+            .with_cache(!self.no_cache)
+    }
+
     /// The trainer's configuration for `spec` (its batch, lr and seed too,
     /// so that the check before any work sees them).
     fn trainer_config(&self, spec: &JobSpec) -> TrainerConfig {
@@ -243,13 +252,7 @@ impl Args {
             },
         };
         TrainerConfig::new()
-            .with_parts(
-                Parts::new()
-                    .with_freeze(!self.no_freeze)
-                    .with_pipe(!self.no_pipe)
-                    .with_dp(!self.no_dp)
-                    .with_cache(!self.no_cache),
-            )
+            .with_parts(self.parts())
             .with_freeze(freeze)
             .with_layers(LayerSpec::Uniform {
                 offset: 1,
@@ -641,11 +644,7 @@ fn main() {
         devices: args.devices,
         stages: args.stages.unwrap_or(args.devices),
         freeze_alpha: args.freeze_alpha,
-        parts: Parts::new()
-            .with_freeze(!args.no_freeze)
-            .with_pipe(!args.no_pipe)
-            .with_dp(!args.no_dp)
-            .with_cache(!args.no_cache),
+        parts: args.parts(),
         units,
         parameters: pretrained.num_params(),
         pretraining: &pretraining,
