@@ -6,7 +6,6 @@
 //! The test binary runs itself again as the two processes;
 //! `ELASTIC_DP_RESUME_ROLE` selects what such a child does (see [`child`]).
 
-use std::io::Read;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -191,22 +190,9 @@ fn run_two(dir: &Path, die_at: Option<u64>, bound: Duration) -> Vec<(Option<i32>
         .collect();
     children
         .into_iter()
-        .map(|mut child| {
-            let deadline = Instant::now() + bound;
-            let status = loop {
-                match child.try_wait().unwrap() {
-                    Some(status) => break status.code(),
-                    None if Instant::now() >= deadline => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        break None;
-                    }
-                    None => std::thread::sleep(Duration::from_millis(20)),
-                }
-            };
-            let mut stderr = String::new();
-            let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
-            (status, stderr)
+        .map(|child| {
+            let (status, stderr) = common::finish(child, bound);
+            (status.and_then(|s| s.code()), stderr)
         })
         .collect()
 }

@@ -6,12 +6,11 @@
 //! The test binary runs itself again as the other processes: the variable
 //! `ELASTIC_DP_NODE_ROLE` selects what such a child does (see [`child`]).
 
-use std::io::Read;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use burn::backend::Autodiff;
 use burn::module::{Module, ModuleVisitor, Param};
@@ -22,6 +21,10 @@ use burn::prelude::*;
 use burn_elastic_dp::{ElasticError, NodeConfig, ReplicaConfig};
 use burn_freeze::{LayerStack, StackMarker};
 use burn_pipe::{Pipeline, PipelineConfig};
+
+mod common;
+
+use common::{finish, numbers};
 
 /// The backend the tests run on: Flex, or LibTorch on the CPU with the
 /// `test-tch` feature (`.ci/tch`).
@@ -64,19 +67,6 @@ const CLASSES: usize = 3;
 /// shard size matters.
 const BATCH: usize = 7;
 const STEPS: u64 = 4;
-
-/// `n` numbers in [-1, 1) from `seed`: the same in every process.
-fn numbers(seed: u64, n: usize) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            2.0 * ((state >> 40) as f32 / (1u64 << 24) as f32) - 1.0
-        })
-        .collect()
-}
 
 fn linear(seed: u64, inputs: usize, outputs: usize) -> Linear<B> {
     let device = Default::default();
@@ -239,25 +229,6 @@ fn spawn(test: &str, role: &str, vars: &[(&str, String)]) -> Child {
         command.env(name, value);
     }
     command.spawn().expect("spawning a child process")
-}
-
-/// Waits for `child` at most `bound` (then kills it); its status and stderr.
-fn finish(mut child: Child, bound: Duration) -> (Option<std::process::ExitStatus>, String) {
-    let deadline = Instant::now() + bound;
-    let status = loop {
-        match child.try_wait().unwrap() {
-            Some(status) => break Some(status),
-            None if Instant::now() >= deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            None => std::thread::sleep(Duration::from_millis(20)),
-        }
-    };
-    let mut stderr = String::new();
-    let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
-    (status, stderr)
 }
 
 /// Runs `f` on a thread and waits at most `bound` for it, so that a hang

@@ -76,3 +76,26 @@ pub fn block(seed: u64, width: usize) -> Block<B> {
         },
     }
 }
+
+/// Waits for `child` at most `bound` (then kills it); its status and stderr.
+pub fn finish(
+    mut child: std::process::Child,
+    bound: std::time::Duration,
+) -> (Option<std::process::ExitStatus>, String) {
+    use std::io::Read;
+    let deadline = std::time::Instant::now() + bound;
+    let status = loop {
+        match child.try_wait().unwrap() {
+            Some(status) => break Some(status),
+            None if std::time::Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            None => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    };
+    let mut stderr = String::new();
+    let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+    (status, stderr)
+}
