@@ -57,9 +57,19 @@ impl Drop for GroupToken {
     }
 }
 
-/// The peer of replica `replica`.
-pub(crate) fn peer(replica: usize) -> PeerId {
-    PeerId::from(replica)
+/// Peer ids per formation of a group (more than any group has replicas).
+const PEERS_PER_GENERATION: usize = 1 << 16;
+
+/// The peer of replica `replica` in the group's `generation`-th formation.
+/// Every formation has peers of its own, so a replica thread left behind by
+/// a failed step (still computing when the group went on without it) gets
+/// an error from a later formation instead of joining its all-reduce.
+pub(crate) fn peer(generation: usize, replica: usize) -> PeerId {
+    PeerId::from(
+        generation
+            .wrapping_mul(PEERS_PER_GENERATION)
+            .wrapping_add(replica),
+    )
 }
 
 /// Registers `devices.len()` peers (one per replica, on that replica's
@@ -67,6 +77,7 @@ pub(crate) fn peer(replica: usize) -> PeerId {
 /// `timeout`, all-reducing with `strategy` between them. On failure the
 /// collective is reset.
 pub(crate) fn form<B: Backend>(
+    generation: usize,
     devices: &[B::Device],
     strategy: AllReduceStrategy,
     timeout: Duration,
@@ -82,7 +93,7 @@ pub(crate) fn form<B: Backend>(
         thread::Builder::new()
             .name(format!("burn-elastic-dp register {replica}"))
             .spawn(move || {
-                let result = register::<B>(peer(replica), device, config);
+                let result = register::<B>(peer(generation, replica), device, config);
                 let _ = tx.send((replica, result));
             })
             .expect("spawning a registration thread");
@@ -106,6 +117,7 @@ pub(crate) fn form<B: Backend>(
                 return Err(ElasticError::Timeout {
                     missing: (0..devices.len()).filter(|&r| !done[r]).collect(),
                     waited: timeout,
+                    lost: Vec::new(),
                 });
             }
         }
@@ -116,9 +128,9 @@ pub(crate) fn form<B: Backend>(
 
 /// Unregisters every peer of a group of `replicas` (each call returns at
 /// once), so that a group of another size can form.
-pub(crate) fn dissolve<B: Backend>(replicas: usize) {
+pub(crate) fn dissolve<B: Backend>(generation: usize, replicas: usize) {
     for replica in 0..replicas {
-        if let Err(error) = finish_collective::<B>(peer(replica)) {
+        if let Err(error) = finish_collective::<B>(peer(generation, replica)) {
             tracing::warn!(
                 replica,
                 ?error,
@@ -144,12 +156,13 @@ pub(crate) fn reset<B: Backend>() {
 /// every peer's copy of the shared sum apart, a full pass over the gradients
 /// per replica; the sum is handed to every peer as one shared buffer.
 pub(crate) fn all_reduce_sum<B: Backend>(
+    peer: PeerId,
     replica: usize,
     stage: usize,
     grads: GradientsParams,
 ) -> Result<GradientsParams, ElasticError> {
     grads
-        .all_reduce::<B>(peer(replica), ReduceOperation::Sum)
+        .all_reduce::<B>(peer, ReduceOperation::Sum)
         .map_err(|error| ElasticError::Collective {
             replica,
             operation: format!("all-reduce of stage {stage}'s gradients"),
@@ -260,6 +273,7 @@ pub(crate) fn unflatten<AB, M>(
 /// collective call per bucket instead of one per tensor. Every peer must
 /// call this with the same module structure and bucket size.
 pub(crate) fn all_reduce_sum_bucketed<AB, M>(
+    peer: PeerId,
     replica: usize,
     stage: usize,
     module: &M,
@@ -281,13 +295,12 @@ where
         if pending_bytes >= bucket_bytes || items.peek().is_none() {
             let (slots, tensors): (Vec<Slot>, Vec<_>) = pending.drain(..).unzip();
             let bucket = Tensor::cat(tensors, 0).into_primitive().tensor();
-            let bucket =
-                all_reduce::<AB::InnerBackend>(peer(replica), bucket, ReduceOperation::Sum)
-                    .map_err(|error| ElasticError::Collective {
-                        replica,
-                        operation: format!("all-reduce of a gradient bucket of stage {stage}"),
-                        message: format!("{error:?}"),
-                    })?;
+            let bucket = all_reduce::<AB::InnerBackend>(peer, bucket, ReduceOperation::Sum)
+                .map_err(|error| ElasticError::Collective {
+                    replica,
+                    operation: format!("all-reduce of a gradient bucket of stage {stage}"),
+                    message: format!("{error:?}"),
+                })?;
             let bucket =
                 Tensor::<AB::InnerBackend, 1>::from_primitive(TensorPrimitive::Float(bucket));
             split_bucket(slots, bucket, &mut reduced);

@@ -84,7 +84,7 @@ impl ReplicaConfig {
     ) -> Result<ReplicaGroup<S, O>, ElasticError>
     where
         S: StackTypes,
-        O: Optimizer<TrainableUnits<S>, S::Backend>,
+        O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
         O::Record: ParamStates,
     {
         ReplicaGroup::new(stack, devices, self.clone(), make_optimizer)

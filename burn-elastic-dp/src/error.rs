@@ -91,15 +91,40 @@ pub enum ElasticError {
     },
     /// Some replicas did not finish their share of a step in time; the
     /// collective was reset so that none stays blocked in an all-reduce.
-    #[error("replicas {missing:?} did not finish the step within {waited:?}")]
+    /// Replicas still computing a short grace after the deadline were left
+    /// behind (`lost`): the group goes on without them.
+    #[error(
+        "replicas {missing:?} did not finish the step within {waited:?}{}",
+        lost_note(lost)
+    )]
     Timeout {
         /// Replicas still in their own forward and backward pass at the
         /// deadline (the others waited for them in the all-reduce); every
-        /// unfinished replica when all had reached the all-reduce.
+        /// unfinished replica when all had reached the all-reduce. Indices
+        /// as they were in the step.
         missing: Vec<usize>,
         /// The bound.
         waited: Duration,
+        /// Replicas (indices as they were in the step) that had not come back
+        /// a short grace after the deadline: stuck in their own computation,
+        /// they have left the group, whose other replicas keep their indices
+        /// in order.
+        lost: Vec<usize>,
     },
+    /// A replica's thread could not be started.
+    #[error("replica {replica}: could not start its thread: {message}")]
+    Spawn {
+        /// The replica.
+        replica: usize,
+        /// The operating system's error.
+        message: String,
+    },
+    /// A failed step left every replica behind (see
+    /// [`Timeout`](Self::Timeout)): the group holds no model any more.
+    #[error(
+        "every replica of the group was lost in a failed step (stuck in its own computation); resume from a checkpoint"
+    )]
+    GroupLost,
     /// Another replica group holds this process's collective.
     #[error(
         "another replica group of this process holds burn-collective (one group per process); waited {waited:?}"
@@ -154,4 +179,15 @@ pub enum ElasticError {
     /// not match the batch, or a sample that came back with another shape).
     #[error(transparent)]
     Cache(#[from] burn_freeze::CacheError),
+}
+
+/// What a [`ElasticError::Timeout`] message adds about lost replicas.
+fn lost_note(lost: &[usize]) -> String {
+    if lost.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; replicas {lost:?} were still computing after the deadline and have left the group"
+        )
+    }
 }

@@ -1,6 +1,7 @@
 //! A group of data-parallel replicas of one pipeline, each driven by its own
 //! thread, whose gradients are all-reduced through burn-collective before
-//! every replica steps.
+//! every replica steps. A step never waits past its bound: a replica stuck
+//! in its own computation is left behind and the group goes on without it.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -22,11 +23,32 @@ use crate::error::ElasticError;
 use crate::node::{self, NodeLink};
 
 /// What a replica thread tells the coordinating thread.
-enum Progress {
+enum Progress<S: StackTypes, O> {
     /// The replica finished its pass and entered the all-reduce.
     Arrived(usize),
-    /// The replica's share of the step ended.
-    Done(usize, Result<(StepReport, Duration), ElasticError>),
+    /// The replica's share of the step ended: its pipeline comes back.
+    Done(
+        usize,
+        Box<Pipeline<S, O>>,
+        Result<(StepReport, Duration), ElasticError>,
+    ),
+}
+
+/// `error` of a step that lost the replicas `lost`: a replica it names
+/// (one that came back) gets its index among the survivors.
+fn renumber(error: ElasticError, lost: &[usize]) -> ElasticError {
+    let shift = |replica: usize| replica - lost.iter().filter(|&&l| l < replica).count();
+    match error {
+        ElasticError::Replica { replica, source } => ElasticError::Replica {
+            replica: shift(replica),
+            source,
+        },
+        ElasticError::ReplicaPanicked { replica, message } => ElasticError::ReplicaPanicked {
+            replica: shift(replica),
+            message,
+        },
+        other => other,
+    }
 }
 
 /// One replica's share of a batch: model inputs, or hidden activations that
@@ -92,7 +114,8 @@ pub struct GroupReport {
 /// let loss = CrossEntropyLossConfig::new().init(&device);
 /// let x = Tensor::<B, 2>::ones([6, 4], &device);
 /// let y = Tensor::<B, 1, Int>::zeros([6], &device);
-/// let report = group.train_step(x, y, |logits, y| loss.forward(logits, y), 0.1)?;
+/// // Owned (moved in): every replica runs on a thread of its own.
+/// let report = group.train_step(x, y, move |logits, y| loss.forward(logits, y), 0.1)?;
 /// assert_eq!(report.shards, vec![3, 3]);
 /// # Ok::<(), burn_elastic_dp::ElasticError>(())
 /// ```
@@ -101,6 +124,9 @@ pub struct ReplicaGroup<S: StackTypes, O> {
     config: ReplicaConfig,
     /// Whether the collective group is registered for the current replicas.
     formed: bool,
+    /// How many times the collective group was formed: each formation has
+    /// peer ids of its own.
+    generation: usize,
     /// AutoCache for the frozen prefix, shared by every replica.
     cache: Option<StackCache<S>>,
     /// The other processes of the group, when it spans several (`node.rs`).
@@ -123,7 +149,7 @@ fn check_stages<D>(devices: &[Vec<D>], stages: usize) -> Result<(), ElasticError
 impl<S, O> ReplicaGroup<S, O>
 where
     S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend>,
+    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
     O::Record: ParamStates,
 {
     /// See [`ReplicaConfig::init`].
@@ -165,6 +191,7 @@ where
             replicas,
             config,
             formed: false,
+            generation: 0,
             cache: None,
             node,
             _token: token,
@@ -189,6 +216,15 @@ where
         &self.config
     }
 
+    /// Fails once a step lost every replica.
+    fn alive(&self) -> Result<(), ElasticError> {
+        if self.replicas.is_empty() {
+            Err(ElasticError::GroupLost)
+        } else {
+            Ok(())
+        }
+    }
+
     fn timeout(&self) -> Duration {
         Duration::from_millis(self.config.timeout_ms)
     }
@@ -197,6 +233,7 @@ where
     /// is not (otherwise the next step does it): every replica's peer
     /// registers, within the timeout.
     pub fn form(&mut self) -> Result<(), ElasticError> {
+        self.alive()?;
         if self.formed || self.replicas.len() == 1 {
             return Ok(());
         }
@@ -205,7 +242,13 @@ where
             .iter()
             .map(|r| r.devices()[0].clone())
             .collect();
-        collective::form::<InnerBackendOf<S>>(&devices, self.config.strategy, self.timeout())?;
+        self.generation += 1;
+        collective::form::<InnerBackendOf<S>>(
+            self.generation,
+            &devices,
+            self.config.strategy,
+            self.timeout(),
+        )?;
         self.formed = true;
         Ok(())
     }
@@ -230,11 +273,21 @@ where
     /// gradients are weighted by its share of the batch, so the result
     /// equals one pipeline's gradients on the whole batch.
     ///
+    /// Each replica runs on a thread of its own, which takes its pipeline
+    /// for the step; hence `loss` and `targets` are owned (`'static`).
+    ///
     /// On error (a replica's stage panicked or failed, a replica did not
-    /// finish within the timeout, the collective failed) every replica has
-    /// stopped, no gradient of this step is kept, the weights are unchanged
-    /// and the error names the replica (and, from its pipeline, the stage
-    /// and micro-batch). The step can be run again.
+    /// finish within the timeout, the collective failed) no gradient of this
+    /// step is kept, the weights are unchanged and the error names the
+    /// replica (and, from its pipeline, the stage and micro-batch). The step
+    /// can be run again. The call returns within the timeout and a short
+    /// grace (a tenth of it, 20 ms to 1 s), whatever the replicas do: a
+    /// replica still in its own computation by then (stuck in a layer, say)
+    /// is left behind, and the group goes on with the others
+    /// ([`ElasticError::Timeout`]'s `lost`; a replica the error names is
+    /// then numbered among the survivors). When every replica is left
+    /// behind the group holds no model: every later call fails with
+    /// [`ElasticError::GroupLost`] (resume from a checkpoint).
     pub fn forward_backward<T, LossFn>(
         &mut self,
         input: S::Input,
@@ -242,8 +295,8 @@ where
         loss: LossFn,
     ) -> Result<GroupReport, ElasticError>
     where
-        T: Activation<S::Backend>,
-        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+        T: Activation<S::Backend> + Send + 'static,
+        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Send + Sync + 'static,
     {
         let start = Instant::now();
         let batch = input.batch_size();
@@ -287,13 +340,14 @@ where
         loss: LossFn,
     ) -> Result<GroupReport, ElasticError>
     where
-        T: Activation<S::Backend>,
-        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+        T: Activation<S::Backend> + Send + 'static,
+        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Send + Sync + 'static,
         InnerInput<S>: Cacheable<InnerBackendOf<S>>,
         InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
     {
         let start = Instant::now();
         let batch = input.batch_size();
+        self.alive()?;
         check_sample_ids(ids, batch)?;
         let first = self.replicas[0].stage(0);
         let cached = first.frozen().units().end.min(self.num_units() - 1);
@@ -316,9 +370,11 @@ where
         start: Instant,
     ) -> Result<GroupReport, ElasticError>
     where
-        T: Activation<S::Backend>,
-        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+        T: Activation<S::Backend> + Send + 'static,
+        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Send + Sync + 'static,
     {
+        self.alive()?;
+        let loss = Arc::new(loss);
         if targets.batch_size() != batch {
             return Err(ElasticError::TargetsMismatch {
                 input: batch,
@@ -344,11 +400,10 @@ where
         };
         let targets = plan.take(targets.split_batch(&plan.all));
         let timeout = self.timeout();
-        let (link, link_deadline) = (self.node.clone(), start + timeout);
-        let (link, plan) = (&link, &plan);
+        let link_deadline = start + timeout;
         let mode = self.config.all_reduce;
-        let loss = &loss;
-        let (tx, rx) = crossbeam_channel::unbounded::<Progress>();
+        let generation = self.generation;
+        let (tx, rx) = crossbeam_channel::unbounded::<Progress<S, O>>();
         let mut results: Vec<Option<Result<(StepReport, Duration), ElasticError>>> =
             (0..count).map(|_| None).collect();
         // Replicas that reached the all-reduce (their pass is done).
@@ -358,137 +413,156 @@ where
         let mut missing: Option<Vec<usize>> = None;
         // The process an exchange between processes waited for at the deadline.
         let mut missing_node: Option<usize> = None;
-        thread::scope(|scope| {
-            for (replica, ((pipeline, input), targets)) in self
-                .replicas
-                .iter_mut()
-                .zip(inputs)
-                .zip(targets)
-                .enumerate()
-            {
-                let tx = tx.clone();
-                // The replica's mean loss, scaled by its share of the
-                // batch so that the sum over replicas of the gradients is
-                // the whole batch's gradient.
-                let scale = plan.scale(replica);
-                thread::Builder::new()
-                    .name(format!("burn-elastic-dp replica {replica}"))
-                    .spawn_scoped(scope, move || {
-                        let run = || -> Result<(StepReport, Duration), ElasticError> {
-                            let scaled = |output, target| loss(output, target).mul_scalar(scale);
-                            let report = match input {
-                                Shard::Input(input) => {
-                                    pipeline.forward_backward(input, targets, scaled)
-                                }
-                                Shard::Hidden(entry, hidden) => {
-                                    pipeline.forward_backward_from(entry, hidden, targets, scaled)
-                                }
-                            }
-                            .map_err(|source| ElasticError::Replica { replica, source })?;
-                            let _ = tx.send(Progress::Arrived(replica));
-                            let reduce = Instant::now();
-                            if count > 1 || link.is_some() {
-                                let modules: Vec<TrainableUnits<S>> = (0..pipeline.num_stages())
-                                    .map(|s| pipeline.stage(s).trainable().clone())
-                                    .collect();
-                                pipeline.map_gradients(|stage, grads| {
-                                    burn_freeze::fault::check(
-                                        burn_freeze::fault::Phase::AllReduce,
-                                        Some(stage),
-                                        None,
-                                    )
-                                    .map_err(|e| {
-                                        ElasticError::Replica {
-                                            replica,
-                                            source: e.into(),
-                                        }
-                                    })?;
-                                    let grads = match mode {
-                                        _ if count == 1 => grads,
-                                        AllReduce::PerTensor => {
-                                            collective::all_reduce_sum::<InnerBackendOf<S>>(
-                                                replica, stage, grads,
-                                            )?
-                                        }
-                                        AllReduce::Bucketed { bucket_bytes } => {
-                                            collective::all_reduce_sum_bucketed::<S::Backend, _>(
-                                                replica,
-                                                stage,
-                                                &modules[stage],
-                                                grads,
-                                                bucket_bytes,
-                                            )?
-                                        }
-                                    };
-                                    // Then between the processes, if several.
-                                    match link {
-                                        Some(link) => node::all_reduce_gradients::<S::Backend, _>(
-                                            link,
-                                            replica,
-                                            &modules[stage],
-                                            grads,
-                                            link_deadline,
-                                        ),
-                                        None => Ok(grads),
-                                    }
-                                })?;
-                            }
-                            Ok((report, reduce.elapsed()))
-                        };
-                        let result = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|panic| {
-                            Err(ElasticError::ReplicaPanicked {
-                                replica,
-                                message: panic_message(panic.as_ref()),
-                            })
-                        });
-                        let _ = tx.send(Progress::Done(replica, result));
-                    })
-                    .expect("spawning a replica thread");
-            }
-            drop(tx);
-            // Wait for every replica within the bound; on the first failure
-            // or at the deadline, reset the collective so that replicas
-            // blocked in an all-reduce return instead of waiting forever.
-            let deadline = Instant::now() + timeout;
-            let mut reset = false;
-            while results.iter().any(Option::is_none) {
-                let received = if reset {
-                    rx.recv().map_err(|_| ())
-                } else {
-                    rx.recv_deadline(deadline).map_err(|_| ())
-                };
-                match received {
-                    Ok(Progress::Arrived(replica)) => arrived[replica] = true,
-                    Ok(Progress::Done(replica, result)) => {
-                        arrived[replica] = true;
-                        if result.is_err() && !reset && (count > 1 || link.is_some()) {
-                            collective::reset::<InnerBackendOf<S>>();
-                            if let Some(link) = link {
-                                link.abort();
-                            }
-                            reset = true;
+        // Each replica's pipeline moves to a thread of its own for the
+        // step and comes back with its result: a replica stuck in its own
+        // computation is then left behind at the deadline (the group goes on
+        // with the others) instead of blocking the step until it returns.
+        let pipelines = std::mem::take(&mut self.replicas);
+        let mut returned: Vec<Option<Pipeline<S, O>>> = (0..count).map(|_| None).collect();
+        for (replica, ((mut pipeline, input), targets)) in
+            pipelines.into_iter().zip(inputs).zip(targets).enumerate()
+        {
+            let (tx, loss, link) = (tx.clone(), Arc::clone(&loss), self.node.clone());
+            // The replica's mean loss, scaled by its share of the batch so
+            // that the sum over replicas of the gradients is the whole
+            // batch's gradient.
+            let scale = plan.scale(replica);
+            let work = move || {
+                let run = |pipeline: &mut Pipeline<S, O>| -> Result<(StepReport, Duration), ElasticError> {
+                    let scaled = |output, target| loss(output, target).mul_scalar(scale);
+                    let report = match input {
+                        Shard::Input(input) => pipeline.forward_backward(input, targets, scaled),
+                        Shard::Hidden(entry, hidden) => {
+                            pipeline.forward_backward_from(entry, hidden, targets, scaled)
                         }
-                        results[replica] = Some(result);
                     }
-                    Err(()) if !reset => {
+                    .map_err(|source| ElasticError::Replica { replica, source })?;
+                    let _ = tx.send(Progress::Arrived(replica));
+                    let reduce = Instant::now();
+                    if count > 1 || link.is_some() {
+                        let modules: Vec<TrainableUnits<S>> = (0..pipeline.num_stages())
+                            .map(|s| pipeline.stage(s).trainable().clone())
+                            .collect();
+                        pipeline.map_gradients(|stage, grads| {
+                            burn_freeze::fault::check(
+                                burn_freeze::fault::Phase::AllReduce,
+                                Some(stage),
+                                None,
+                            )
+                            .map_err(|e| ElasticError::Replica {
+                                replica,
+                                source: e.into(),
+                            })?;
+                            let peer = collective::peer(generation, replica);
+                            let grads = match mode {
+                                _ if count == 1 => grads,
+                                AllReduce::PerTensor => collective::all_reduce_sum::<
+                                    InnerBackendOf<S>,
+                                >(
+                                    peer, replica, stage, grads
+                                )?,
+                                AllReduce::Bucketed { bucket_bytes } => {
+                                    collective::all_reduce_sum_bucketed::<S::Backend, _>(
+                                        peer,
+                                        replica,
+                                        stage,
+                                        &modules[stage],
+                                        grads,
+                                        bucket_bytes,
+                                    )?
+                                }
+                            };
+                            // Then between the processes, if several.
+                            match &link {
+                                Some(link) => node::all_reduce_gradients::<S::Backend, _>(
+                                    link,
+                                    replica,
+                                    &modules[stage],
+                                    grads,
+                                    link_deadline,
+                                ),
+                                None => Ok(grads),
+                            }
+                        })?;
+                    }
+                    Ok((report, reduce.elapsed()))
+                };
+                let result =
+                    catch_unwind(AssertUnwindSafe(|| run(&mut pipeline))).unwrap_or_else(|panic| {
+                        Err(ElasticError::ReplicaPanicked {
+                            replica,
+                            message: panic_message(panic.as_ref()),
+                        })
+                    });
+                let _ = tx.send(Progress::Done(replica, Box::new(pipeline), result));
+            };
+            thread::Builder::new()
+                .name(format!("burn-elastic-dp replica {replica}"))
+                .spawn(work)
+                .map_err(|error| ElasticError::Spawn {
+                    replica,
+                    message: error.to_string(),
+                })?;
+        }
+        drop(tx);
+        // Wait for every replica within the bound; on the first failure or
+        // at the deadline, reset the collective so that replicas blocked in
+        // an all-reduce return, and wait a short grace for them: a replica
+        // not back by then is still in its own computation, and is lost.
+        let deadline = Instant::now() + timeout;
+        let grace = (timeout / 10).clamp(Duration::from_millis(20), Duration::from_secs(1));
+        let mut reset = false;
+        // When the deadline passed: from then on, only a short grace.
+        let mut timed_out: Option<Instant> = None;
+        while returned.iter().any(Option::is_none) {
+            let bound = timed_out.map_or(deadline, |at| at + grace);
+            match rx.recv_deadline(bound) {
+                Ok(Progress::Arrived(replica)) => arrived[replica] = true,
+                Ok(Progress::Done(replica, pipeline, result)) => {
+                    arrived[replica] = true;
+                    if result.is_err() && !reset && (count > 1 || self.node.is_some()) {
+                        collective::reset::<InnerBackendOf<S>>();
+                        if let Some(link) = &self.node {
+                            link.abort();
+                        }
+                        reset = true;
+                    }
+                    returned[replica] = Some(*pipeline);
+                    results[replica] = Some(result);
+                }
+                Err(_) if timed_out.is_none() => {
+                    timed_out = Some(Instant::now());
+                    if !reset {
                         let late: Vec<usize> = (0..count).filter(|&r| !arrived[r]).collect();
                         let all_arrived = late.is_empty();
-                        missing = Some(if late.is_empty() {
+                        missing = Some(if all_arrived {
                             (0..count).filter(|&r| results[r].is_none()).collect()
                         } else {
                             late
                         });
-                        if let Some(link) = link {
+                        if let Some(link) = &self.node {
                             missing_node = link.waiting_on().filter(|_| all_arrived);
                             link.abort();
                         }
                         collective::reset::<InnerBackendOf<S>>();
                         reset = true;
                     }
-                    Err(()) => break,
                 }
+                Err(_) => break,
             }
-        });
+        }
+        // Replicas not back by now are still in their own computation: the
+        // group goes on without them (their threads end on their own; the
+        // collective's next generation does not know their peers).
+        let lost: Vec<usize> = (0..count).filter(|&r| returned[r].is_none()).collect();
+        self.replicas = returned.into_iter().flatten().collect();
+        if !lost.is_empty() {
+            tracing::warn!(
+                ?lost,
+                left = self.replicas.len(),
+                "replicas still computing after the step's deadline were left behind"
+            );
+        }
         let mut reports = Vec::with_capacity(count);
         let mut all_reduce = Vec::with_capacity(count);
         let mut failure: Option<ElasticError> = None;
@@ -528,9 +602,11 @@ where
             failure = Some(ElasticError::Timeout {
                 missing,
                 waited: timeout,
+                lost: lost.clone(),
             });
         }
         if let Some(error) = failure {
+            let error = renumber(error, &lost);
             tracing::warn!(%error, "data-parallel step failed; no gradient kept");
             self.abandon_step();
             return Err(error);
@@ -552,6 +628,7 @@ where
     /// the same all-reduced gradients): nothing changes, and the error names
     /// the replica, stage and unit.
     pub fn step(&mut self, lr: f64) -> Result<(), ElasticError> {
+        self.alive()?;
         let results: Vec<Result<(), burn_pipe::PipeError>> = thread::scope(|scope| {
             let handles: Vec<_> = self
                 .replicas
@@ -600,8 +677,8 @@ where
         lr: f64,
     ) -> Result<GroupReport, ElasticError>
     where
-        T: Activation<S::Backend>,
-        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+        T: Activation<S::Backend> + Send + 'static,
+        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Send + Sync + 'static,
     {
         let report = self.forward_backward(input, targets, loss)?;
         self.step(lr)?;
@@ -619,6 +696,7 @@ where
     /// Fails, changing nothing, with no replica, a replica without one
     /// device per stage, or gradients pending.
     pub fn resize(&mut self, devices: Vec<Vec<Device<S::Backend>>>) -> Result<(), ElasticError> {
+        self.alive()?;
         if self.node.is_some() {
             return Err(ElasticError::NodesFixed);
         }
@@ -641,7 +719,7 @@ where
             }
         }
         if self.formed {
-            collective::dissolve::<InnerBackendOf<S>>(self.replicas.len());
+            collective::dissolve::<InnerBackendOf<S>>(self.generation, self.replicas.len());
             self.formed = false;
         }
         let from = self.replicas.len();
@@ -677,7 +755,7 @@ where
             });
         }
         if self.formed {
-            collective::dissolve::<InnerBackendOf<S>>(self.replicas.len());
+            collective::dissolve::<InnerBackendOf<S>>(self.generation, self.replicas.len());
             self.formed = false;
         }
         tracing::info!(
@@ -697,6 +775,7 @@ where
         balance: &[usize],
         devices: Vec<Vec<Device<S::Backend>>>,
     ) -> Result<(), ElasticError> {
+        self.alive()?;
         if devices.len() != self.replicas.len() {
             return Err(ElasticError::ReplicaCount {
                 given: devices.len(),
@@ -718,7 +797,7 @@ where
                 .map_err(|source| ElasticError::Replica { replica, source })?;
         }
         if stage0_moves && self.formed {
-            collective::dissolve::<InnerBackendOf<S>>(self.replicas.len());
+            collective::dissolve::<InnerBackendOf<S>>(self.generation, self.replicas.len());
             self.formed = false;
         }
         Ok(())
@@ -728,6 +807,7 @@ where
     /// [`Pipeline::freeze_to`]). Fails, changing nothing, on a front below
     /// the current one or beyond the stack, or with gradients pending.
     pub fn freeze_to(&mut self, front: usize) -> Result<(), ElasticError> {
+        self.alive()?;
         check_freeze(front, self.front(), self.num_units())?;
         for (replica, pipeline) in self.replicas.iter_mut().enumerate() {
             pipeline
@@ -781,7 +861,7 @@ where
         // Dissolve while every replica is counted: `Drop` would finish one
         // peer too few, and the next group of another size could not form.
         if self.formed {
-            collective::dissolve::<InnerBackendOf<S>>(self.replicas.len());
+            collective::dissolve::<InnerBackendOf<S>>(self.generation, self.replicas.len());
             self.formed = false;
         }
         self.replicas.swap_remove(0).into_layer_stack()
@@ -791,7 +871,7 @@ where
 impl<S, O> FreezeFront for ReplicaGroup<S, O>
 where
     S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend>,
+    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
     O::Record: ParamStates,
 {
     type Error = ElasticError;
@@ -818,7 +898,7 @@ where
 impl<S: StackTypes, O> Drop for ReplicaGroup<S, O> {
     fn drop(&mut self) {
         if self.formed {
-            collective::dissolve::<InnerBackendOf<S>>(self.replicas.len());
+            collective::dissolve::<InnerBackendOf<S>>(self.generation, self.replicas.len());
         }
     }
 }

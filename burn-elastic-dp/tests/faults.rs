@@ -107,8 +107,13 @@ fn config() -> TrainerConfig {
 
 /// Trains 3 epochs; the final weights, or the error's message.
 fn run() -> Result<Vec<f32>, String> {
+    run_with(config())
+}
+
+/// [`run`] with `config`.
+fn run_with(config: TrainerConfig) -> Result<Vec<f32>, String> {
     let device: Device<B> = Default::default();
-    let mut trainer = config()
+    let mut trainer = config
         .init(stack(), vec![device; 4], || AdamConfig::new().init())
         .map_err(|e| e.to_string())?;
     let data = dataset();
@@ -155,6 +160,7 @@ fn injected_faults_recover_or_fail_with_a_named_error_and_never_hang() {
             micro_batch: matches!(phase, Phase::Forward | Phase::Backward)
                 .then(|| rng.below(2) as usize),
             panic: on_worker && rng.below(2) == 0,
+            stall: None,
         };
         runs += 1;
         fault::arm(fault);
@@ -208,4 +214,37 @@ fn injected_faults_recover_or_fail_with_a_named_error_and_never_hang() {
     if let (Some(before), Some(after)) = (baseline_threads, threads()) {
         assert!(after <= before, "threads left behind: {before} -> {after}");
     }
+
+    // A replica stuck in its own computation (3 s in its first forward,
+    // against a 1 s bound): the step returns at the bound, the stuck replica
+    // is left behind, the survivors redo the step, and the run ends at the
+    // clean run's weights. (Last: the stuck thread outlives the run by the
+    // rest of its stall, which the thread count above would see.)
+    fault::arm(Fault {
+        phase: Phase::Forward,
+        stage: Some(0),
+        micro_batch: Some(0),
+        panic: false,
+        stall: Some(Duration::from_secs(3)),
+    });
+    let stalled = run_with(
+        config().with_replicas(
+            ReplicaConfig::new().with_timeout_ms(1_000).with_pipeline(
+                PipelineConfig::new()
+                    .with_micro_batches(Some(2))
+                    .with_timeout_ms(5_000),
+            ),
+        ),
+    );
+    assert!(!fault::disarm(), "the stall fired");
+    let weights = stalled.expect("the survivors finish the run");
+    let worst = weights
+        .iter()
+        .zip(&clean)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    println!(
+        "a replica stuck 3 s left behind at the 1 s bound: the survivors end {worst:e} from the clean run"
+    );
+    assert!(worst <= 1e-4, "the survivors ended {worst} away");
 }

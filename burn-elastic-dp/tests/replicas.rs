@@ -404,33 +404,66 @@ fn a_group_resized_one_two_four_two_trains_as_a_fixed_group() {
     assert_eq!(elastic.num_replicas(), 2);
 }
 
-#[test]
-fn a_stalled_replica_is_named_and_the_waiting_one_is_released() {
+/// A group of `replicas` 2-stage SGD replicas of `stack` with `config`,
+/// built once no other test's group holds the process's collective (its
+/// short timeout also bounds that wait; the other tests run in parallel).
+fn init_when_free(
+    config: &ReplicaConfig,
+    stack: LayerStack<Types>,
+    replicas: usize,
+) -> burn_elastic_dp::ReplicaGroup<
+    Types,
+    burn::optim::adaptor::OptimizerAdaptor<
+        burn::optim::Sgd<Inner>,
+        burn_freeze::TrainableUnits<Types>,
+        B,
+    >,
+> {
     let device: Device<B> = Default::default();
+    for _ in 0..1000 {
+        match config.init(stack.clone(), vec![vec![device; 2]; replicas], || {
+            SgdConfig::new().init()
+        }) {
+            Err(ElasticError::GroupBusy { .. }) => continue,
+            other => return other.unwrap(),
+        }
+    }
+    panic!("another test's group held the collective for 1000 waits");
+}
+
+#[test]
+fn a_stalled_replica_is_left_behind_within_the_bound_and_the_group_goes_on() {
     // Replica 0 (shard of 3: micro-batches of 2 and 1) stalls 1.5 s on its
     // 2-sample micro-batch; replica 1 finishes and waits in the all-reduce.
     // At the 300 ms deadline the collective is reset, which releases
-    // replica 1; the error names replica 0. (It returns once replica 0's
-    // computation comes back: a computing thread cannot be interrupted.)
-    let mut group = ReplicaConfig::new()
+    // replica 1; replica 0, still computing after the grace (30 ms), is left
+    // behind: the step returns long before the stall ends.
+    let config = ReplicaConfig::new()
         .with_pipeline(pipeline_config())
-        .with_timeout_ms(300)
-        .init(
-            stalling_stack(0, (2, 1500)),
-            vec![vec![device; 2]; 2],
-            || SgdConfig::new().init(),
-        )
-        .unwrap();
+        .with_timeout_ms(300);
+    let mut group = init_when_free(&config, stalling_stack(0, (2, 1500)), 2);
     let before = weights(&group.to_layer_stack());
     let (x, y) = batch(600, 5);
+    let started = std::time::Instant::now();
     let error = group.train_step(x, y, loss, 0.1).unwrap_err();
+    let returned_after = started.elapsed();
     match &error {
-        ElasticError::Timeout { missing, waited } => {
+        ElasticError::Timeout {
+            missing,
+            waited,
+            lost,
+        } => {
             assert_eq!(missing, &vec![0], "{error}");
+            assert_eq!(lost, &vec![0], "{error}");
             assert_eq!(waited.as_millis(), 300);
         }
         other => panic!("unexpected error: {other}"),
     }
+    assert!(
+        returned_after < std::time::Duration::from_millis(1400),
+        "the step waited {returned_after:?} for a stalled replica"
+    );
+    assert_eq!(group.num_replicas(), 1);
     let after = weights(&group.to_layer_stack());
     assert!(
         before
@@ -438,9 +471,66 @@ fn a_stalled_replica_is_named_and_the_waiting_one_is_released() {
             .zip(&after)
             .all(|(a, b)| a.as_bytes() == b.as_bytes())
     );
-    // The next step (no 2-sample micro-batch) trains: the group re-formed.
-    let (x, y) = batch(601, 4);
+    // The survivor trains the next step (no 2-sample micro-batch).
+    let (x, y) = batch(601, 6);
     group.train_step(x, y, loss, 0.1).unwrap();
+}
+
+#[test]
+fn a_replica_left_behind_cannot_join_the_survivors_all_reduce() {
+    // 13 samples over 3 replicas: shards 5, 4, 4, micro-batches 3 + 2, 2 + 2,
+    // 2 + 2: replica 0 alone stalls (1 s, on its 3-sample micro-batch) and is
+    // left behind. The survivors (now replicas 0 and 1) go on stepping while
+    // it wakes, finishes its pass and calls the all-reduce as replica 0 of
+    // the old formation: it must get an error, not join theirs. So the
+    // survivors' weights equal a fresh 2-replica group's from the same
+    // weights on the same batches, bit for bit.
+    let config = ReplicaConfig::new()
+        .with_pipeline(pipeline_config())
+        .with_timeout_ms(250);
+    let mut group = init_when_free(&config, stalling_stack(0, (3, 1000)), 3);
+    let started = std::time::Instant::now();
+    let (x, y) = batch(800, 13);
+    match group.train_step(x, y, loss, 0.1).unwrap_err() {
+        ElasticError::Timeout { lost, .. } => assert_eq!(lost, vec![0]),
+        other => panic!("unexpected error: {other}"),
+    }
+    assert_eq!(group.num_replicas(), 2);
+    let survivors = group.to_layer_stack();
+    let mut steps = 0u64;
+    // Until well after the stalled replica woke (at most 5000 steps).
+    while started.elapsed() < std::time::Duration::from_millis(1800) && steps < 5000 {
+        let (x, y) = batch(900 + steps, 4);
+        group.train_step(x, y, loss, 0.05).unwrap();
+        steps += 1;
+    }
+    let trained = weights(&group.to_layer_stack());
+    assert!(
+        (0..2).all(|r| weights(&group.replica(r).to_layer_stack())
+            .iter()
+            .zip(&trained)
+            .all(|(a, b)| a.as_bytes() == b.as_bytes())),
+        "the survivors drifted apart"
+    );
+    drop(group);
+    let mut fresh = ReplicaConfig::new()
+        .with_pipeline(pipeline_config())
+        .init(survivors, vec![vec![Default::default(); 2]; 2], || {
+            SgdConfig::new().init()
+        })
+        .unwrap();
+    for step in 0..steps {
+        let (x, y) = batch(900 + step, 4);
+        fresh.train_step(x, y, loss, 0.05).unwrap();
+    }
+    let expected = weights(&fresh.to_layer_stack());
+    assert!(
+        trained
+            .iter()
+            .zip(&expected)
+            .all(|(a, b)| a.as_bytes() == b.as_bytes()),
+        "the survivors' {steps} steps differ from a fresh group's"
+    );
 }
 
 #[test]

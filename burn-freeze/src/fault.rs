@@ -70,6 +70,10 @@ pub struct Fault {
     pub micro_batch: Option<usize>,
     /// Panic instead of returning an error.
     pub panic: bool,
+    /// Instead of failing, stall this long where the fault fires, then
+    /// carry on: a computation stuck for a while (a replica that does not
+    /// arrive). `panic` is then ignored.
+    pub stall: Option<std::time::Duration>,
 }
 
 static ARMED: AtomicBool = AtomicBool::new(false);
@@ -142,6 +146,11 @@ pub fn check(
         stage,
         micro_batch,
     };
+    if let Some(stall) = fault.stall {
+        tracing::debug!(%injected, ?stall, "injected stall");
+        std::thread::sleep(stall);
+        return Ok(());
+    }
     if fault.panic {
         panic!("{injected} (a panic)");
     }

@@ -31,7 +31,7 @@ use crate::unit::Unit;
 /// middle and last unit types that chain, and a model names its bundle with
 /// a type alias (`type VitTypes<B> = StackMarker<B, PatchEmbedding<B>,
 /// VitUnit<B>, VitHead<B>>`).
-pub trait StackTypes: Sized + Send + Sync {
+pub trait StackTypes: Sized + Send + Sync + 'static {
     /// The autodiff backend the trainable units run on; frozen units run on
     /// its inner backend.
     type Backend: AutodiffBackend;
@@ -66,10 +66,10 @@ type Types<B, F, M, L> = fn() -> (B, F, M, L);
 impl<B, F, M, L> StackTypes for StackMarker<B, F, M, L>
 where
     B: AutodiffBackend,
-    F: Unit<B>,
+    F: Unit<B> + 'static,
     F::Output: Differentiable<B>,
-    M: Unit<B, Input = F::Output, Output = F::Output>,
-    L: Unit<B, Input = F::Output>,
+    M: Unit<B, Input = F::Output, Output = F::Output> + 'static,
+    L: Unit<B, Input = F::Output> + 'static,
 {
     type Backend = B;
     type Input = F::Input;

@@ -609,14 +609,16 @@ impl JobSpec {
                     config.init(stack, devices, adam)?
                 };
                 let loss_fn = CrossEntropyLossConfig::new().init(&device);
-                let loss = |logits, labels| loss_fn.forward(logits, labels);
+                let loss = move |logits, labels| loss_fn.forward(logits, labels);
                 observer.start(name, self.epochs, data.len());
                 let mut epochs = Vec::with_capacity(self.epochs);
                 while trainer.epoch() < self.epochs {
-                    let report =
-                        trainer.fit_epoch_observed(data, batcher, loss, |step: &StepInfo| {
-                            observer.step(step.samples, step.loss)
-                        })?;
+                    let report = trainer.fit_epoch_observed(
+                        data,
+                        batcher,
+                        loss.clone(),
+                        |step: &StepInfo| observer.step(step.samples, step.loss),
+                    )?;
                     let accuracy = evaluate(trainer.forward_inner(held_x.clone().inner()));
                     let record = EpochRecord::from_trainer(&report, accuracy);
                     observer.epoch(&record);

@@ -367,7 +367,7 @@ impl TrainerConfig {
     ) -> Result<Trainer<S, O>, TrainerError>
     where
         S: StackTypes,
-        O: Optimizer<TrainableUnits<S>, S::Backend>,
+        O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
         O::Record: ParamStates,
     {
         Trainer::new(stack, devices, self.clone(), make_optimizer, false)

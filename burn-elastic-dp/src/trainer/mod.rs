@@ -11,6 +11,7 @@ mod error;
 mod log;
 mod shape;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use burn::data::dataloader::batcher::Batcher;
@@ -103,8 +104,10 @@ pub struct StepInfo {
 ///     .with_replicas(ReplicaConfig::new().with_pipeline(PipelineConfig::new().with_micro_batches(Some(2))))
 ///     .init(stack, vec![device; 2], || AdamConfig::new().init())?;
 /// let loss = CrossEntropyLossConfig::new().init(&device);
+/// // Owned (moved in): every replica runs on a thread of its own.
+/// let loss = move |logits, y| loss.forward(logits, y);
 /// for _ in 0..2 {
-///     let report = trainer.fit_epoch(&data, &Points, |logits, y| loss.forward(logits, y))?;
+///     let report = trainer.fit_epoch(&data, &Points, loss.clone())?;
 ///     assert_eq!(report.samples, 32);
 /// }
 /// assert_eq!(trainer.front(), 3); // frozen after epoch 0
@@ -133,7 +136,7 @@ pub struct Trainer<S: StackTypes, O> {
 impl<S, O> Trainer<S, O>
 where
     S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend>,
+    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
     O::Record: ParamStates,
 {
     /// See [`TrainerConfig::init`]; `resuming` appends to the output
@@ -376,8 +379,8 @@ where
     where
         D: Dataset<I>,
         Bt: Batcher<S::Backend, I, (S::Input, T)>,
-        T: Activation<S::Backend>,
-        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+        T: Activation<S::Backend> + Send + 'static,
+        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Send + Sync + 'static,
         InnerInput<S>: Cacheable<InnerBackendOf<S>>,
         InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
         S::Output: Differentiable<S::Backend>,
@@ -397,13 +400,15 @@ where
     where
         D: Dataset<I>,
         Bt: Batcher<S::Backend, I, (S::Input, T)>,
-        T: Activation<S::Backend>,
-        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+        T: Activation<S::Backend> + Send + 'static,
+        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Send + Sync + 'static,
         InnerInput<S>: Cacheable<InnerBackendOf<S>>,
         InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
         S::Output: Differentiable<S::Backend>,
     {
         let started = Instant::now();
+        // Every step's replica threads share the one loss function.
+        let loss = Arc::new(loss);
         let len = dataset.len();
         if self.sampler.is_none() {
             self.sampler = Some(ElasticSampler::new(
@@ -456,21 +461,29 @@ where
                 let group = &mut self.group;
                 let attempt = if parts.cache && parts.freeze && group.front() > 0 {
                     let ids: Vec<u64> = indices.iter().map(|&i| i as u64).collect();
-                    group.forward_backward_cached(&ids, input, targets, &loss)
+                    group.forward_backward_cached(&ids, input, targets, shared(&loss))
                 } else {
-                    group.forward_backward(input, targets, &loss)
+                    group.forward_backward(input, targets, shared(&loss))
                 };
                 match attempt {
                     Ok(report) => break report,
                     Err(error) => {
-                        let Some(replica) = self.recoverable(&error) else {
-                            return Err(error.into());
-                        };
+                        // Replicas left behind by the step (stuck in their
+                        // own computation) are out of the group already.
+                        self.shape.replicas = self.group.num_replicas();
+                        match self.recoverable(&error) {
+                            Some(Recovery::Remove(replica)) => {
+                                tracing::warn!(%error, replica, "a replica failed; the group shrinks to the survivors and redoes the step");
+                                self.group.remove_replica(replica)?;
+                                self.shape.replicas = self.group.num_replicas();
+                            }
+                            Some(Recovery::Redo) => {
+                                tracing::warn!(%error, left = self.shape.replicas, "replicas were left behind; the survivors redo the step");
+                            }
+                            None => return Err(error.into()),
+                        }
                         // Nothing of the step was applied: the survivors run
                         // the same batch again.
-                        tracing::warn!(%error, replica, "a replica failed; the group shrinks to the survivors and redoes the step");
-                        self.group.remove_replica(replica)?;
-                        self.shape.replicas -= 1;
                         (input, targets) = fetch()?;
                     }
                 }
@@ -486,8 +499,8 @@ where
                     tracing::warn!(error = %source, ?failed, "replicas failed their optimizer step; they leave the group");
                     for &replica in failed.iter().rev() {
                         self.group.remove_replica(replica)?;
-                        self.shape.replicas -= 1;
                     }
+                    self.shape.replicas = self.group.num_replicas();
                 }
                 Err(error) => return Err(error.into()),
             }
@@ -565,12 +578,13 @@ where
         Ok(report)
     }
 
-    /// The replica a failed step names, when the group may shrink to the
-    /// survivors and redo it: recovery on, more than one replica, and a
-    /// failure of that replica's own (not a non-finite loss, which the same
-    /// batch would give again).
-    fn recoverable(&self, error: &ElasticError) -> Option<usize> {
-        if !self.config.recover_replicas || self.group.num_replicas() < 2 {
+    /// How the trainer goes on after a failed step, when recovery is on:
+    /// the replica the error names leaves and the survivors redo the step (a
+    /// failure of that replica's own, not a non-finite loss, which the same
+    /// batch would give again, and another replica left), or the survivors
+    /// of a step that left stuck replicas behind redo it.
+    fn recoverable(&self, error: &ElasticError) -> Option<Recovery> {
+        if !self.config.recover_replicas || self.group.num_replicas() == 0 {
             return None;
         }
         match error {
@@ -579,7 +593,12 @@ where
                 ..
             } => None,
             ElasticError::Replica { replica, .. }
-            | ElasticError::ReplicaPanicked { replica, .. } => Some(*replica),
+            | ElasticError::ReplicaPanicked { replica, .. }
+                if self.group.num_replicas() >= 2 =>
+            {
+                Some(Recovery::Remove(*replica))
+            }
+            ElasticError::Timeout { lost, .. } if !lost.is_empty() => Some(Recovery::Redo),
             _ => None,
         }
     }
@@ -760,4 +779,22 @@ fn device_lists<D: Clone>(devices: &[D], shape: &Shape) -> Vec<Vec<D>> {
     (0..shape.replicas)
         .map(|r| devices[r * k..(r + 1) * k].to_vec())
         .collect()
+}
+
+/// A loss function for one step's replica threads: a handle on `loss`.
+fn shared<O, T, R, L>(loss: &Arc<L>) -> impl Fn(O, T) -> R + Send + Sync + 'static
+where
+    L: Fn(O, T) -> R + Send + Sync + 'static,
+{
+    let loss = Arc::clone(loss);
+    move |output, targets| loss(output, targets)
+}
+
+/// How a failed step is recovered from (see `Trainer::recoverable`).
+enum Recovery {
+    /// The named replica leaves the group; the survivors redo the step.
+    Remove(usize),
+    /// The group already left its stuck replicas behind; the survivors redo
+    /// the step.
+    Redo,
 }

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn_elastic_dp::{AllReduce, ReplicaConfig, ReplicaGroup};
@@ -62,7 +62,7 @@ fn group<S, O>(
 ) -> Result<ReplicaGroup<S, O>, BenchError>
 where
     S: StackTypes<Backend = Train>,
-    O: burn::optim::Optimizer<TrainableUnits<S>, Train>,
+    O: burn::optim::Optimizer<TrainableUnits<S>, Train> + 'static,
     O::Record: ParamStates,
 {
     let devices = (0..replicas)
@@ -124,7 +124,7 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
         for rep in 0..=reps {
             let (input, labels) = task.batch::<Train>(rep, batch, &device);
             let report = group
-                .train_step(input, labels, |l, t| loss_fn.forward(l, t), 1e-4)
+                .train_step(input, labels, cross_entropy(&loss_fn), 1e-4)
                 .map_err(run_err)?;
             Inner::sync(&device).map_err(|e| run_err(format!("{e:?}")))?;
             if rep > 0 {
@@ -190,7 +190,7 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
     let mut group = group(&base_stack, 1, 1, bucketed, || AdamConfig::new().init())?;
     let (input, labels) = task.batch::<Train>(0, 4, &device);
     group
-        .train_step(input, labels, |l, t| loss_fn.forward(l, t), 1e-4)
+        .train_step(input, labels, cross_entropy(&loss_fn), 1e-4)
         .map_err(run_err)?;
     let mut transitions = Vec::new();
     let mut time =
@@ -250,4 +250,12 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
     let path = write_report("elastic", &report)?;
     println!("wrote {}", path.display());
     Ok(())
+}
+
+/// `loss` as an owned function for a step's replica threads.
+fn cross_entropy(
+    loss: &CrossEntropyLoss<Train>,
+) -> impl Fn(Tensor<Train, 2>, Tensor<Train, 1, Int>) -> Tensor<Train, 1> + Send + Sync + 'static {
+    let loss = loss.clone();
+    move |logits, labels| loss.forward(logits, labels)
 }
