@@ -4,6 +4,7 @@
 // Device types are `Copy` on the CPU backend but not on CUDA: keep the clones.
 #![allow(clippy::clone_on_copy)]
 
+pub mod allocator;
 pub mod backend;
 pub mod bench;
 pub mod job;

@@ -10,9 +10,9 @@
 
 use clap::{Parser, Subcommand};
 
-/// Counts heap bytes, for the peak-memory columns.
-#[global_allocator]
-static ALLOC: examples::bench::alloc::CountingAlloc = examples::bench::alloc::CountingAlloc;
+// jemalloc (see `examples::allocator`), counting heap bytes for the
+// peak-memory columns.
+examples::install_allocator!(examples::bench::alloc::CountingAlloc);
 
 #[derive(Debug, Parser)]
 #[command(about = "PipeTransformer benchmarks (ratios against a baseline from the same run)")]

@@ -16,6 +16,10 @@
 //! cargo run --release -p examples --bin plan -- --calibrate target/bench/pipe.json --calibrate-train target/train/metrics.json
 //! ```
 
+// jemalloc: freed tensors' memory is reused instead of returned to the
+// system and faulted in again every step (see `examples::allocator`).
+examples::install_allocator!();
+
 use std::path::PathBuf;
 
 use burn::collective::AllReduceStrategy;

@@ -17,6 +17,10 @@
 // Device types are `Copy` on the CPU backend but not on CUDA: keep the clones.
 #![allow(clippy::clone_on_copy)]
 
+// jemalloc: freed tensors' memory is reused instead of returned to the
+// system and faulted in again every step (see `examples::allocator`).
+examples::install_allocator!();
+
 use std::path::PathBuf;
 use std::time::Instant;
 

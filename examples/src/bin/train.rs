@@ -10,6 +10,10 @@
 //! cargo run --release -p examples --bin train -- --plain          # plain Burn only
 //! ```
 
+// jemalloc: freed tensors' memory is reused instead of returned to the
+// system and faulted in again every step (see `examples::allocator`).
+examples::install_allocator!();
+
 use std::path::{Path, PathBuf};
 
 use burn::data::dataset::Dataset;
