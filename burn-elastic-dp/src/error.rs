@@ -154,9 +154,10 @@ pub enum ElasticError {
         /// The bound.
         waited: Duration,
     },
-    /// Resizing a group that spans processes.
+    /// Resizing a group that spans processes, or stepping one that lost a
+    /// replica of this process in a failed step.
     #[error(
-        "a replica group across processes keeps its replicas: resize or remove_replica would need every process to agree"
+        "a replica group across processes keeps its replicas: resizing it, removing one or going on without one left behind would need every process to agree (resume from a checkpoint)"
     )]
     NodesFixed,
     /// A sampler configuration that cannot work.

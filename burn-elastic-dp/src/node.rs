@@ -179,6 +179,9 @@ pub(crate) fn shards(
     local: usize,
 ) -> Result<Shards, ElasticError> {
     let (replicas, first) = match link {
+        // A replica of this process left behind by a failed step: the
+        // other processes still count it, and cannot be told.
+        Some(link) if link.replicas[link.rank] != local => return Err(ElasticError::NodesFixed),
         Some(link) => (
             link.replicas.iter().sum(),
             link.replicas[..link.rank].iter().sum(),
