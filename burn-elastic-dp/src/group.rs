@@ -417,10 +417,32 @@ where
         // step and comes back with its result: a replica stuck in its own
         // computation is then left behind at the deadline (the group goes on
         // with the others) instead of blocking the step until it returns.
+        // The threads start first, so that failing to start one loses no
+        // pipeline (the others, given no work, end at once).
+        let mut starts = Vec::with_capacity(count);
+        for replica in 0..count {
+            let (start, work) = crossbeam_channel::bounded::<Box<dyn FnOnce() + Send>>(1);
+            thread::Builder::new()
+                .name(format!("burn-elastic-dp replica {replica}"))
+                .spawn(move || {
+                    if let Ok(work) = work.recv() {
+                        work();
+                    }
+                })
+                .map_err(|error| ElasticError::Spawn {
+                    replica,
+                    message: error.to_string(),
+                })?;
+            starts.push(start);
+        }
         let pipelines = std::mem::take(&mut self.replicas);
         let mut returned: Vec<Option<Pipeline<S, O>>> = (0..count).map(|_| None).collect();
-        for (replica, ((mut pipeline, input), targets)) in
-            pipelines.into_iter().zip(inputs).zip(targets).enumerate()
+        for (replica, (((mut pipeline, input), targets), start)) in pipelines
+            .into_iter()
+            .zip(inputs)
+            .zip(targets)
+            .zip(starts)
+            .enumerate()
         {
             let (tx, loss, link) = (tx.clone(), Arc::clone(&loss), self.node.clone());
             // The replica's mean loss, scaled by its share of the batch so
@@ -496,13 +518,9 @@ where
                     });
                 let _ = tx.send(Progress::Done(replica, Box::new(pipeline), result));
             };
-            thread::Builder::new()
-                .name(format!("burn-elastic-dp replica {replica}"))
-                .spawn(work)
-                .map_err(|error| ElasticError::Spawn {
-                    replica,
-                    message: error.to_string(),
-                })?;
+            start
+                .send(Box::new(work))
+                .expect("a replica thread waits for its work");
         }
         drop(tx);
         // Wait for every replica within the bound; on the first failure or

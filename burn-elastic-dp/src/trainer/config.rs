@@ -160,7 +160,10 @@ pub struct TrainerConfig {
     /// own), shrink the group to the survivors and go on: a failed forward
     /// and backward pass is run again on the survivors (nothing of it was
     /// applied), a failed optimizer step is not (the survivors applied it).
-    /// With one replica left, or this off, the step fails.
+    /// Replicas stuck in their own computation past the step's bound have
+    /// left the group already ([`ElasticError::Timeout`](crate::ElasticError::Timeout)'s
+    /// `lost`); with this on the survivors redo the step. With one replica
+    /// left (or none), or this off, the step fails.
     #[config(default = true)]
     pub recover_replicas: bool,
     /// Checkpoints (and where [`Trainer::resume`] reads them); `None`
