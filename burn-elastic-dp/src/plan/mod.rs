@@ -30,4 +30,6 @@ pub use error::PlanError;
 pub use planner::{
     ClusterConfig, CostBasis, EpochPlan, EpochTime, Plan, PlanConfig, TransitionCost, plan,
 };
-pub use sim::{OpSpan, PipelineSim, PipelineTrace, ReduceTiming, StageWork, StepTime, step_time};
+pub use sim::{
+    OpSpan, PipelineSim, PipelineTrace, ReduceTiming, StageWork, StepTime, shares, step_time,
+};

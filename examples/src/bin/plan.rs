@@ -29,7 +29,7 @@ use clap::{Parser, ValueEnum};
 use examples::plan::calibrate::{self, Calibrated};
 use examples::plan::presets::{Preset, Shape};
 use examples::plan::report::{self, human};
-use examples::plan::{PlanCliError, plot, profile};
+use examples::plan::{PlanCliError, plot, profile, sharing};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum ScheduleArg {
@@ -447,6 +447,15 @@ fn run_scaling(args: &Args, costs: &ModelCosts) -> Result<(), PlanCliError> {
     Ok(())
 }
 
+/// The step costs as JSON, for calibration.json.
+fn step_json(step: &profile::StepCosts) -> serde_json::Value {
+    serde_json::json!({
+        "optimizer_per_tensor": step.optimizer_per_tensor,
+        "data": step.data,
+        "accumulate_per_tensor": step.accumulate_per_tensor,
+    })
+}
+
 fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
     println!(
         "calibration on this machine: stages are threads sharing one CPU device that runs {} pass(es) at full speed at once (--cpu-capacity)",
@@ -454,6 +463,7 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
     );
     let batches: Vec<usize> = args.profile_batches.iter().map(|&b| b as usize).collect();
     let given = args.pass_overhead_us * 1e-6;
+    let mut dumps = serde_json::Map::new();
     let pipe = match &args.calibrate {
         None => None,
         Some(path) => {
@@ -472,6 +482,18 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
                 "measured outside the passes: gradient accumulation {:.1} us per parameter tensor and micro-batch",
                 step.accumulate_per_tensor * 1e6
             );
+            let mut sizes: Vec<usize> = report
+                .rows
+                .iter()
+                .map(|r| report.batch.div_ceil(r.micro_batches))
+                .collect();
+            sizes.sort_unstable();
+            sizes.dedup();
+            let sharing = sharing::probe(&shape, &sizes);
+            report::print_sharing(&sharing);
+            dumps.insert("costs_pipe".into(), serde_json::to_value(&costs).expect("costs serialise"));
+            dumps.insert("step_pipe".into(), step_json(&step));
+            dumps.insert("sharing_pipe".into(), serde_json::to_value(&sharing).expect("serialise"));
             let rows = calibrate::predict_pipe(&report, &costs, &step, args.cpu_capacity, given)?;
             report::print_calibration(
                 &format!(
@@ -525,6 +547,19 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
                 step.accumulate_per_tensor * 1e6,
                 step.data * 1e3
             );
+            let mut sizes: Vec<usize> = log
+                .epoch_rows
+                .iter()
+                .map(|r| log.batch.div_ceil(r.micro_batches))
+                .chain([log.batch])
+                .collect();
+            sizes.sort_unstable();
+            sizes.dedup();
+            let sharing = sharing::probe(&shape, &sizes);
+            report::print_sharing(&sharing);
+            dumps.insert("costs_train".into(), serde_json::to_value(&costs).expect("costs serialise"));
+            dumps.insert("step_train".into(), step_json(&step));
+            dumps.insert("sharing_train".into(), serde_json::to_value(&sharing).expect("serialise"));
             let (rows, matches) =
                 calibrate::predict_train(&log, &costs, &step, args.cpu_capacity, given)?;
             for (e, ok) in matches.iter().enumerate() {
@@ -642,6 +677,7 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
         serde_json::to_value(train.as_ref().map(|t| &t.3)).expect("rows serialise"),
     );
     all.extend(fitted);
+    all.extend(dumps);
     std::fs::write(
         &json,
         serde_json::to_string_pretty(&all).expect("rows serialise"),

@@ -109,3 +109,26 @@ pub fn print_calibration(title: &str, rows: &[Calibrated]) -> f64 {
     );
     worst
 }
+
+/// The sharing probe: seconds per pass of the whole model, alone and with
+/// copies running at once, and what they imply.
+pub fn print_sharing(rows: &[super::sharing::Sharing]) {
+    println!("how passes share this CPU (whole model, forward + backward, ms per pass):");
+    println!(
+        "{:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
+        "batch", "main", "spawned", "fresh", "2 at once", "4 at once", "2/alone", "4/alone"
+    );
+    for r in rows {
+        println!(
+            "{:>6} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8.2} {:>8.2}",
+            r.batch,
+            r.main * 1e3,
+            r.spawned * 1e3,
+            r.fresh * 1e3,
+            r.two * 1e3,
+            r.four * 1e3,
+            r.two / r.spawned,
+            r.four / r.spawned
+        );
+    }
+}
