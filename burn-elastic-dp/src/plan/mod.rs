@@ -31,5 +31,6 @@ pub use planner::{
     ClusterConfig, CostBasis, EpochPlan, EpochTime, Plan, PlanConfig, TransitionCost, plan,
 };
 pub use sim::{
-    OpSpan, PipelineSim, PipelineTrace, ReduceTiming, StageWork, StepTime, shares, step_time,
+    OpSpan, PipelineSim, PipelineTrace, ReduceTiming, StageWork, StepTime, parallelism_at, shares,
+    step_time,
 };

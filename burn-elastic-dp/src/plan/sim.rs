@@ -148,6 +148,38 @@ pub fn shares(caps: &[f64], capacity: f64) -> Vec<f64> {
     out
 }
 
+/// The parallelism of a pass over `samples` from `[samples, parallelism]`
+/// points: linear between them, flat beyond; 1 without points.
+///
+/// ```
+/// use burn_elastic_dp::plan::parallelism_at;
+///
+/// let points = [[8.0, 1.8], [2.0, 1.2]];
+/// assert!((parallelism_at(&points, 4.0) - 1.4).abs() < 1e-12);
+/// assert_eq!(parallelism_at(&points, 1.0), 1.2);
+/// assert_eq!(parallelism_at(&points, 64.0), 1.8);
+/// assert_eq!(parallelism_at(&[], 64.0), 1.0);
+/// ```
+pub fn parallelism_at(points: &[[f64; 2]], samples: f64) -> f64 {
+    let mut points = points.to_vec();
+    points.sort_by(|a, b| a[0].total_cmp(&b[0]));
+    let (Some(first), Some(last)) = (points.first(), points.last()) else {
+        return 1.0;
+    };
+    if samples <= first[0] {
+        return first[1];
+    }
+    if samples >= last[0] {
+        return last[1];
+    }
+    let right = points
+        .iter()
+        .position(|p| p[0] >= samples)
+        .unwrap_or(points.len() - 1);
+    let (a, b) = (points[right - 1], points[right]);
+    a[1] + (samples - a[0]) / (b[0] - a[0]) * (b[1] - a[1])
+}
+
 impl PipelineSim {
     /// A step of `stages` under `schedule` with `micro_batches`, free
     /// messages, devices of capacity 1 and no pass overhead.

@@ -6,13 +6,32 @@ use std::path::Path;
 
 use burn_elastic_dp::BatchPolicy;
 use burn_elastic_dp::plan::{
-    ClusterConfig, Link, ModelCosts, PipelineSim, PlanConfig, StageWork, plan,
+    ClusterConfig, Link, ModelCosts, PipelineSim, PlanConfig, StageWork, parallelism_at, plan,
 };
 use burn_pipe::Schedule;
 use serde::Deserialize;
 
 use super::PlanCliError;
 use super::profile::StepCosts;
+
+/// How this CPU runs a pipeline's stages, which are threads: its cores
+/// shared by the passes running at once, each pass taking at most as many
+/// cores as it does alone ([`PipelineSim::parallelism`], measured by
+/// [`super::sharing`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuModel {
+    /// Cores: the device's capacity.
+    pub cores: f64,
+    /// `[samples per pass, cores one pass takes alone]` points.
+    pub parallelism: Vec<[f64; 2]>,
+}
+
+impl CpuModel {
+    /// The cores a pass over `samples` takes alone.
+    pub fn parallelism(&self, samples: f64) -> f64 {
+        parallelism_at(&self.parallelism, samples)
+    }
+}
 
 /// One prediction beside its measurement.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -87,17 +106,16 @@ fn schedule_named(name: &str) -> Result<Schedule, PlanCliError> {
     }
 }
 
-/// The simulated step of every row of `report`: its stages on one shared
-/// device that runs `capacity` passes at full speed at once (the CPU's
-/// stages are threads), unit costs from `costs`, `overhead` seconds per pass.
+/// The simulated step of every row of `report`: its stages threads on the
+/// CPU `cpu`, unit costs from `costs`, `overhead` seconds per pass.
 pub fn predict_pipe(
     report: &PipeReport,
     costs: &ModelCosts,
     step: &StepCosts,
-    capacity: f64,
+    cpu: &CpuModel,
     overhead: f64,
 ) -> Result<Vec<Calibrated>, PlanCliError> {
-    simulate_pipe(report, costs, step, capacity, overhead, false)
+    simulate_pipe(report, costs, step, cpu, overhead, false)
 }
 
 /// As [`predict_pipe`], but relative to the sequential run the benchmark
@@ -109,17 +127,17 @@ pub fn predict_pipe_relative(
     report: &PipeReport,
     costs: &ModelCosts,
     step: &StepCosts,
-    capacity: f64,
+    cpu: &CpuModel,
     overhead: f64,
 ) -> Result<Vec<Calibrated>, PlanCliError> {
-    simulate_pipe(report, costs, step, capacity, overhead, true)
+    simulate_pipe(report, costs, step, cpu, overhead, true)
 }
 
 fn simulate_pipe(
     report: &PipeReport,
     costs: &ModelCosts,
     step: &StepCosts,
-    capacity: f64,
+    cpu: &CpuModel,
     overhead: f64,
     relative: bool,
 ) -> Result<Vec<Calibrated>, PlanCliError> {
@@ -148,7 +166,8 @@ fn simulate_pipe(
             })
             .collect();
         let mut sim = PipelineSim::new(schedule_named(&row.schedule)?, row.micro_batches, stages);
-        sim.device_capacity = vec![capacity];
+        sim.device_capacity = vec![cpu.cores];
+        sim.parallelism = vec![cpu.parallelism(mb); row.stages];
         sim.pass_overhead = overhead;
         let trace = sim.run()?;
         let sequential: f64 = costs
@@ -402,21 +421,22 @@ pub fn parse_train_metrics(text: &str) -> Result<TrainLog, PlanCliError> {
 pub const TRAIN_HELD_OUT: usize = 256;
 
 /// The planner's epochs for the main job of `log` (its stages threads on
-/// one device of `capacity`, no replicas, parameter-balanced, nothing
-/// cached), each with the held-out forward pass the job times too; and
+/// the CPU `cpu`, no replicas, parameter-balanced, nothing cached), each
+/// with the held-out forward pass when the job timed it too; and
 /// whether the planned F, K and balance match the log's, epoch by epoch;
 /// `overhead` seconds per pass; `step` the job's optimizer and data costs.
 pub fn predict_train(
     log: &TrainLog,
     costs: &ModelCosts,
     step: &StepCosts,
-    capacity: f64,
+    cpu: &CpuModel,
     overhead: f64,
 ) -> Result<(Vec<Calibrated>, Vec<bool>), PlanCliError> {
     // Stage threads hand activations over through memory: no link cost.
     let link = Link::new(1e15, 0.0);
-    let cluster =
-        ClusterConfig::new(log.stages, 1, link, link).with_shared_device_capacity(Some(capacity));
+    let cluster = ClusterConfig::new(log.stages, 1, link, link)
+        .with_shared_device_capacity(Some(cpu.cores))
+        .with_shared_device_parallelism(cpu.parallelism.clone());
     let config = PlanConfig::new(
         cluster,
         BatchPolicy::FixedGlobal { batch: log.batch },

@@ -37,12 +37,39 @@ pub struct Sharing {
 }
 
 impl Sharing {
-    /// How many cores' worth one pass takes alone, in [1, `cores`]: the
-    /// slow-down of two copies run at once (1: they do not slow each other
-    /// down; `cores` = 2: they run one after the other's speed).
+    /// How many of `cores` one pass takes alone, in [1, `cores`]: under
+    /// processor sharing capped per pass, `n` copies at once on `cores`
+    /// cores each run `n * p / cores` times slower than one alone; `p` is
+    /// the least-squares fit of that to the 2 and 4 copies' slow-downs
+    /// (with 2 cores: two copies as fast as one mean p = 1; twice as slow,
+    /// p = 2).
+    ///
+    /// ```
+    /// use examples::plan::sharing::Sharing;
+    ///
+    /// let row = |two, four| Sharing { batch: 2, main: 1.0, spawned: 1.0, fresh: 1.0, two, four };
+    /// assert!((row(1.5, 3.0).parallelism(2.0) - 1.5).abs() < 1e-12);
+    /// assert_eq!(row(1.0, 1.0).parallelism(2.0), 1.0);
+    /// assert_eq!(row(3.0, 6.0).parallelism(2.0), 2.0);
+    /// ```
     pub fn parallelism(&self, cores: f64) -> f64 {
-        (self.two / self.spawned).clamp(1.0, cores)
+        let (r2, r4) = (self.two / self.spawned, self.four / self.spawned);
+        (cores * (2.0 * r2 + 4.0 * r4) / 20.0).clamp(1.0, cores)
     }
+}
+
+/// `[batch, parallelism]` points of `rows` for [`super::calibrate::CpuModel`].
+///
+/// ```
+/// use examples::plan::sharing::{Sharing, parallelism_points};
+///
+/// let row = |batch, two| Sharing { batch, main: 1.0, spawned: 1.0, fresh: 1.0, two, four: 2.0 * two };
+/// assert_eq!(parallelism_points(&[row(2, 1.25), row(8, 2.5)], 2.0), vec![[2.0, 1.25], [8.0, 2.0]]);
+/// ```
+pub fn parallelism_points(rows: &[Sharing], cores: f64) -> Vec<[f64; 2]> {
+    rows.iter()
+        .map(|r| [r.batch as f64, r.parallelism(cores)])
+        .collect()
 }
 
 /// Median of `v` (not empty).
@@ -147,7 +174,7 @@ where
 }
 
 /// [`Sharing`] of the whole model of `shape` at each of `batches` on this
-/// backend (3 rounds, about 0.3 s per way and round).
+/// backend (5 rounds, about 0.25 s per way and round).
 pub fn probe(shape: &Shape, batches: &[usize]) -> Vec<Sharing> {
     let device = backend::device(0);
     match shape {
@@ -158,7 +185,7 @@ pub fn probe(shape: &Shape, batches: &[usize]) -> Vec<Sharing> {
                 .iter()
                 .map(|&b| {
                     let (images, _) = task.batch::<Train>(0, b, &device);
-                    measure(&stack, images, &device, b, 3, 0.3)
+                    measure(&stack, images, &device, b, 5, 0.25)
                 })
                 .collect()
         }
@@ -169,7 +196,7 @@ pub fn probe(shape: &Shape, batches: &[usize]) -> Vec<Sharing> {
                 .iter()
                 .map(|&b| {
                     let (input, _) = task.batch::<Train>(0, b, &device);
-                    measure(&stack, input, &device, b, 3, 0.3)
+                    measure(&stack, input, &device, b, 5, 0.25)
                 })
                 .collect()
         }
