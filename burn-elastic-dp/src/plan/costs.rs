@@ -121,7 +121,9 @@ impl UnitCost {
     /// ```
     pub fn frozen_forward_time(&self, samples: f64) -> f64 {
         if !self.measured.is_empty() && self.measured.iter().all(|m| m.frozen_forward.is_some()) {
-            interpolate(&self.measured, samples, |m| m.frozen_forward.unwrap_or(m.forward))
+            interpolate(&self.measured, samples, |m| {
+                m.frozen_forward.unwrap_or(m.forward)
+            })
         } else {
             self.forward_time(samples)
         }

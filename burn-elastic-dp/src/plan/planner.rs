@@ -16,9 +16,7 @@ use crate::config::AllReduce;
 use crate::plan::collective_model::{Link, ReduceGroup};
 use crate::plan::costs::ModelCosts;
 use crate::plan::error::{PlanError, check};
-use crate::plan::sim::{
-    PipelineSim, ReduceTiming, StageWork, StepTime, parallelism_at, step_time,
-};
+use crate::plan::sim::{PipelineSim, ReduceTiming, StageWork, StepTime, parallelism_at, step_time};
 use crate::sampler::BatchPolicy;
 
 /// What AutoPipe balances: what the real pipeline uses by default, or time.

@@ -460,13 +460,15 @@ fn step_json(step: &profile::StepCosts) -> serde_json::Value {
 }
 
 fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
-    let cores = args.cpu_cores.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
-    });
+    let cores = args
+        .cpu_cores
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64));
     println!(
         "calibration on this machine: stages are threads sharing {cores} cores (--cpu-cores); a pass takes as many cores as it does alone ({}), running passes share the cores evenly",
         args.pass_parallelism
-            .map_or("measured below".to_string(), |p| format!("{p}, --pass-parallelism"))
+            .map_or("measured below".to_string(), |p| format!(
+                "{p}, --pass-parallelism"
+            ))
     );
     let cpu_model = |sharing: &[sharing::Sharing]| calibrate::CpuModel {
         cores,
@@ -474,6 +476,7 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
             Some(p) => vec![[1.0, p]],
             None => sharing::parallelism_points(sharing, cores),
         },
+        extra: 0.0,
     };
     let batches: Vec<usize> = args.profile_batches.iter().map(|&b| b as usize).collect();
     let given = args.pass_overhead_us * 1e-6;
@@ -505,9 +508,15 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
             sizes.dedup();
             let sharing = sharing::probe(&shape, &sizes);
             report::print_sharing(&sharing, cores);
-            dumps.insert("costs_pipe".into(), serde_json::to_value(&costs).expect("costs serialise"));
+            dumps.insert(
+                "costs_pipe".into(),
+                serde_json::to_value(&costs).expect("costs serialise"),
+            );
             dumps.insert("step_pipe".into(), step_json(&step));
-            dumps.insert("sharing_pipe".into(), serde_json::to_value(&sharing).expect("serialise"));
+            dumps.insert(
+                "sharing_pipe".into(),
+                serde_json::to_value(&sharing).expect("serialise"),
+            );
             let cpu = cpu_model(&sharing);
             let rows = calibrate::predict_pipe(&report, &costs, &step, &cpu, given)?;
             report::print_calibration(
@@ -572,9 +581,15 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
             sizes.dedup();
             let sharing = sharing::probe(&shape, &sizes);
             report::print_sharing(&sharing, cores);
-            dumps.insert("costs_train".into(), serde_json::to_value(&costs).expect("costs serialise"));
+            dumps.insert(
+                "costs_train".into(),
+                serde_json::to_value(&costs).expect("costs serialise"),
+            );
             dumps.insert("step_train".into(), step_json(&step));
-            dumps.insert("sharing_train".into(), serde_json::to_value(&sharing).expect("serialise"));
+            dumps.insert(
+                "sharing_train".into(),
+                serde_json::to_value(&sharing).expect("serialise"),
+            );
             let cpu = cpu_model(&sharing);
             let (rows, matches) = calibrate::predict_train(&log, &costs, &step, &cpu, given)?;
             for (e, ok) in matches.iter().enumerate() {
@@ -609,30 +624,57 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
         Some((log, train_costs, step, _, train_cpu)),
     ) = (&pipe, &train)
     {
-        // One parameter: what each trainable parameter tensor adds to a
-        // stage's pass beyond the unit's profiled time (in the pipeline a
+        // Two parameters, each fitted on one set of rows and checked on
+        // the others. First the cores a pipeline stage's pass takes beyond
+        // the probe's p (the probe's copies are whole models on threads of
+        // their own; a stage's passes are short and handed between
+        // threads), on bench pipe's 1F1B rows with K >= 2, relative to the
+        // interleaved sequential run; checked on its GPipe rows.
+        let with_extra = |cpu: &calibrate::CpuModel, extra: f64| calibrate::CpuModel {
+            extra,
+            ..cpu.clone()
+        };
+        let unfitted =
+            calibrate::predict_pipe_relative(report, pipe_costs, pipe_step, pipe_cpu, given)?;
+        let extra = calibrate::fit_overhead(1.0, |x| {
+            let rows = calibrate::predict_pipe_relative(
+                report,
+                pipe_costs,
+                pipe_step,
+                &with_extra(pipe_cpu, x),
+                given,
+            )?;
+            Ok(rows
+                .into_iter()
+                .zip(&report.rows)
+                .filter(|(_, row)| row.stages > 1 && row.schedule == "OneFOneB")
+                .map(|(r, _)| r)
+                .collect())
+        })?;
+        let (pipe_cpu, train_cpu) = (with_extra(pipe_cpu, extra), with_extra(train_cpu, extra));
+        // Then what each trainable parameter tensor adds to a stage's
+        // backward pass beyond the unit's profiled time (in the pipeline a
         // stage makes fresh autodiff leaves of its parameters for every
         // micro-batch and collects their gradients after it; a stage with
-        // nothing to train pays nothing). Fitted on the main job's epochs
-        // after the first (the first also warms the process up), then
-        // checked on bench pipe's 24 rows.
+        // nothing to train pays nothing), on the main job's epochs after
+        // the first (the first also warms the process up); checked on
+        // epoch 0 (bench pipe's rows hardly depend on it).
         let with = |base: &examples::plan::profile::StepCosts, t: f64| {
             let mut step = *base;
             step.accumulate_per_tensor = t;
             step
         };
         let per_tensor = calibrate::fit_overhead(1e-3, |t| {
-            calibrate::predict_train(log, train_costs, &with(step, t), train_cpu, given)
+            calibrate::predict_train(log, train_costs, &with(step, t), &train_cpu, given)
                 .map(|r| r.0.into_iter().skip(1).collect())
         })?;
-        let unfitted =
-            calibrate::predict_pipe_relative(report, pipe_costs, pipe_step, pipe_cpu, given)?;
         let pipe_step = with(pipe_step, per_tensor);
         let pipe_relative =
-            calibrate::predict_pipe_relative(report, pipe_costs, &pipe_step, pipe_cpu, given)?;
-        let pipe_absolute = calibrate::predict_pipe(report, pipe_costs, &pipe_step, pipe_cpu, given)?;
+            calibrate::predict_pipe_relative(report, pipe_costs, &pipe_step, &pipe_cpu, given)?;
+        let pipe_absolute =
+            calibrate::predict_pipe(report, pipe_costs, &pipe_step, &pipe_cpu, given)?;
         let train_fitted =
-            calibrate::predict_train(log, train_costs, &with(step, per_tensor), train_cpu, given)?
+            calibrate::predict_train(log, train_costs, &with(step, per_tensor), &train_cpu, given)?
                 .0;
         let pass = per_tensor;
         println!();
@@ -642,15 +684,15 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
         );
         println!();
         println!(
-            "calibrated: {:.1} us per trainable parameter tensor and backward pass, fitted on the main job's epochs 1.. (one parameter); bench pipe and epoch 0 are the check",
+            "calibrated: passes in the pipeline take {extra:.3} cores more than the probe's p (fitted on bench pipe's 1F1B rows with K >= 2; its GPipe rows are the check); {:.1} us per trainable parameter tensor and backward pass (fitted on the main job's epochs 1..; epoch 0 is the check)",
             per_tensor * 1e6
         );
         report::print_calibration(
-            "check: bench pipe step times relative to the interleaved sequential run:",
+            "bench pipe step times relative to the interleaved sequential run (1F1B rows with K >= 2: the fit; the others: the check):",
             &pipe_relative,
         );
         report::print_calibration(
-            "check: bench pipe step times, absolute (the profile ran at another moment of the shared machine's load):",
+            "bench pipe step times, absolute (the profile ran at another moment of the shared machine's load):",
             &pipe_absolute,
         );
         report::print_calibration(
@@ -658,6 +700,7 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
             &train_fitted,
         );
         fitted.insert("per_tensor_per_pass_fitted_s".into(), pass.into());
+        fitted.insert("extra_parallelism_fitted".into(), extra.into());
         for (name, rows) in [
             ("pipe_relative_unfitted", &unfitted),
             ("pipe_relative_calibrated", &pipe_relative),

@@ -24,12 +24,34 @@ pub struct CpuModel {
     pub cores: f64,
     /// `[samples per pass, cores one pass takes alone]` points.
     pub parallelism: Vec<[f64; 2]>,
+    /// Cores a pipeline stage's pass takes beyond `parallelism` (fitted;
+    /// 0: as measured).
+    pub extra: f64,
 }
 
 impl CpuModel {
-    /// The cores a pass over `samples` takes alone.
+    /// The cores a pass over `samples` takes alone in the pipeline:
+    /// measured plus `extra`, at most `cores`.
+    ///
+    /// ```
+    /// use examples::plan::calibrate::CpuModel;
+    ///
+    /// let cpu = CpuModel { cores: 2.0, parallelism: vec![[2.0, 1.2], [8.0, 1.8]], extra: 0.3 };
+    /// assert!((cpu.parallelism(2.0) - 1.5).abs() < 1e-12);
+    /// assert_eq!(cpu.parallelism(8.0), 2.0);
+    /// assert_eq!(cpu.points(), vec![[2.0, 1.5], [8.0, 2.0]]);
+    /// ```
     pub fn parallelism(&self, samples: f64) -> f64 {
-        parallelism_at(&self.parallelism, samples)
+        (parallelism_at(&self.parallelism, samples) + self.extra).min(self.cores)
+    }
+
+    /// The `[samples, parallelism]` points with `extra` added, at most
+    /// `cores`, for [`ClusterConfig::shared_device_parallelism`].
+    pub fn points(&self) -> Vec<[f64; 2]> {
+        self.parallelism
+            .iter()
+            .map(|&[b, p]| [b, (p + self.extra).min(self.cores)])
+            .collect()
     }
 }
 
@@ -436,7 +458,7 @@ pub fn predict_train(
     let link = Link::new(1e15, 0.0);
     let cluster = ClusterConfig::new(log.stages, 1, link, link)
         .with_shared_device_capacity(Some(cpu.cores))
-        .with_shared_device_parallelism(cpu.parallelism.clone());
+        .with_shared_device_parallelism(cpu.points());
     let config = PlanConfig::new(
         cluster,
         BatchPolicy::FixedGlobal { batch: log.batch },

@@ -74,7 +74,8 @@ fn frozen_forwards<S: StackTypes>(
     use burn::module::AutodiffModule;
     use burn::tensor::backend::Backend;
     use burn_freeze::{AutodiffActivation, Unit};
-    type Inner<S> = <<S as StackTypes>::Backend as burn::tensor::backend::AutodiffBackend>::InnerBackend;
+    type Inner<S> =
+        <<S as StackTypes>::Backend as burn::tensor::backend::AutodiffBackend>::InnerBackend;
     let first = stack.first().valid();
     let middle: Vec<_> = stack.middle().iter().map(|u| u.valid()).collect();
     let last = stack.last().valid();

@@ -115,7 +115,9 @@ pub fn print_calibration(title: &str, rows: &[Calibrated]) -> f64 {
 /// The sharing probe: seconds per pass of the whole model, alone and with
 /// copies running at once, and what they imply.
 pub fn print_sharing(rows: &[super::sharing::Sharing], cores: f64) {
-    println!("how passes share this CPU (whole model, forward + backward, ms per pass; p: cores one pass takes alone):");
+    println!(
+        "how passes share this CPU (whole model, forward + backward, ms per pass; p: cores one pass takes alone):"
+    );
     println!(
         "{:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6}",
         "batch", "main", "spawned", "fresh", "2 at once", "4 at once", "2/alone", "4/alone", "p"
