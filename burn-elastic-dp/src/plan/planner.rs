@@ -59,6 +59,14 @@ pub struct ClusterConfig {
     /// flat beyond; empty: 1 for every pass. See [`PipelineSim::parallelism`].
     #[config(default = "Vec::new()")]
     pub shared_device_parallelism: Vec<[f64; 2]>,
+    /// On a shared device: how many times longer a pass takes on a
+    /// pipeline's worker thread than where its cost was measured, as
+    /// `[samples per pass, factor]` points (interpolated as
+    /// [`shared_device_parallelism`](ClusterConfig::shared_device_parallelism));
+    /// applied with 2 or more stages only, since burn-pipe runs a single
+    /// stage on the calling thread. Empty: 1.
+    #[config(default = "Vec::new()")]
+    pub shared_device_thread_factor: Vec<[f64; 2]>,
 }
 
 impl ClusterConfig {
@@ -306,8 +314,11 @@ impl PlanConfig {
             check(
                 c.shared_device_parallelism
                     .iter()
+                    .chain(&c.shared_device_thread_factor)
                     .all(|p| p[0].is_finite() && p[0] > 0.0 && p[1].is_finite() && p[1] > 0.0),
-                || "shared device parallelism points must be [samples > 0, parallelism > 0]".into(),
+                || {
+                    "shared device parallelism and thread factor points must be [samples > 0, value > 0]".into()
+                },
             )?;
         }
         check(self.samples >= 1, || {
@@ -574,6 +585,11 @@ fn simulate_step(
                     work.backward += unit.backward_time(mb)
                         + unit.param_tensors.len() as f64 * config.backward_per_tensor;
                 }
+            }
+            if shared.is_some() && layout.stages > 1 {
+                let factor = parallelism_at(&cluster.shared_device_thread_factor, mb);
+                work.forward *= factor;
+                work.backward *= factor;
             }
             if s == 0 {
                 work.forward += cache_traffic(config, costs, layout) * mb;
@@ -886,6 +902,26 @@ mod tests {
             .map(|&p| plan(&on_a_cpu(p), &costs).unwrap().epochs[0].time.total())
             .collect();
         assert!(times[0] < times[1] && times[1] < times[2], "{times:?}");
+    }
+
+    #[test]
+    fn worker_threads_slow_only_pipelines_of_two_or_more_stages() {
+        let costs = vit_b16();
+        let slow = |config: PlanConfig| PlanConfig {
+            cluster: config
+                .cluster
+                .clone()
+                .with_shared_device_thread_factor(vec![[1.0, 2.0]]),
+            ..config
+        };
+        let time = |config: &PlanConfig| plan(config, &costs).unwrap().epochs[0].time.steps;
+        let four = on_a_cpu(1.0);
+        assert!(
+            (time(&slow(four.clone())).compute - 2.0 * time(&four).compute).abs()
+                < 1e-9 * time(&four).compute
+        );
+        let one = on_a_cpu(1.0).with_stages(Some(1));
+        assert_eq!(time(&slow(one.clone())), time(&one));
     }
 
     #[test]

@@ -464,7 +464,7 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
         .cpu_cores
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64));
     println!(
-        "calibration on this machine: stages are threads sharing {cores} cores (--cpu-cores); a pass takes as many cores as it does alone ({}), running passes share the cores evenly",
+        "calibration on this machine: stages are threads sharing {cores} cores (--cpu-cores); a pass takes as many cores as it does alone ({}), running passes share the cores evenly; with 2 or more stages a pass runs on a spawned thread, as many times slower as the probe measured",
         args.pass_parallelism
             .map_or("measured below".to_string(), |p| format!(
                 "{p}, --pass-parallelism"
@@ -477,6 +477,7 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
             None => sharing::parallelism_points(sharing, cores),
         },
         extra: 0.0,
+        thread_factor: sharing::thread_factor_points(sharing),
     };
     let batches: Vec<usize> = args.profile_batches.iter().map(|&b| b as usize).collect();
     let given = args.pass_overhead_us * 1e-6;
@@ -733,13 +734,17 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
     let mut all = serde_json::Map::new();
     all.insert("cpu_cores".into(), cores.into());
     for (name, cpu) in [
-        ("pipe_parallelism", pipe.as_ref().map(|p| &p.4)),
-        ("train_parallelism", train.as_ref().map(|t| &t.4)),
+        ("pipe", pipe.as_ref().map(|p| &p.4)),
+        ("train", train.as_ref().map(|t| &t.4)),
     ] {
         if let Some(cpu) = cpu {
             all.insert(
-                name.into(),
+                format!("{name}_parallelism"),
                 serde_json::to_value(&cpu.parallelism).expect("points serialise"),
+            );
+            all.insert(
+                format!("{name}_thread_factor"),
+                serde_json::to_value(&cpu.thread_factor).expect("points serialise"),
             );
         }
     }

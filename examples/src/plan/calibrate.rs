@@ -27,6 +27,11 @@ pub struct CpuModel {
     /// Cores a pipeline stage's pass takes beyond `parallelism` (fitted;
     /// 0: as measured).
     pub extra: f64,
+    /// `[samples per pass, how many times longer a pass takes on a spawned
+    /// thread than on the calling thread]` points: a pipeline of 2 or more
+    /// stages runs them on spawned threads, the profile and the
+    /// benchmark's sequential run on the calling thread. Empty: 1.
+    pub thread_factor: Vec<[f64; 2]>,
 }
 
 impl CpuModel {
@@ -36,7 +41,9 @@ impl CpuModel {
     /// ```
     /// use examples::plan::calibrate::CpuModel;
     ///
-    /// let cpu = CpuModel { cores: 2.0, parallelism: vec![[2.0, 1.2], [8.0, 1.8]], extra: 0.3 };
+    /// let cpu = CpuModel {
+    ///     cores: 2.0, parallelism: vec![[2.0, 1.2], [8.0, 1.8]], extra: 0.3, thread_factor: vec![],
+    /// };
     /// assert!((cpu.parallelism(2.0) - 1.5).abs() < 1e-12);
     /// assert_eq!(cpu.parallelism(8.0), 2.0);
     /// assert_eq!(cpu.points(), vec![[2.0, 1.5], [8.0, 2.0]]);
@@ -168,6 +175,12 @@ fn simulate_pipe(
         check_balance(&row.balance, costs)?;
         let mb = report.batch as f64 / row.micro_batches as f64;
         let mut start = 0;
+        // A single stage runs on the calling thread, more on spawned ones.
+        let factor = if row.stages > 1 {
+            parallelism_at(&cpu.thread_factor, mb)
+        } else {
+            1.0
+        };
         let stages = row
             .balance
             .iter()
@@ -175,14 +188,15 @@ fn simulate_pipe(
                 let units = &costs.units[start..start + n];
                 start += n;
                 StageWork {
-                    forward: units.iter().map(|u| u.forward_time(mb)).sum(),
-                    backward: units
-                        .iter()
-                        .map(|u| {
-                            u.backward_time(mb)
-                                + u.param_tensors.len() as f64 * step.accumulate_per_tensor
-                        })
-                        .sum(),
+                    forward: factor * units.iter().map(|u| u.forward_time(mb)).sum::<f64>(),
+                    backward: factor
+                        * units
+                            .iter()
+                            .map(|u| {
+                                u.backward_time(mb)
+                                    + u.param_tensors.len() as f64 * step.accumulate_per_tensor
+                            })
+                            .sum::<f64>(),
                     device: 0,
                 }
             })
@@ -458,7 +472,8 @@ pub fn predict_train(
     let link = Link::new(1e15, 0.0);
     let cluster = ClusterConfig::new(log.stages, 1, link, link)
         .with_shared_device_capacity(Some(cpu.cores))
-        .with_shared_device_parallelism(cpu.points());
+        .with_shared_device_parallelism(cpu.points())
+        .with_shared_device_thread_factor(cpu.thread_factor.clone());
     let config = PlanConfig::new(
         cluster,
         BatchPolicy::FixedGlobal { batch: log.batch },

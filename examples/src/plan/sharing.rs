@@ -72,6 +72,21 @@ pub fn parallelism_points(rows: &[Sharing], cores: f64) -> Vec<[f64; 2]> {
         .collect()
 }
 
+/// `[batch, spawned / main]` points of `rows`: how many times longer a
+/// pass takes on a spawned thread than on the calling thread.
+///
+/// ```
+/// use examples::plan::sharing::{Sharing, thread_factor_points};
+///
+/// let row = Sharing { batch: 32, main: 0.08, spawned: 0.1, fresh: 0.1, two: 0.11, four: 0.23 };
+/// assert!((thread_factor_points(&[row])[0][1] - 1.25).abs() < 1e-12);
+/// ```
+pub fn thread_factor_points(rows: &[Sharing]) -> Vec<[f64; 2]> {
+    rows.iter()
+        .map(|r| [r.batch as f64, r.spawned / r.main])
+        .collect()
+}
+
 /// Median of `v` (not empty).
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
