@@ -26,6 +26,8 @@ fn bad_flags_are_one_line_errors_with_exit_code_2() {
             "not a multiple of --devices-per-node 8",
         ),
         (vec!["--batch", "4"], "fewer than the 16 micro-batches"),
+        (vec!["--cpu-cores", "0"], "(0, 1024] cores"),
+        (vec!["--pass-parallelism", "2000"], "(0, 1024] cores"),
     ] {
         let out = plan(&args);
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -15,6 +15,10 @@ pub struct MeasuredPass {
     pub forward: f64,
     /// Backward seconds of the whole pass.
     pub backward: f64,
+    /// Forward seconds of the pass on the inner backend, as a frozen unit
+    /// runs (no autodiff graph); `None` when not measured.
+    #[serde(default)]
+    pub frozen_forward: Option<f64>,
 }
 
 /// Seconds of a pass over `samples` from `measured` (sorted by batch):
@@ -84,8 +88,8 @@ impl UnitCost {
     /// };
     /// assert!((unit.forward_time(10.0) - 0.0101).abs() < 1e-12);
     /// unit.measured = vec![
-    ///     MeasuredPass { batch: 2, forward: 0.002, backward: 0.004 },
-    ///     MeasuredPass { batch: 6, forward: 0.010, backward: 0.020 },
+    ///     MeasuredPass { batch: 2, forward: 0.002, backward: 0.004, frozen_forward: None },
+    ///     MeasuredPass { batch: 6, forward: 0.010, backward: 0.020, frozen_forward: None },
     /// ];
     /// assert!((unit.forward_time(4.0) - 0.006).abs() < 1e-12);
     /// assert!((unit.backward_time(1.0) - 0.002).abs() < 1e-12);
@@ -95,6 +99,33 @@ impl UnitCost {
             self.forward_fixed + self.forward * samples
         } else {
             interpolate(&self.measured, samples, |m| m.forward)
+        }
+    }
+
+    /// Forward seconds of a pass over `samples` samples while the unit is
+    /// frozen: on the inner backend, where it was measured so at every
+    /// measured size; otherwise [`forward_time`](Self::forward_time).
+    ///
+    /// ```
+    /// use burn_elastic_dp::plan::{MeasuredPass, UnitCost};
+    ///
+    /// let pass = |batch, frozen_forward| MeasuredPass { batch, forward: 0.01, backward: 0.02, frozen_forward };
+    /// let mut unit = UnitCost {
+    ///     name: "mlp".into(), forward: 0.0, backward: 0.0, forward_fixed: 0.0,
+    ///     backward_fixed: 0.0, measured: vec![pass(4, Some(0.004)), pass(8, Some(0.006))],
+    ///     activation_bytes: 0, param_tensors: vec![],
+    /// };
+    /// assert!((unit.frozen_forward_time(6.0) - 0.005).abs() < 1e-12);
+    /// unit.measured[1].frozen_forward = None;
+    /// assert!((unit.frozen_forward_time(6.0) - 0.01).abs() < 1e-12);
+    /// ```
+    pub fn frozen_forward_time(&self, samples: f64) -> f64 {
+        if !self.measured.is_empty() && self.measured.iter().all(|m| m.frozen_forward.is_some()) {
+            interpolate(&self.measured, samples, |m| {
+                m.frozen_forward.unwrap_or(m.forward)
+            })
+        } else {
+            self.forward_time(samples)
         }
     }
 

@@ -30,4 +30,7 @@ pub use error::PlanError;
 pub use planner::{
     ClusterConfig, CostBasis, EpochPlan, EpochTime, Plan, PlanConfig, TransitionCost, plan,
 };
-pub use sim::{OpSpan, PipelineSim, PipelineTrace, ReduceTiming, StageWork, StepTime, step_time};
+pub use sim::{
+    OpSpan, PipelineSim, PipelineTrace, ReduceTiming, StageWork, StepTime, parallelism_at, shares,
+    step_time,
+};

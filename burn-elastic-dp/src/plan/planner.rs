@@ -16,7 +16,7 @@ use crate::config::AllReduce;
 use crate::plan::collective_model::{Link, ReduceGroup};
 use crate::plan::costs::ModelCosts;
 use crate::plan::error::{PlanError, check};
-use crate::plan::sim::{PipelineSim, ReduceTiming, StageWork, StepTime, step_time};
+use crate::plan::sim::{PipelineSim, ReduceTiming, StageWork, StepTime, parallelism_at, step_time};
 use crate::sampler::BatchPolicy;
 
 /// What AutoPipe balances: what the real pipeline uses by default, or time.
@@ -53,12 +53,46 @@ pub struct ClusterConfig {
     /// `None`: one device per stage.
     #[config(default = "None")]
     pub shared_device_capacity: Option<f64>,
+    /// On a shared device: how much of it one pass takes alone (a CPU's
+    /// pass spread over its cores by the backend's thread pool), as
+    /// `[samples per pass, parallelism]` points, linear between them and
+    /// flat beyond; empty: 1 for every pass. See [`PipelineSim::parallelism`].
+    #[config(default = "Vec::new()")]
+    pub shared_device_parallelism: Vec<[f64; 2]>,
+    /// On a shared device: how many times longer a pass takes on a
+    /// pipeline's worker thread than where its cost was measured, as
+    /// `[samples per pass, factor]` points (interpolated as
+    /// [`shared_device_parallelism`](ClusterConfig::shared_device_parallelism));
+    /// applied with 2 or more stages only, since burn-pipe runs a single
+    /// stage on the calling thread. Empty: 1.
+    #[config(default = "Vec::new()")]
+    pub shared_device_thread_factor: Vec<[f64; 2]>,
 }
 
 impl ClusterConfig {
     /// All devices.
     pub fn devices(&self) -> usize {
         self.devices_per_node * self.nodes
+    }
+
+    /// The parallelism of a pass over `samples` on the shared device
+    /// (interpolated in [`shared_device_parallelism`], 1 when empty).
+    ///
+    /// ```
+    /// use burn_elastic_dp::plan::{ClusterConfig, Link};
+    ///
+    /// let link = Link::new(1e9, 0.0);
+    /// let cpu = ClusterConfig::new(2, 1, link, link)
+    ///     .with_shared_device_capacity(Some(2.0))
+    ///     .with_shared_device_parallelism(vec![[2.0, 1.2], [8.0, 1.8]]);
+    /// assert!((cpu.pass_parallelism(1.0) - 1.2).abs() < 1e-12);
+    /// assert!((cpu.pass_parallelism(4.0) - 1.4).abs() < 1e-12);
+    /// assert!((cpu.pass_parallelism(32.0) - 1.8).abs() < 1e-12);
+    /// ```
+    ///
+    /// [`shared_device_parallelism`]: ClusterConfig::shared_device_parallelism
+    pub fn pass_parallelism(&self, samples: f64) -> f64 {
+        parallelism_at(&self.shared_device_parallelism, samples)
     }
 }
 
@@ -277,6 +311,15 @@ impl PlanConfig {
             check(capacity.is_finite() && capacity > 0.0, || {
                 format!("shared device capacity must be > 0, got {capacity}")
             })?;
+            check(
+                c.shared_device_parallelism
+                    .iter()
+                    .chain(&c.shared_device_thread_factor)
+                    .all(|p| p[0].is_finite() && p[0] > 0.0 && p[1].is_finite() && p[1] > 0.0),
+                || {
+                    "shared device parallelism and thread factor points must be [samples > 0, value > 0]".into()
+                },
+            )?;
         }
         check(self.samples >= 1, || {
             "samples per epoch must be at least 1, got 0".into()
@@ -532,13 +575,21 @@ fn simulate_step(
             };
             for u in units.clone() {
                 let unit = &costs.units[u];
-                if u >= layout.cache_front {
+                if u >= layout.frozen_units {
                     work.forward += unit.forward_time(mb);
+                } else if u >= layout.cache_front {
+                    // A frozen unit runs on the inner backend.
+                    work.forward += unit.frozen_forward_time(mb);
                 }
                 if u >= layout.frozen_units {
                     work.backward += unit.backward_time(mb)
                         + unit.param_tensors.len() as f64 * config.backward_per_tensor;
                 }
+            }
+            if shared.is_some() && layout.stages > 1 {
+                let factor = parallelism_at(&cluster.shared_device_thread_factor, mb);
+                work.forward *= factor;
+                work.backward *= factor;
             }
             if s == 0 {
                 work.forward += cache_traffic(config, costs, layout) * mb;
@@ -568,6 +619,9 @@ fn simulate_step(
     let mut sim = PipelineSim::new(config.schedule, layout.micro_batches, stages);
     sim.sends = sends;
     sim.device_capacity = shared.map_or_else(Vec::new, |c| vec![c]);
+    if shared.is_some() {
+        sim.parallelism = vec![cluster.pass_parallelism(mb); layout.stages];
+    }
     sim.pass_overhead = config.pass_overhead;
     let trace = sim.run()?;
     let reduce: Vec<f64> = starts
@@ -795,6 +849,79 @@ mod tests {
             assert_eq!(pair[1].time.transition >= 25.0, changed);
         }
         assert_eq!(plan.epochs[0].time.transition, 0.0);
+    }
+
+    /// ViT-B/16's costs measured at one batch size, each frozen forward a
+    /// `frozen` share of its forward.
+    fn measured_vit(batch: usize, frozen: f64) -> ModelCosts {
+        let mut costs = vit_b16();
+        for unit in &mut costs.units {
+            let forward = unit.forward_time(batch as f64);
+            unit.measured = vec![crate::plan::MeasuredPass {
+                batch,
+                forward,
+                backward: unit.backward_time(batch as f64),
+                frozen_forward: Some(frozen * forward),
+            }];
+        }
+        costs
+    }
+
+    /// 4 stages as threads of one 2-core CPU, no transitions, no cache.
+    fn on_a_cpu(parallelism: f64) -> PlanConfig {
+        let link = Link::new(1e15, 0.0);
+        PlanConfig::new(
+            ClusterConfig::new(4, 1, link, link)
+                .with_shared_device_capacity(Some(2.0))
+                .with_shared_device_parallelism(vec![[1.0, parallelism]]),
+            BatchPolicy::FixedGlobal { batch: 64 },
+            64 * 8,
+            4,
+            1.0 / 3.0,
+        )
+        .with_auto_dp(false)
+        .with_transitions(TransitionCost::new())
+    }
+
+    #[test]
+    fn frozen_units_cost_their_measured_inner_forward() {
+        let autodiff = plan(&on_a_cpu(1.0), &measured_vit(4, 1.0)).unwrap();
+        let inner = plan(&on_a_cpu(1.0), &measured_vit(4, 0.5)).unwrap();
+        // Nothing frozen in epoch 0: the same; frozen units later: cheaper.
+        assert_eq!(autodiff.epochs[0].time, inner.epochs[0].time);
+        for (a, i) in autodiff.epochs.iter().zip(&inner.epochs).skip(1) {
+            assert!(a.frozen_units > 0 && i.time.total() < a.time.total());
+        }
+    }
+
+    #[test]
+    fn passes_taking_more_of_the_shared_cpu_overlap_less() {
+        let costs = vit_b16();
+        let times: Vec<f64> = [1.0, 1.5, 2.0]
+            .iter()
+            .map(|&p| plan(&on_a_cpu(p), &costs).unwrap().epochs[0].time.total())
+            .collect();
+        assert!(times[0] < times[1] && times[1] < times[2], "{times:?}");
+    }
+
+    #[test]
+    fn worker_threads_slow_only_pipelines_of_two_or_more_stages() {
+        let costs = vit_b16();
+        let slow = |config: PlanConfig| PlanConfig {
+            cluster: config
+                .cluster
+                .clone()
+                .with_shared_device_thread_factor(vec![[1.0, 2.0]]),
+            ..config
+        };
+        let time = |config: &PlanConfig| plan(config, &costs).unwrap().epochs[0].time.steps;
+        let four = on_a_cpu(1.0);
+        assert!(
+            (time(&slow(four.clone())).compute - 2.0 * time(&four).compute).abs()
+                < 1e-9 * time(&four).compute
+        );
+        let one = on_a_cpu(1.0).with_stages(Some(1));
+        assert_eq!(time(&slow(one.clone())), time(&one));
     }
 
     #[test]

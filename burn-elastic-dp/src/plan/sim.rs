@@ -45,10 +45,21 @@ pub struct PipelineSim {
     /// `s + 1` (and its gradient back): one entry per boundary, or empty
     /// for free messages.
     pub sends: Vec<f64>,
-    /// How many passes each device runs at full speed at once (a GPU: 1;
-    /// a CPU whose passes each use one of its `c` cores: `c`); more share
-    /// it evenly. Devices not listed have capacity 1.
+    /// Each device's throughput, in the units of [`parallelism`]: a GPU 1;
+    /// a CPU its cores. Devices not listed have capacity 1. With every
+    /// pass's parallelism 1 (the default) this is how many passes the
+    /// device runs at full speed at once.
+    ///
+    /// [`parallelism`]: PipelineSim::parallelism
     pub device_capacity: Vec<f64>,
+    /// Per stage, how much of its device one of its passes takes when it
+    /// runs alone (a pass on a CPU spread over `p` cores by the backend's
+    /// thread pool: `p`); its work is timed alone, at that rate. Passes
+    /// running at once on one device share its capacity evenly, none above
+    /// its own parallelism (processor sharing, capped per pass), and
+    /// advance in proportion: a pass given `share` of the device runs at
+    /// `share / p` of its speed alone. Empty: 1 for every stage.
+    pub parallelism: Vec<f64>,
     /// Fixed seconds each pass takes on top of its work without using its
     /// device (dispatch, thread hand-over, graph bookkeeping).
     pub pass_overhead: f64,
@@ -104,6 +115,71 @@ struct Running {
     op: Op,
 }
 
+/// How `capacity` is shared by passes that each take at most `caps[i]`:
+/// evenly, none above its cap, what a capped pass leaves going to the
+/// others (water-filling); all of it when the caps add up to more.
+///
+/// ```
+/// use burn_elastic_dp::plan::shares;
+///
+/// assert_eq!(shares(&[1.0, 1.0], 2.0), vec![1.0, 1.0]);
+/// assert_eq!(shares(&[2.0, 2.0], 2.0), vec![1.0, 1.0]);
+/// assert_eq!(shares(&[0.5, 2.0], 2.0), vec![0.5, 1.5]);
+/// assert_eq!(shares(&[0.5, 0.5], 2.0), vec![0.5, 0.5]);
+/// ```
+pub fn shares(caps: &[f64], capacity: f64) -> Vec<f64> {
+    let mut out = vec![0.0; caps.len()];
+    let mut order: Vec<usize> = (0..caps.len()).collect();
+    order.sort_by(|&a, &b| caps[a].total_cmp(&caps[b]));
+    let (mut left, mut count) = (capacity, caps.len());
+    for (done, &i) in order.iter().enumerate() {
+        let even = left / count as f64;
+        if caps[i] <= even {
+            out[i] = caps[i];
+            left -= caps[i];
+            count -= 1;
+        } else {
+            for &j in &order[done..] {
+                out[j] = even;
+            }
+            break;
+        }
+    }
+    out
+}
+
+/// The parallelism of a pass over `samples` from `[samples, parallelism]`
+/// points: linear between them, flat beyond; 1 without points.
+///
+/// ```
+/// use burn_elastic_dp::plan::parallelism_at;
+///
+/// let points = [[8.0, 1.8], [2.0, 1.2]];
+/// assert!((parallelism_at(&points, 4.0) - 1.4).abs() < 1e-12);
+/// assert_eq!(parallelism_at(&points, 1.0), 1.2);
+/// assert_eq!(parallelism_at(&points, 64.0), 1.8);
+/// assert_eq!(parallelism_at(&[], 64.0), 1.0);
+/// ```
+pub fn parallelism_at(points: &[[f64; 2]], samples: f64) -> f64 {
+    let mut points = points.to_vec();
+    points.sort_by(|a, b| a[0].total_cmp(&b[0]));
+    let (Some(first), Some(last)) = (points.first(), points.last()) else {
+        return 1.0;
+    };
+    if samples <= first[0] {
+        return first[1];
+    }
+    if samples >= last[0] {
+        return last[1];
+    }
+    let right = points
+        .iter()
+        .position(|p| p[0] >= samples)
+        .unwrap_or(points.len() - 1);
+    let (a, b) = (points[right - 1], points[right]);
+    a[1] + (samples - a[0]) / (b[0] - a[0]) * (b[1] - a[1])
+}
+
 impl PipelineSim {
     /// A step of `stages` under `schedule` with `micro_batches`, free
     /// messages, devices of capacity 1 and no pass overhead.
@@ -114,12 +190,14 @@ impl PipelineSim {
             stages,
             sends: Vec::new(),
             device_capacity: Vec::new(),
+            parallelism: Vec::new(),
             pass_overhead: 0.0,
         }
     }
 
     /// Checks the inputs: at least one stage and micro-batch, finite
-    /// non-negative times, one send per boundary (or none), capacities > 0.
+    /// non-negative times, one send per boundary (or none), capacities > 0,
+    /// one parallelism > 0 per stage (or none).
     pub fn validate(&self) -> Result<(), PlanError> {
         check(!self.stages.is_empty(), || {
             "a pipeline needs at least 1 stage, got 0".into()
@@ -156,6 +234,20 @@ impl PipelineSim {
                 .all(|&c| c.is_finite() && c > 0.0),
             || "device capacities must be > 0".into(),
         )?;
+        check(
+            self.parallelism.is_empty() || self.parallelism.len() == self.stages.len(),
+            || {
+                format!(
+                    "{} parallelisms given for {} stages: give one per stage or none",
+                    self.parallelism.len(),
+                    self.stages.len()
+                )
+            },
+        )?;
+        check(
+            self.parallelism.iter().all(|&p| p.is_finite() && p > 0.0),
+            || "pass parallelisms must be > 0".into(),
+        )?;
         check(time_ok(self.pass_overhead), || {
             format!(
                 "pass overhead must be seconds >= 0, got {}",
@@ -170,6 +262,10 @@ impl PipelineSim {
 
     fn capacity(&self, device: usize) -> f64 {
         self.device_capacity.get(device).copied().unwrap_or(1.0)
+    }
+
+    fn stage_parallelism(&self, stage: usize) -> f64 {
+        self.parallelism.get(stage).copied().unwrap_or(1.0)
     }
 
     /// Runs the step: events are a pass becoming ready and a pass ending;
@@ -246,20 +342,35 @@ impl PipelineSim {
             if done == total_ops {
                 break;
             }
-            // Each device's share per working pass.
-            let working = |r: &Running, at: f64| r.work_from <= at;
-            let rate = |device: usize, at: f64, running: &[Running]| {
-                let n = running
+            // Each working pass's speed (its share of its device over its
+            // parallelism); passes still in their overhead do not work.
+            let working = |r: &Running| r.work_from <= now;
+            let mut speeds = vec![0.0; running.len()];
+            let mut devices: Vec<usize> = running
+                .iter()
+                .filter(|r| working(r))
+                .map(|r| r.device)
+                .collect();
+            devices.sort_unstable();
+            devices.dedup();
+            for device in devices {
+                let on: Vec<usize> = (0..running.len())
+                    .filter(|&i| running[i].device == device && working(&running[i]))
+                    .collect();
+                let caps: Vec<f64> = on
                     .iter()
-                    .filter(|r| r.device == device && working(r, at))
-                    .count() as f64;
-                (self.capacity(device) / n).min(1.0)
-            };
+                    .map(|&i| self.stage_parallelism(running[i].stage))
+                    .collect();
+                let given = shares(&caps, self.capacity(device));
+                for ((&i, cap), share) in on.iter().zip(&caps).zip(given) {
+                    speeds[i] = share / cap;
+                }
+            }
             // The next event: a pass's work starting or a pass ending.
             let mut next_time = f64::INFINITY;
-            for r in &running {
-                let t = if working(r, now) {
-                    now + r.left / rate(r.device, now, &running)
+            for (r, &speed) in running.iter().zip(&speeds) {
+                let t = if working(r) {
+                    now + r.left / speed
                 } else {
                     r.work_from
                 };
@@ -272,18 +383,8 @@ impl PipelineSim {
                 )));
             }
             let dt = next_time - now;
-            let rates: Vec<f64> = running
-                .iter()
-                .map(|r| {
-                    if working(r, now) {
-                        rate(r.device, now, &running)
-                    } else {
-                        0.0
-                    }
-                })
-                .collect();
-            for (r, rate) in running.iter_mut().zip(rates) {
-                r.left -= rate * dt;
+            for (r, speed) in running.iter_mut().zip(speeds) {
+                r.left -= speed * dt;
             }
             now = next_time;
             let tolerance = 1e-12 * now.max(1e-9);
@@ -498,6 +599,92 @@ mod tests {
         assert!((trace.makespan - 9.0 * 3.0).abs() < 1e-9);
     }
 
+    /// Two stages on one device of capacity 2 (a 2-core CPU), each pass
+    /// taking `p` cores alone.
+    fn two_on_one_cpu(p: f64, m: usize) -> PipelineTrace {
+        let shared = vec![
+            StageWork {
+                forward: 1.0,
+                backward: 2.0,
+                device: 0,
+            };
+            2
+        ];
+        let mut sim = PipelineSim::new(Schedule::GPipe, m, shared);
+        sim.device_capacity = vec![2.0];
+        sim.parallelism = vec![p, p];
+        sim.run().unwrap()
+    }
+
+    #[test]
+    fn passes_of_one_core_each_run_at_full_speed_together_on_two() {
+        // p = 1, C = 2: the two stages overlap as if on two devices.
+        let trace = two_on_one_cpu(1.0, 8);
+        assert!((trace.makespan - 9.0 * 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn passes_taking_the_whole_cpu_alone_add_up() {
+        // p = 2, C = 2: one pass alone already takes both cores, so two at
+        // once each run at half speed: the step is the sum of all the work.
+        let trace = two_on_one_cpu(2.0, 8);
+        assert!((trace.makespan - 2.0 * 8.0 * 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn partial_parallelism_lies_between() {
+        // p = 1.5: two at once get 1 core each, 2/3 of their speed alone.
+        let (one, two, mid) = (
+            two_on_one_cpu(1.0, 8),
+            two_on_one_cpu(2.0, 8),
+            two_on_one_cpu(1.5, 8),
+        );
+        assert!(one.makespan < mid.makespan && mid.makespan < two.makespan);
+        // M = 1: nothing overlaps, so parallelism changes nothing.
+        assert!((two_on_one_cpu(1.5, 1).makespan - 6.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn shares_respect_each_cap_and_the_capacity() {
+        assert_eq!(shares(&[1.0, 1.0, 1.0], 2.0), vec![2.0 / 3.0; 3]);
+        assert_eq!(shares(&[0.25, 1.0, 2.0], 2.0), vec![0.25, 0.875, 0.875]);
+        assert_eq!(shares(&[0.25, 0.5], 2.0), vec![0.25, 0.5]);
+        assert_eq!(shares(&[], 2.0), Vec::<f64>::new());
+        for caps in [vec![0.3, 1.7, 0.9, 2.0], vec![1.2; 5], vec![0.1, 0.2]] {
+            let given = shares(&caps, 2.0);
+            let total: f64 = given.iter().sum();
+            assert!(given.iter().zip(&caps).all(|(g, c)| *g <= c + 1e-12));
+            assert!((total - caps.iter().sum::<f64>().min(2.0)).abs() < 1e-12);
+        }
+    }
+
+    #[test]
+    fn a_capped_pass_leaves_the_rest_to_the_other() {
+        // Stage 0's forward takes 0.5 core, stage 1's 2 cores; together on
+        // 2 cores stage 1 gets 1.5 of its 2: 3/4 of its speed alone.
+        let stages = vec![
+            StageWork {
+                forward: 10.0,
+                backward: 0.0,
+                device: 0,
+            },
+            StageWork {
+                forward: 1.0,
+                backward: 0.0,
+                device: 0,
+            },
+        ];
+        let mut sim = PipelineSim::new(Schedule::GPipe, 2, stages);
+        sim.device_capacity = vec![2.0];
+        sim.parallelism = vec![0.5, 2.0];
+        let trace = sim.run().unwrap();
+        // Stage 1's first forward (from 10 to 10 + 1 / 0.75) overlaps stage
+        // 0's second; the second (from 20) runs alone: 1 s.
+        let spans = &trace.spans[1];
+        assert!((spans[0].end - (10.0 + 1.0 / 0.75)).abs() < 1e-9);
+        assert!((trace.makespan - 21.0).abs() < 1e-9);
+    }
+
     #[test]
     fn pass_overhead_adds_to_every_pass_on_the_critical_path() {
         let mut sim = PipelineSim::new(Schedule::GPipe, 4, uniform(3, 1.0, 2.0));
@@ -579,5 +766,10 @@ mod tests {
             .run()
             .unwrap_err();
         assert!(err.to_string().contains("stage 0"));
+        let mut sim = PipelineSim::new(Schedule::GPipe, 2, uniform(2, 1.0, 1.0));
+        sim.parallelism = vec![1.0];
+        assert!(sim.run().unwrap_err().to_string().contains("per stage"));
+        sim.parallelism = vec![1.0, 0.0];
+        assert!(sim.run().unwrap_err().to_string().contains("> 0"));
     }
 }

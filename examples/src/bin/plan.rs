@@ -33,7 +33,7 @@ use clap::{Parser, ValueEnum};
 use examples::plan::calibrate::{self, Calibrated};
 use examples::plan::presets::{Preset, Shape};
 use examples::plan::report::{self, human};
-use examples::plan::{PlanCliError, plot, profile};
+use examples::plan::{PlanCliError, plot, profile, sharing};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum ScheduleArg {
@@ -182,9 +182,12 @@ struct Args {
     /// Calibrate against the main job: its metrics.json (`train --no-dp --no-cache --output-dir DIR`), or the log of the loop before it.
     #[arg(long)]
     calibrate_train: Option<PathBuf>,
-    /// Passes this CPU runs at full speed at once, for calibration, in (0, 1024].
-    #[arg(long, default_value_t = 1.0, value_parser = positive("passes", 1024.0))]
-    cpu_capacity: f64,
+    /// Cores of this CPU the stage threads share, for calibration, in (0, 1024] (default: the cores the OS gives this process).
+    #[arg(long, value_parser = positive("cores", 1024.0))]
+    cpu_cores: Option<f64>,
+    /// Cores one pass takes alone, for calibration, in (0, 1024], instead of measuring it (1: passes on different threads never slow each other down; the core count: they never overlap usefully).
+    #[arg(long, value_parser = positive("cores", 1024.0))]
+    pass_parallelism: Option<f64>,
     /// Where the plots and plan.json go.
     #[arg(long, default_value = "target/plan")]
     out_dir: PathBuf,
@@ -451,13 +454,38 @@ fn run_scaling(args: &Args, costs: &ModelCosts) -> Result<(), PlanCliError> {
     Ok(())
 }
 
+/// The step costs as JSON, for calibration.json.
+fn step_json(step: &profile::StepCosts) -> serde_json::Value {
+    serde_json::json!({
+        "optimizer_per_tensor": step.optimizer_per_tensor,
+        "data": step.data,
+        "accumulate_per_tensor": step.accumulate_per_tensor,
+    })
+}
+
 fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
+    let cores = args
+        .cpu_cores
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64));
     println!(
-        "calibration on this machine: stages are threads sharing one CPU device that runs {} pass(es) at full speed at once (--cpu-capacity)",
-        args.cpu_capacity
+        "calibration on this machine: stages are threads sharing {cores} cores (--cpu-cores); a pass takes as many cores as it does alone ({}), running passes share the cores evenly; with 2 or more stages a pass runs on a spawned thread, as many times slower as the probe measured",
+        args.pass_parallelism
+            .map_or("measured below".to_string(), |p| format!(
+                "{p}, --pass-parallelism"
+            ))
     );
+    let cpu_model = |sharing: &[sharing::Sharing]| calibrate::CpuModel {
+        cores,
+        parallelism: match args.pass_parallelism {
+            Some(p) => vec![[1.0, p]],
+            None => sharing::parallelism_points(sharing, cores),
+        },
+        extra: 0.0,
+        thread_factor: sharing::thread_factor_points(sharing),
+    };
     let batches: Vec<usize> = args.profile_batches.iter().map(|&b| b as usize).collect();
     let given = args.pass_overhead_us * 1e-6;
+    let mut dumps = serde_json::Map::new();
     let pipe = match &args.calibrate {
         None => None,
         Some(path) => {
@@ -476,7 +504,26 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
                 "measured outside the passes: gradient accumulation {:.1} us per parameter tensor and micro-batch",
                 step.accumulate_per_tensor * 1e6
             );
-            let rows = calibrate::predict_pipe(&report, &costs, &step, args.cpu_capacity, given)?;
+            let mut sizes: Vec<usize> = report
+                .rows
+                .iter()
+                .map(|r| report.batch.div_ceil(r.micro_batches))
+                .collect();
+            sizes.sort_unstable();
+            sizes.dedup();
+            let sharing = sharing::probe(&shape, &sizes);
+            report::print_sharing(&sharing, cores);
+            dumps.insert(
+                "costs_pipe".into(),
+                serde_json::to_value(&costs).expect("costs serialise"),
+            );
+            dumps.insert("step_pipe".into(), step_json(&step));
+            dumps.insert(
+                "sharing_pipe".into(),
+                serde_json::to_value(&sharing).expect("serialise"),
+            );
+            let cpu = cpu_model(&sharing);
+            let rows = calibrate::predict_pipe(&report, &costs, &step, &cpu, given)?;
             report::print_calibration(
                 &format!(
                     "bench pipe step times, from the profile alone ({} us per pass):",
@@ -484,7 +531,7 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
                 ),
                 &rows,
             );
-            Some((report, costs, step, rows))
+            Some((report, costs, step, rows, cpu))
         }
     };
     let train = match &args.calibrate_train {
@@ -529,8 +576,27 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
                 step.accumulate_per_tensor * 1e6,
                 step.data * 1e3
             );
-            let (rows, matches) =
-                calibrate::predict_train(&log, &costs, &step, args.cpu_capacity, given)?;
+            let mut sizes: Vec<usize> = log
+                .epoch_rows
+                .iter()
+                .map(|r| log.batch.div_ceil(r.micro_batches))
+                .chain([log.batch])
+                .collect();
+            sizes.sort_unstable();
+            sizes.dedup();
+            let sharing = sharing::probe(&shape, &sizes);
+            report::print_sharing(&sharing, cores);
+            dumps.insert(
+                "costs_train".into(),
+                serde_json::to_value(&costs).expect("costs serialise"),
+            );
+            dumps.insert("step_train".into(), step_json(&step));
+            dumps.insert(
+                "sharing_train".into(),
+                serde_json::to_value(&sharing).expect("serialise"),
+            );
+            let cpu = cpu_model(&sharing);
+            let (rows, matches) = calibrate::predict_train(&log, &costs, &step, &cpu, given)?;
             for (e, ok) in matches.iter().enumerate() {
                 let m = &log.epoch_rows[e];
                 println!(
@@ -553,52 +619,85 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
                 ),
                 &rows,
             );
-            Some((log, costs, step, rows))
+            Some((log, costs, step, rows, cpu))
         }
     };
-    // One parameter, the fixed cost of a pass in the real pipeline (thread
-    // hand-over, channels, seeding each stage's backward), fitted on one
-    // measurement and checked on the other.
     let mut plotted: Vec<(&str, Vec<Calibrated>)> = Vec::new();
     let mut fitted = serde_json::Map::new();
-    if let (Some((report, pipe_costs, pipe_step, _)), Some((log, train_costs, step, _))) =
-        (&pipe, &train)
+    if let (
+        Some((report, pipe_costs, pipe_step, _, pipe_cpu)),
+        Some((log, train_costs, step, _, train_cpu)),
+    ) = (&pipe, &train)
     {
-        let capacity = args.cpu_capacity;
-        // One parameter: what each trainable parameter tensor adds to a
-        // stage's pass beyond the unit's profiled time (in the pipeline a
+        // Two parameters, each fitted on one set of rows and checked on
+        // the others. First the cores a pipeline stage's pass takes beyond
+        // the probe's p (the probe's copies are whole models on threads of
+        // their own; a stage's passes are short and handed between
+        // threads), on bench pipe's 1F1B rows with K >= 2, relative to the
+        // interleaved sequential run; checked on its GPipe rows.
+        let with_extra = |cpu: &calibrate::CpuModel, extra: f64| calibrate::CpuModel {
+            extra,
+            ..cpu.clone()
+        };
+        let unfitted =
+            calibrate::predict_pipe_relative(report, pipe_costs, pipe_step, pipe_cpu, given)?;
+        let extra = calibrate::fit_overhead(1.0, |x| {
+            let rows = calibrate::predict_pipe_relative(
+                report,
+                pipe_costs,
+                pipe_step,
+                &with_extra(pipe_cpu, x),
+                given,
+            )?;
+            Ok(rows
+                .into_iter()
+                .zip(&report.rows)
+                .filter(|(_, row)| row.stages > 1 && row.schedule == "OneFOneB")
+                .map(|(r, _)| r)
+                .collect())
+        })?;
+        let (pipe_cpu, train_cpu) = (with_extra(pipe_cpu, extra), with_extra(train_cpu, extra));
+        // Then what each trainable parameter tensor adds to a stage's
+        // backward pass beyond the unit's profiled time (in the pipeline a
         // stage makes fresh autodiff leaves of its parameters for every
         // micro-batch and collects their gradients after it; a stage with
-        // nothing to train pays nothing). Fitted on the main job's epochs
-        // after the first (the first also warms the process up), then
-        // checked on bench pipe's 24 rows.
+        // nothing to train pays nothing), on the main job's epochs after
+        // the first (the first also warms the process up); checked on
+        // epoch 0 (bench pipe's rows hardly depend on it).
         let with = |base: &examples::plan::profile::StepCosts, t: f64| {
             let mut step = *base;
             step.accumulate_per_tensor = t;
             step
         };
         let per_tensor = calibrate::fit_overhead(1e-3, |t| {
-            calibrate::predict_train(log, train_costs, &with(step, t), capacity, 0.0)
+            calibrate::predict_train(log, train_costs, &with(step, t), &train_cpu, given)
                 .map(|r| r.0.into_iter().skip(1).collect())
         })?;
         let pipe_step = with(pipe_step, per_tensor);
         let pipe_relative =
-            calibrate::predict_pipe_relative(report, pipe_costs, &pipe_step, capacity, 0.0)?;
-        let pipe_absolute = calibrate::predict_pipe(report, pipe_costs, &pipe_step, capacity, 0.0)?;
+            calibrate::predict_pipe_relative(report, pipe_costs, &pipe_step, &pipe_cpu, given)?;
+        let pipe_absolute =
+            calibrate::predict_pipe(report, pipe_costs, &pipe_step, &pipe_cpu, given)?;
         let train_fitted =
-            calibrate::predict_train(log, train_costs, &with(step, per_tensor), capacity, 0.0)?.0;
+            calibrate::predict_train(log, train_costs, &with(step, per_tensor), &train_cpu, given)?
+                .0;
         let pass = per_tensor;
         println!();
+        report::print_calibration(
+            "bench pipe step times relative to the interleaved sequential run, nothing fitted (measured sharing, measured accumulation):",
+            &unfitted,
+        );
+        println!();
         println!(
-            "calibrated: {:.1} us per trainable parameter tensor and backward pass, fitted on the main job's epochs 1.. (one parameter); bench pipe is the check",
+            "calibrated: passes in the pipeline take {extra:.3} cores more than the probe's p (fitted on bench pipe's 1F1B rows with K >= 2; its GPipe rows are the check); {:.1} us per trainable parameter tensor and backward pass (fitted on the main job's epochs 1..; epoch 0 is the check)",
             per_tensor * 1e6
         );
         report::print_calibration(
-            "check: bench pipe step times relative to the interleaved sequential run:",
+            "bench pipe step times relative to the interleaved sequential run (1F1B rows with K >= 2: the fit; the others: the check):",
             &pipe_relative,
         );
         report::print_calibration(
-            "check: bench pipe step times, absolute (the profile ran at another moment of the shared machine's load):",
+            "bench pipe step times, absolute (the profile ran at another moment of the shared machine's load):",
             &pipe_absolute,
         );
         report::print_calibration(
@@ -606,7 +705,9 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
             &train_fitted,
         );
         fitted.insert("per_tensor_per_pass_fitted_s".into(), pass.into());
+        fitted.insert("extra_parallelism_fitted".into(), extra.into());
         for (name, rows) in [
+            ("pipe_relative_unfitted", &unfitted),
             ("pipe_relative_calibrated", &pipe_relative),
             ("pipe_absolute_calibrated", &pipe_absolute),
             ("train_calibrated", &train_fitted),
@@ -623,10 +724,10 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
         plotted.push(("bench pipe steps, absolute", pipe_absolute));
         plotted.push(("main job epochs", train_fitted));
     } else {
-        if let Some((_, _, _, rows)) = &pipe {
+        if let Some((_, _, _, rows, _)) = &pipe {
             plotted.push(("bench pipe steps", rows.clone()));
         }
-        if let Some((_, _, _, rows)) = &train {
+        if let Some((_, _, _, rows, _)) = &train {
             plotted.push(("main job epochs", rows.clone()));
         }
     }
@@ -635,7 +736,22 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
     })?;
     let json = args.out_dir.join("calibration.json");
     let mut all = serde_json::Map::new();
-    all.insert("cpu_capacity".into(), args.cpu_capacity.into());
+    all.insert("cpu_cores".into(), cores.into());
+    for (name, cpu) in [
+        ("pipe", pipe.as_ref().map(|p| &p.4)),
+        ("train", train.as_ref().map(|t| &t.4)),
+    ] {
+        if let Some(cpu) = cpu {
+            all.insert(
+                format!("{name}_parallelism"),
+                serde_json::to_value(&cpu.parallelism).expect("points serialise"),
+            );
+            all.insert(
+                format!("{name}_thread_factor"),
+                serde_json::to_value(&cpu.thread_factor).expect("points serialise"),
+            );
+        }
+    }
     all.insert("pass_overhead_s".into(), given.into());
     all.insert(
         "pipe".into(),
@@ -646,6 +762,7 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
         serde_json::to_value(train.as_ref().map(|t| &t.3)).expect("rows serialise"),
     );
     all.extend(fitted);
+    all.extend(dumps);
     std::fs::write(
         &json,
         serde_json::to_string_pretty(&all).expect("rows serialise"),

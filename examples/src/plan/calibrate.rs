@@ -6,13 +6,61 @@ use std::path::Path;
 
 use burn_elastic_dp::BatchPolicy;
 use burn_elastic_dp::plan::{
-    ClusterConfig, Link, ModelCosts, PipelineSim, PlanConfig, StageWork, plan,
+    ClusterConfig, Link, ModelCosts, PipelineSim, PlanConfig, StageWork, parallelism_at, plan,
 };
 use burn_pipe::Schedule;
 use serde::Deserialize;
 
 use super::PlanCliError;
 use super::profile::StepCosts;
+
+/// How this CPU runs a pipeline's stages, which are threads: its cores
+/// shared by the passes running at once, each pass taking at most as many
+/// cores as it does alone ([`PipelineSim::parallelism`], measured by
+/// [`super::sharing`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuModel {
+    /// Cores: the device's capacity.
+    pub cores: f64,
+    /// `[samples per pass, cores one pass takes alone]` points.
+    pub parallelism: Vec<[f64; 2]>,
+    /// Cores a pipeline stage's pass takes beyond `parallelism` (fitted;
+    /// 0: as measured).
+    pub extra: f64,
+    /// `[samples per pass, how many times longer a pass takes on a spawned
+    /// thread than on the calling thread]` points: a pipeline of 2 or more
+    /// stages runs them on spawned threads, the profile and the
+    /// benchmark's sequential run on the calling thread. Empty: 1.
+    pub thread_factor: Vec<[f64; 2]>,
+}
+
+impl CpuModel {
+    /// The cores a pass over `samples` takes alone in the pipeline:
+    /// measured plus `extra`, at most `cores`.
+    ///
+    /// ```
+    /// use examples::plan::calibrate::CpuModel;
+    ///
+    /// let cpu = CpuModel {
+    ///     cores: 2.0, parallelism: vec![[2.0, 1.2], [8.0, 1.8]], extra: 0.3, thread_factor: vec![],
+    /// };
+    /// assert!((cpu.parallelism(2.0) - 1.5).abs() < 1e-12);
+    /// assert_eq!(cpu.parallelism(8.0), 2.0);
+    /// assert_eq!(cpu.points(), vec![[2.0, 1.5], [8.0, 2.0]]);
+    /// ```
+    pub fn parallelism(&self, samples: f64) -> f64 {
+        (parallelism_at(&self.parallelism, samples) + self.extra).min(self.cores)
+    }
+
+    /// The `[samples, parallelism]` points with `extra` added, at most
+    /// `cores`, for [`ClusterConfig::shared_device_parallelism`].
+    pub fn points(&self) -> Vec<[f64; 2]> {
+        self.parallelism
+            .iter()
+            .map(|&[b, p]| [b, (p + self.extra).min(self.cores)])
+            .collect()
+    }
+}
 
 /// One prediction beside its measurement.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -87,17 +135,16 @@ fn schedule_named(name: &str) -> Result<Schedule, PlanCliError> {
     }
 }
 
-/// The simulated step of every row of `report`: its stages on one shared
-/// device that runs `capacity` passes at full speed at once (the CPU's
-/// stages are threads), unit costs from `costs`, `overhead` seconds per pass.
+/// The simulated step of every row of `report`: its stages threads on the
+/// CPU `cpu`, unit costs from `costs`, `overhead` seconds per pass.
 pub fn predict_pipe(
     report: &PipeReport,
     costs: &ModelCosts,
     step: &StepCosts,
-    capacity: f64,
+    cpu: &CpuModel,
     overhead: f64,
 ) -> Result<Vec<Calibrated>, PlanCliError> {
-    simulate_pipe(report, costs, step, capacity, overhead, false)
+    simulate_pipe(report, costs, step, cpu, overhead, false)
 }
 
 /// As [`predict_pipe`], but relative to the sequential run the benchmark
@@ -109,17 +156,17 @@ pub fn predict_pipe_relative(
     report: &PipeReport,
     costs: &ModelCosts,
     step: &StepCosts,
-    capacity: f64,
+    cpu: &CpuModel,
     overhead: f64,
 ) -> Result<Vec<Calibrated>, PlanCliError> {
-    simulate_pipe(report, costs, step, capacity, overhead, true)
+    simulate_pipe(report, costs, step, cpu, overhead, true)
 }
 
 fn simulate_pipe(
     report: &PipeReport,
     costs: &ModelCosts,
     step: &StepCosts,
-    capacity: f64,
+    cpu: &CpuModel,
     overhead: f64,
     relative: bool,
 ) -> Result<Vec<Calibrated>, PlanCliError> {
@@ -128,6 +175,12 @@ fn simulate_pipe(
         check_balance(&row.balance, costs)?;
         let mb = report.batch as f64 / row.micro_batches as f64;
         let mut start = 0;
+        // A single stage runs on the calling thread, more on spawned ones.
+        let factor = if row.stages > 1 {
+            parallelism_at(&cpu.thread_factor, mb)
+        } else {
+            1.0
+        };
         let stages = row
             .balance
             .iter()
@@ -135,20 +188,22 @@ fn simulate_pipe(
                 let units = &costs.units[start..start + n];
                 start += n;
                 StageWork {
-                    forward: units.iter().map(|u| u.forward_time(mb)).sum(),
-                    backward: units
-                        .iter()
-                        .map(|u| {
-                            u.backward_time(mb)
-                                + u.param_tensors.len() as f64 * step.accumulate_per_tensor
-                        })
-                        .sum(),
+                    forward: factor * units.iter().map(|u| u.forward_time(mb)).sum::<f64>(),
+                    backward: factor
+                        * units
+                            .iter()
+                            .map(|u| {
+                                u.backward_time(mb)
+                                    + u.param_tensors.len() as f64 * step.accumulate_per_tensor
+                            })
+                            .sum::<f64>(),
                     device: 0,
                 }
             })
             .collect();
         let mut sim = PipelineSim::new(schedule_named(&row.schedule)?, row.micro_batches, stages);
-        sim.device_capacity = vec![capacity];
+        sim.device_capacity = vec![cpu.cores];
+        sim.parallelism = vec![cpu.parallelism(mb); row.stages];
         sim.pass_overhead = overhead;
         let trace = sim.run()?;
         let sequential: f64 = costs
@@ -402,21 +457,23 @@ pub fn parse_train_metrics(text: &str) -> Result<TrainLog, PlanCliError> {
 pub const TRAIN_HELD_OUT: usize = 256;
 
 /// The planner's epochs for the main job of `log` (its stages threads on
-/// one device of `capacity`, no replicas, parameter-balanced, nothing
-/// cached), each with the held-out forward pass the job times too; and
+/// the CPU `cpu`, no replicas, parameter-balanced, nothing cached), each
+/// with the held-out forward pass when the job timed it too; and
 /// whether the planned F, K and balance match the log's, epoch by epoch;
 /// `overhead` seconds per pass; `step` the job's optimizer and data costs.
 pub fn predict_train(
     log: &TrainLog,
     costs: &ModelCosts,
     step: &StepCosts,
-    capacity: f64,
+    cpu: &CpuModel,
     overhead: f64,
 ) -> Result<(Vec<Calibrated>, Vec<bool>), PlanCliError> {
     // Stage threads hand activations over through memory: no link cost.
     let link = Link::new(1e15, 0.0);
-    let cluster =
-        ClusterConfig::new(log.stages, 1, link, link).with_shared_device_capacity(Some(capacity));
+    let cluster = ClusterConfig::new(log.stages, 1, link, link)
+        .with_shared_device_capacity(Some(cpu.cores))
+        .with_shared_device_parallelism(cpu.points())
+        .with_shared_device_thread_factor(cpu.thread_factor.clone());
     let config = PlanConfig::new(
         cluster,
         BatchPolicy::FixedGlobal { batch: log.batch },

@@ -8,6 +8,7 @@ pub mod plot;
 pub mod presets;
 pub mod profile;
 pub mod report;
+pub mod sharing;
 
 use burn_elastic_dp::plan::PlanError;
 

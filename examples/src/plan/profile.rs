@@ -1,9 +1,13 @@
 //! Costs measured on the real backend: each unit's forward and backward time
-//! (`burn_pipe::profile_units`) at several batch sizes, fitted as a fixed
-//! part per pass plus a part per sample.
+//! (`burn_pipe::profile_units`) and its forward on the inner backend (as a
+//! frozen unit runs) at several batch sizes, fitted as a fixed part per
+//! pass plus a part per sample.
 
 use burn_elastic_dp::plan::{MeasuredPass, ModelCosts, UnitCost};
-use burn_freeze::IntoLayerStack;
+use std::time::Instant;
+
+use burn::tensor::Device;
+use burn_freeze::{IntoLayerStack, LayerStack, StackTypes};
 use burn_pipe::{UnitProfile, profile_units};
 use models::synthetic::{BandImages, MajorityTokens};
 
@@ -58,6 +62,54 @@ fn median_profile(run: impl Fn() -> Vec<UnitProfile>, repeats: usize) -> Vec<Uni
         .collect()
 }
 
+/// Median seconds of each unit's forward on the inner backend, as a frozen
+/// unit runs (made inner once, as burn-freeze does when it freezes), over
+/// `repeats` runs after a warm-up.
+fn frozen_forwards<S: StackTypes>(
+    stack: &LayerStack<S>,
+    input: S::Input,
+    device: &Device<S::Backend>,
+    repeats: usize,
+) -> Vec<f64> {
+    use burn::module::AutodiffModule;
+    use burn::tensor::backend::Backend;
+    use burn_freeze::{AutodiffActivation, Unit};
+    type Inner<S> =
+        <<S as StackTypes>::Backend as burn::tensor::backend::AutodiffBackend>::InnerBackend;
+    let first = stack.first().valid();
+    let middle: Vec<_> = stack.middle().iter().map(|u| u.valid()).collect();
+    let last = stack.last().valid();
+    let sync = || <Inner<S> as Backend>::sync(device).expect("device sync");
+    let run = || {
+        let mut times = Vec::with_capacity(middle.len() + 2);
+        sync();
+        let start = Instant::now();
+        let mut hidden = S::First::forward_inner(&first, input.clone().inner());
+        sync();
+        times.push(start.elapsed().as_secs_f64());
+        for unit in &middle {
+            let start = Instant::now();
+            hidden = S::Middle::forward_inner(unit, hidden);
+            sync();
+            times.push(start.elapsed().as_secs_f64());
+        }
+        let start = Instant::now();
+        let _ = S::Last::forward_inner(&last, hidden);
+        sync();
+        times.push(start.elapsed().as_secs_f64());
+        times
+    };
+    let _ = run();
+    let runs: Vec<Vec<f64>> = (0..repeats.max(1)).map(|_| run()).collect();
+    (0..runs[0].len())
+        .map(|u| {
+            let mut v: Vec<f64> = runs.iter().map(|r| r[u]).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        })
+        .collect()
+}
+
 /// Profiles every unit of `shape` on this backend at each of `batches`
 /// (the median of `repeats` runs each), keeps those times (interpolated
 /// between batch sizes) and a fit of fixed plus per-sample time; parameter tensors and activation sizes come from the
@@ -68,7 +120,7 @@ pub fn profile(shape: &Shape, batches: &[usize], repeats: usize) -> ModelCosts {
     batches.dedup();
     let batches = &batches[..];
     let device = backend::device(0);
-    let profiles: Vec<(usize, Vec<UnitProfile>)> = match shape {
+    let profiles: Vec<(usize, Vec<UnitProfile>, Vec<f64>)> = match shape {
         Shape::Vit(config) => {
             let stack = config.init::<Train>(&device).into_layer_stack();
             let task = BandImages::new(config.num_classes, config.channels, config.image_size, 7);
@@ -82,6 +134,7 @@ pub fn profile(shape: &Shape, batches: &[usize], repeats: usize) -> ModelCosts {
                             || profile_units(&stack, images.clone(), &device, 1),
                             repeats,
                         ),
+                        frozen_forwards(&stack, images, &device, repeats),
                     )
                 })
                 .collect()
@@ -99,6 +152,7 @@ pub fn profile(shape: &Shape, batches: &[usize], repeats: usize) -> ModelCosts {
                             || profile_units(&stack, input.clone(), &device, 1),
                             repeats,
                         ),
+                        frozen_forwards(&stack, input, &device, repeats),
                     )
                 })
                 .collect()
@@ -112,7 +166,7 @@ pub fn profile(shape: &Shape, batches: &[usize], repeats: usize) -> ModelCosts {
             let points = |pass: fn(&UnitProfile) -> f64| -> Vec<(f64, f64)> {
                 profiles
                     .iter()
-                    .map(|(b, p)| (*b as f64, pass(&p[i])))
+                    .map(|(b, p, _)| (*b as f64, pass(&p[i])))
                     .collect()
             };
             let (forward_fixed, forward) = fit_linear(&points(|p| p.forward.as_secs_f64()));
@@ -125,10 +179,11 @@ pub fn profile(shape: &Shape, batches: &[usize], repeats: usize) -> ModelCosts {
                 backward_fixed,
                 measured: profiles
                     .iter()
-                    .map(|(b, p)| MeasuredPass {
+                    .map(|(b, p, frozen)| MeasuredPass {
                         batch: *b,
                         forward: p[i].forward.as_secs_f64(),
                         backward: p[i].backward.as_secs_f64(),
+                        frozen_forward: Some(frozen[i]),
                     })
                     .collect(),
                 activation_bytes: u.output_elems * 4,
@@ -171,7 +226,6 @@ pub fn step_costs(shape: &Shape, batch: usize, repeats: usize) -> StepCosts {
     use burn::nn::loss::CrossEntropyLossConfig;
     use burn::optim::{AdamConfig, GradientsParams, Optimizer};
     use burn::tensor::backend::Backend;
-    use std::time::Instant;
 
     fn median(mut v: Vec<f64>) -> f64 {
         v.sort_by(f64::total_cmp);

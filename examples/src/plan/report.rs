@@ -102,10 +102,38 @@ pub fn print_calibration(title: &str, rows: &[Calibrated]) -> f64 {
         );
     }
     let mean = rows.iter().map(|r| r.error().abs()).sum::<f64>() / rows.len().max(1) as f64;
+    let within = rows.iter().filter(|r| r.error().abs() <= 0.15).count();
     println!(
-        "mean |error| {:.1}%, largest {:.1}%",
+        "mean |error| {:.1}%, largest {:.1}%, {within} of {} within 15%",
         100.0 * mean,
-        100.0 * worst
+        100.0 * worst,
+        rows.len()
     );
     worst
+}
+
+/// The sharing probe: seconds per pass of the whole model, alone and with
+/// copies running at once, and what they imply.
+pub fn print_sharing(rows: &[super::sharing::Sharing], cores: f64) {
+    println!(
+        "how passes share this CPU (whole model, forward + backward, ms per pass; p: cores one pass takes alone):"
+    );
+    println!(
+        "{:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>6}",
+        "batch", "main", "spawned", "fresh", "2 at once", "4 at once", "2/alone", "4/alone", "p"
+    );
+    for r in rows {
+        println!(
+            "{:>6} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8.2} {:>8.2} {:>6.2}",
+            r.batch,
+            r.main * 1e3,
+            r.spawned * 1e3,
+            r.fresh * 1e3,
+            r.two * 1e3,
+            r.four * 1e3,
+            r.two / r.spawned,
+            r.four / r.spawned,
+            r.parallelism(cores)
+        );
+    }
 }
