@@ -10,6 +10,7 @@
 //! operation so that no caller stays blocked.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -59,6 +60,15 @@ impl Drop for GroupToken {
 
 /// Peer ids per formation of a group (more than any group has replicas).
 const PEERS_PER_GENERATION: usize = 1 << 16;
+
+/// Formations of a group in this process so far.
+static GENERATIONS: AtomicUsize = AtomicUsize::new(0);
+
+/// A generation no formation in this process has had: peer ids unique
+/// across every group of the process, one after another included.
+pub(crate) fn next_generation() -> usize {
+    GENERATIONS.fetch_add(1, Ordering::Relaxed) + 1
+}
 
 /// The peer of replica `replica` in the group's `generation`-th formation.
 /// Every formation has peers of its own, so a replica thread left behind by

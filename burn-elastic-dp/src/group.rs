@@ -124,8 +124,8 @@ pub struct ReplicaGroup<S: StackTypes, O> {
     config: ReplicaConfig,
     /// Whether the collective group is registered for the current replicas.
     formed: bool,
-    /// How many times the collective group was formed: each formation has
-    /// peer ids of its own.
+    /// The current formation of the collective group: each formation (of
+    /// any group of the process) has peer ids of its own.
     generation: usize,
     /// AutoCache for the frozen prefix, shared by every replica.
     cache: Option<StackCache<S>>,
@@ -242,7 +242,7 @@ where
             .iter()
             .map(|r| r.devices()[0].clone())
             .collect();
-        self.generation += 1;
+        self.generation = collective::next_generation();
         collective::form::<InnerBackendOf<S>>(
             self.generation,
             &devices,

@@ -219,26 +219,52 @@ pub type UserStack = LayerStack<UserTypes>;
 /// `Project(inputs -> width)`, `blocks` residual blocks with a `tanh` after
 /// the first, and `Classify(width -> classes)`.
 pub fn user_stack(inputs: usize, width: usize, blocks: usize, classes: usize) -> UserStack {
-    let device = Default::default();
+    // Weights from a seeded generator, not the backend's global one, which
+    // tests running at once in this process would draw from in turn.
+    let mut seed = (inputs * 1_000_003 + width * 10_007 + blocks * 101 + classes) as u64;
+    let mut linear = |i: usize, o: usize| {
+        seed += 1;
+        seeded_linear(seed, i, o)
+    };
     let mut middle = Vec::new();
     for i in 0..blocks {
-        middle.push(materialize(Block::Residual(
-            LinearConfig::new(width, width).init(&device),
-        )));
+        middle.push(Block::Residual(linear(width, width)));
         if i == 0 {
             middle.push(Block::Tanh(burn::nn::Tanh::new()));
         }
     }
-    // Materialised, so that clones of the stack hold the same weights.
     LayerStack::new(
-        materialize(Project {
-            linear: LinearConfig::new(inputs, width).init(&device),
-        }),
+        Project {
+            linear: linear(inputs, width),
+        },
         middle,
-        materialize(Classify {
-            linear: LinearConfig::new(width, classes).init(&device),
-        }),
+        Classify {
+            linear: linear(width, classes),
+        },
     )
+}
+
+/// A `Linear` of `i` inputs and `o` outputs whose weights and bias are
+/// uniform in +-1/sqrt(i) (Burn's default range), drawn from `seed`.
+pub fn seeded_linear(seed: u64, i: usize, o: usize) -> Linear<B> {
+    let device = Default::default();
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let bound = 1.0 / (i as f32).sqrt();
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * bound
+    };
+    let weight: Vec<f32> = (0..i * o).map(|_| next()).collect();
+    let bias: Vec<f32> = (0..o).map(|_| next()).collect();
+    let mut linear = LinearConfig::new(i, o).init::<B>(&device);
+    linear.weight = Param::from_tensor(Tensor::from_data(TensorData::new(weight, [i, o]), &device));
+    linear.bias = Some(Param::from_tensor(Tensor::from_data(
+        TensorData::new(bias, [o]),
+        &device,
+    )));
+    linear
 }
 
 /// A batch for the user stack: inputs `[batch, inputs]` and labels `[batch]`.
