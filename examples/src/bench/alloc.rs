@@ -3,22 +3,20 @@
 //! The `bench` binary installs [`CountingAlloc`]; elsewhere the counters stay
 //! at zero and [`installed`] is false.
 
-use std::alloc::{GlobalAlloc, Layout};
-
-use crate::allocator::Heap;
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 static USED: AtomicBool = AtomicBool::new(false);
 
-/// The binaries' allocator ([`Heap`]), counting live bytes and their peak.
+/// The system allocator, counting live bytes and their peak.
 pub struct CountingAlloc;
 
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwards the caller's layout to the allocator.
-        let ptr = unsafe { Heap.alloc(layout) };
+        // SAFETY: forwards the caller's layout to the system allocator.
+        let ptr = unsafe { System.alloc(layout) };
         if !ptr.is_null() {
             let now = CURRENT.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
             PEAK.fetch_max(now, Ordering::Relaxed);
@@ -29,7 +27,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: `ptr` came from `alloc` with this layout.
-        unsafe { Heap.dealloc(ptr, layout) };
+        unsafe { System.dealloc(ptr, layout) };
         CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
     }
 }

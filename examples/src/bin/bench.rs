@@ -10,9 +10,9 @@
 
 use clap::{Parser, Subcommand};
 
-// jemalloc (see `examples::allocator`), counting heap bytes for the
-// peak-memory columns.
-examples::install_allocator!(examples::bench::alloc::CountingAlloc);
+/// Counts heap bytes, for the peak-memory columns.
+#[global_allocator]
+static ALLOC: examples::bench::alloc::CountingAlloc = examples::bench::alloc::CountingAlloc;
 
 #[derive(Debug, Parser)]
 #[command(about = "PipeTransformer benchmarks (ratios against a baseline from the same run)")]
@@ -46,6 +46,9 @@ enum Bench {
 }
 
 fn main() {
+    // Freed tensors' memory reused, not returned to the system and faulted
+    // in again every step (see `examples::allocator`).
+    examples::allocator::keep_freed_memory();
     examples::init_logging();
     let args = Args::parse();
     let result = match args.bench {

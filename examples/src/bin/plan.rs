@@ -16,10 +16,6 @@
 //! cargo run --release -p examples --bin plan -- --calibrate target/bench/pipe.json --calibrate-train target/train/metrics.json
 //! ```
 
-// jemalloc: freed tensors' memory is reused instead of returned to the
-// system and faulted in again every step (see `examples::allocator`).
-examples::install_allocator!();
-
 use std::path::PathBuf;
 
 use burn::collective::AllReduceStrategy;
@@ -780,6 +776,9 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
 }
 
 fn main() {
+    // Freed tensors' memory reused, not returned to the system and faulted
+    // in again every step (see `examples::allocator`).
+    examples::allocator::keep_freed_memory();
     let args = match Args::try_parse() {
         Ok(args) => args,
         Err(e) if !e.use_stderr() => e.exit(),

@@ -17,10 +17,6 @@
 // Device types are `Copy` on the CPU backend but not on CUDA: keep the clones.
 #![allow(clippy::clone_on_copy)]
 
-// jemalloc: freed tensors' memory is reused instead of returned to the
-// system and faulted in again every step (see `examples::allocator`).
-examples::install_allocator!();
-
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -126,6 +122,9 @@ fn accuracy(
 }
 
 fn main() {
+    // Freed tensors' memory reused, not returned to the system and faulted
+    // in again every step (see `examples::allocator`).
+    examples::allocator::keep_freed_memory();
     examples::init_logging();
     if let Err(error) = run(Args::parse()) {
         eprintln!("error: {error}");

@@ -10,10 +10,6 @@
 //! cargo run --release -p examples --bin train -- --plain          # plain Burn only
 //! ```
 
-// jemalloc: freed tensors' memory is reused instead of returned to the
-// system and faulted in again every step (see `examples::allocator`).
-examples::install_allocator!();
-
 use std::path::{Path, PathBuf};
 
 use burn::data::dataset::Dataset;
@@ -431,6 +427,9 @@ fn fail(code: i32, message: impl std::fmt::Display) -> ! {
 }
 
 fn main() {
+    // Freed tensors' memory reused, not returned to the system and faulted
+    // in again every step (see `examples::allocator`).
+    examples::allocator::keep_freed_memory();
     examples::init_logging();
     let args = Args::parse();
     let compiled = match backend::NAME {
