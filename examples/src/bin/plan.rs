@@ -459,6 +459,35 @@ fn step_json(step: &profile::StepCosts) -> serde_json::Value {
     })
 }
 
+/// Probes how passes of `shape` share this CPU at the distinct `sizes`
+/// (samples per pass), prints the probe, and records it with the profiled
+/// `costs` and `step` costs in `dumps` (`costs_<run>`, `step_<run>`,
+/// `sharing_<run>` of calibration.json).
+fn probe_and_record(
+    shape: &Shape,
+    mut sizes: Vec<usize>,
+    cores: f64,
+    run: &str,
+    costs: &impl serde::Serialize,
+    step: &profile::StepCosts,
+    dumps: &mut serde_json::Map<String, serde_json::Value>,
+) -> Vec<sharing::Sharing> {
+    sizes.sort_unstable();
+    sizes.dedup();
+    let sharing = sharing::probe(shape, &sizes);
+    report::print_sharing(&sharing, cores);
+    dumps.insert(
+        format!("costs_{run}"),
+        serde_json::to_value(costs).expect("costs serialise"),
+    );
+    dumps.insert(format!("step_{run}"), step_json(step));
+    dumps.insert(
+        format!("sharing_{run}"),
+        serde_json::to_value(&sharing).expect("serialise"),
+    );
+    sharing
+}
+
 fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
     let cores = args
         .cpu_cores
@@ -500,24 +529,12 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
                 "measured outside the passes: gradient accumulation {:.1} us per parameter tensor and micro-batch",
                 step.accumulate_per_tensor * 1e6
             );
-            let mut sizes: Vec<usize> = report
+            let sizes: Vec<usize> = report
                 .rows
                 .iter()
                 .map(|r| report.batch.div_ceil(r.micro_batches))
                 .collect();
-            sizes.sort_unstable();
-            sizes.dedup();
-            let sharing = sharing::probe(&shape, &sizes);
-            report::print_sharing(&sharing, cores);
-            dumps.insert(
-                "costs_pipe".into(),
-                serde_json::to_value(&costs).expect("costs serialise"),
-            );
-            dumps.insert("step_pipe".into(), step_json(&step));
-            dumps.insert(
-                "sharing_pipe".into(),
-                serde_json::to_value(&sharing).expect("serialise"),
-            );
+            let sharing = probe_and_record(&shape, sizes, cores, "pipe", &costs, &step, &mut dumps);
             let cpu = cpu_model(&sharing);
             let rows = calibrate::predict_pipe(&report, &costs, &step, &cpu, given)?;
             report::print_calibration(
@@ -572,25 +589,14 @@ fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
                 step.accumulate_per_tensor * 1e6,
                 step.data * 1e3
             );
-            let mut sizes: Vec<usize> = log
+            let sizes: Vec<usize> = log
                 .epoch_rows
                 .iter()
                 .map(|r| log.batch.div_ceil(r.micro_batches))
                 .chain([log.batch])
                 .collect();
-            sizes.sort_unstable();
-            sizes.dedup();
-            let sharing = sharing::probe(&shape, &sizes);
-            report::print_sharing(&sharing, cores);
-            dumps.insert(
-                "costs_train".into(),
-                serde_json::to_value(&costs).expect("costs serialise"),
-            );
-            dumps.insert("step_train".into(), step_json(&step));
-            dumps.insert(
-                "sharing_train".into(),
-                serde_json::to_value(&sharing).expect("serialise"),
-            );
+            let sharing =
+                probe_and_record(&shape, sizes, cores, "train", &costs, &step, &mut dumps);
             let cpu = cpu_model(&sharing);
             let (rows, matches) = calibrate::predict_train(&log, &costs, &step, &cpu, given)?;
             for (e, ok) in matches.iter().enumerate() {
