@@ -48,6 +48,19 @@ const CASES: &[(&str, &[&str], i32, &str)] = &[
         1,
         "/nonexistent",
     ),
+    (
+        "train",
+        &[
+            "--model",
+            "vit",
+            "--weights",
+            "/nonexistent",
+            "--data",
+            "/nonexistent",
+        ],
+        2,
+        "--model vit",
+    ),
     ("train", &["--max-length", "600"], 2, "8..=512"),
     ("train", &["--backend", "cuda"], 2, "--features cuda"),
     ("sst2", &["--batch-size", "0"], 2, "1..=4096"),
@@ -74,32 +87,56 @@ fn binary(name: &str) -> &'static str {
     }
 }
 
+/// Runs `command` and checks that it was refused with exit `code` and a
+/// one-line error naming `fragment`; returns its stdout.
+fn assert_refused(command: &mut Command, what: &str, code: i32, fragment: &str) -> String {
+    let output = command.env("RUST_LOG", "error").output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let first = stderr.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "{what}: exit {:?}, stderr:\n{stderr}",
+        output.status.code()
+    );
+    assert!(
+        first.starts_with("error:") && first.contains(fragment),
+        "{what}: the first line does not name `{fragment}`:\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{what} panicked:\n{stderr}");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 #[test]
 fn bad_input_is_a_one_line_error_with_the_right_exit_code() {
     let out = std::env::temp_dir().join(format!("bad-input-{}", std::process::id()));
     for (name, args, code, fragment) in CASES {
         let mut command = Command::new(binary(name));
-        command.args(*args).env("RUST_LOG", "error");
+        command.args(*args);
         if *name == "train" {
             command.args(["--size", "ci", "--output-dir", out.to_str().unwrap()]);
         }
-        let output = command.output().unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let first = stderr.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-        assert_eq!(
-            output.status.code(),
-            Some(*code),
-            "{name} {args:?}: exit {:?}, stderr:\n{stderr}",
-            output.status.code()
-        );
-        assert!(
-            first.starts_with("error:") && first.contains(fragment),
-            "{name} {args:?}: the first line does not name `{fragment}`:\n{stderr}"
-        );
-        assert!(
-            !stderr.contains("panicked"),
-            "{name} {args:?} panicked:\n{stderr}"
-        );
+        assert_refused(&mut command, &format!("{name} {args:?}"), *code, fragment);
     }
     let _ = std::fs::remove_dir_all(out);
+}
+
+/// An `--output-dir` that cannot be written (here: below a plain file, which
+/// refuses even root) is refused before any work, not after pretraining:
+/// exit 1 like other paths the file system refuses (unreadable weights or
+/// data), and nothing printed on stdout.
+#[test]
+fn unwritable_output_dir_is_refused_before_any_work() {
+    let file = std::env::temp_dir().join(format!("bad-input-file-{}", std::process::id()));
+    std::fs::write(&file, b"not a directory").unwrap();
+    let out = file.join("out");
+    let mut command = Command::new(binary("train"));
+    command.args(["--size", "ci", "--pretrain-epochs", "1", "--epochs", "1", "--output-dir"]);
+    command.arg(&out);
+    let stdout = assert_refused(&mut command, "train --output-dir <below a file>", 1, "--output-dir");
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        stdout.trim().is_empty(),
+        "work began before the output directory was checked:\n{stdout}"
+    );
 }
