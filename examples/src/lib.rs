@@ -7,6 +7,7 @@
 pub mod allocator;
 pub mod backend;
 pub mod bench;
+pub mod cli;
 pub mod job;
 pub mod plan;
 pub mod plots;

@@ -12,7 +12,9 @@ use std::sync::OnceLock;
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
 
-use crate::job::RunRecord;
+use burn_elastic_dp::EpochReport;
+
+use crate::job::{EpochRecord, RunRecord};
 
 /// DejaVu Sans (Bitstream Vera licence, `examples/assets/DejaVuSans-LICENSE.txt`).
 static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
@@ -285,67 +287,80 @@ pub fn bar_chart(
     Ok(path.to_path_buf())
 }
 
-fn per_epoch(runs: &[RunRecord], value: impl Fn(&crate::job::EpochRecord) -> f64) -> Vec<Series> {
-    runs.iter()
+/// A figure of each epoch that [`per_epoch`] draws, one curve per run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpochMetric {
+    /// Samples per second (log scale: frozen, cached epochs run orders of
+    /// magnitude faster), as `throughput.png`.
+    Throughput,
+    /// Mean training loss, as `loss.png`.
+    Loss,
+    /// Held-out accuracy (%) after the epoch, as `accuracy.png`.
+    Accuracy,
+}
+
+impl EpochMetric {
+    /// Every metric, in the order the binaries draw them.
+    pub const ALL: [Self; 3] = [Self::Throughput, Self::Loss, Self::Accuracy];
+
+    /// (file, title, y label, log scale, legend position).
+    fn chart(self) -> (&'static str, &'static str, &'static str, bool, SeriesLabelPosition) {
+        use SeriesLabelPosition::{LowerRight, UpperLeft, UpperRight};
+        match self {
+            Self::Throughput => (
+                "throughput.png",
+                "Training throughput per epoch",
+                "samples/s (log scale)",
+                true,
+                UpperLeft,
+            ),
+            Self::Loss => ("loss.png", "Training loss per epoch", "mean loss", false, UpperRight),
+            Self::Accuracy => (
+                "accuracy.png",
+                "Held-out accuracy per epoch",
+                "accuracy (%)",
+                false,
+                LowerRight,
+            ),
+        }
+    }
+
+    fn value(self, epoch: &EpochRecord) -> f64 {
+        match self {
+            Self::Throughput => epoch.report.samples_per_second,
+            Self::Loss => epoch.report.loss,
+            Self::Accuracy => 100.0 * epoch.accuracy,
+        }
+    }
+}
+
+/// `metric` per epoch, one curve per run, as its PNG in `dir`.
+pub fn per_epoch(dir: &Path, runs: &[RunRecord], metric: EpochMetric) -> Result<PathBuf, PlotError> {
+    let (file, title, y_label, log_scale, legend) = metric.chart();
+    let series: Vec<Series> = runs
+        .iter()
         .map(|run| Series {
             name: run.name.clone(),
             points: run
                 .epochs
                 .iter()
-                .map(|e| (e.epoch as f64, value(e)))
+                .map(|e| (e.report.epoch as f64, metric.value(e)))
                 .collect(),
         })
-        .collect()
-}
-
-/// Samples per second per epoch, one curve per run (log scale: frozen,
-/// cached epochs run orders of magnitude faster), as `throughput.png` in
-/// `dir`.
-pub fn throughput(dir: &Path, runs: &[RunRecord]) -> Result<PathBuf, PlotError> {
-    line_chart(
-        &dir.join("throughput.png"),
-        "Training throughput per epoch",
-        "epoch",
-        "samples/s (log scale)",
-        &per_epoch(runs, |e| e.samples_per_second),
-        true,
-        SeriesLabelPosition::UpperLeft,
-    )
-}
-
-/// Mean training loss per epoch, one curve per run, as `loss.png`.
-pub fn loss(dir: &Path, runs: &[RunRecord]) -> Result<PathBuf, PlotError> {
-    line_chart(
-        &dir.join("loss.png"),
-        "Training loss per epoch",
-        "epoch",
-        "mean loss",
-        &per_epoch(runs, |e| e.loss),
-        false,
-        SeriesLabelPosition::UpperRight,
-    )
-}
-
-/// Held-out accuracy (%) after each epoch, one curve per run, as
-/// `accuracy.png`.
-pub fn accuracy(dir: &Path, runs: &[RunRecord]) -> Result<PathBuf, PlotError> {
-    line_chart(
-        &dir.join("accuracy.png"),
-        "Held-out accuracy per epoch",
-        "epoch",
-        "accuracy (%)",
-        &per_epoch(runs, |e| 100.0 * e.accuracy),
-        false,
-        SeriesLabelPosition::LowerRight,
-    )
+        .collect();
+    line_chart(&dir.join(file), title, "epoch", y_label, &series, log_scale, legend)
 }
 
 /// A run's shape at the end of each epoch: frozen layers F, stages K and
 /// replicas R, as `shape-<file>.png`.
 pub fn shape(dir: &Path, run: &RunRecord, file: &str) -> Result<PathBuf, PlotError> {
-    let one = |name: &str, f: &dyn Fn(&crate::job::EpochRecord) -> f64| Series {
+    let one = |name: &str, f: &dyn Fn(&EpochReport) -> f64| Series {
         name: name.into(),
-        points: run.epochs.iter().map(|e| (e.epoch as f64, f(e))).collect(),
+        points: run
+            .epochs
+            .iter()
+            .map(|e| (e.report.epoch as f64, f(&e.report)))
+            .collect(),
     };
     line_chart(
         &dir.join(format!("shape-{file}.png")),

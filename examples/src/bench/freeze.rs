@@ -20,7 +20,7 @@ use models::synthetic::BandImages;
 use models::vit::VitConfig;
 use serde::Serialize;
 
-use super::{BenchError, alloc, write_report};
+use super::{BenchError, alloc, title, write_report};
 use crate::backend::{self, Train};
 
 struct Preset {
@@ -161,11 +161,8 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
         ]
     };
     let mut rows = Vec::new();
-    println!(
-        "bench freeze ({}; backend {}; ratios against F=0 without cache, same preset, same run)",
-        if quick { "quick" } else { "full" },
-        backend::NAME
-    );
+    let details = "ratios against F=0 without cache, same preset, same run";
+    println!("{}", title("freeze", quick, details));
     println!(
         "{:<9} {:>6} {:>6} {:>5} {:>10} {:>7} {:>10} {:>7} {:>10}",
         "preset", "F/L", "units", "cache", "step ms", "ratio", "peak MiB", "ratio", "cache MiB"

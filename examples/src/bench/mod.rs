@@ -7,4 +7,4 @@ pub mod headline;
 pub mod pipe;
 mod report;
 
-pub use report::{BenchError, median, write_report};
+pub use report::{BenchError, median, title, write_report};

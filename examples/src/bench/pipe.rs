@@ -25,7 +25,7 @@ use models::synthetic::BandImages;
 use models::vit::{Vit, VitConfig, VitTypes};
 use serde::Serialize;
 
-use super::{BenchError, median, write_report};
+use super::{BenchError, median, title, write_report};
 use crate::backend::{self, Inner, Train};
 
 type Stack = LayerStack<VitTypes<Train>>;
@@ -176,11 +176,10 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
         empty_message_us: channel_overhead((), if quick { 200 } else { 1000 }).as_secs_f64() * 1e6,
     };
 
-    println!(
-        "bench pipe ({}; backend {}; {model}; batch {batch}; median of {reps}; ratios against the same micro-batches run sequentially in this run)",
-        if quick { "quick" } else { "full" },
-        backend::NAME
+    let details = format!(
+        "{model}; batch {batch}; median of {reps}; ratios against the same micro-batches run sequentially in this run"
     );
+    println!("{}", title("pipe", quick, &details));
     println!(
         "channel overhead: {:.2} us per activation message ({} floats), {:.2} us per empty message",
         channel.tensor_message_us, channel.message_floats, channel.empty_message_us

@@ -48,3 +48,14 @@ pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
 }
+
+/// A benchmark's first line: `bench NAME (quick|full; backend B; DETAILS)`.
+///
+/// ```
+/// let line = examples::bench::title("pipe", true, "batch 8");
+/// assert!(line.starts_with("bench pipe (quick; backend ") && line.ends_with("; batch 8)"));
+/// ```
+pub fn title(name: &str, quick: bool, details: &str) -> String {
+    let size = if quick { "quick" } else { "full" };
+    format!("bench {name} ({size}; backend {}; {details})", crate::backend::NAME)
+}

@@ -29,6 +29,7 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use clap::{Parser, ValueEnum};
 use examples::backend::{self, Inner, Train};
+use examples::cli::parse_accepted;
 use indicatif::{ProgressBar, ProgressStyle};
 use models::bert::{Bert, BertPooling};
 use models::pretrained::BertCheckpoint;
@@ -83,17 +84,11 @@ struct Args {
 }
 
 fn unit_interval(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
-        _ => Err(format!("expected a number in (0, 1], got {text}")),
-    }
+    parse_accepted(text, |v: f64| v > 0.0 && v <= 1.0, "a number in (0, 1]")
 }
 
 fn weight_decay(text: &str) -> Result<f32, String> {
-    match text.parse::<f32>() {
-        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
-        _ => Err(format!("expected a number in [0, 1], got {text}")),
-    }
+    parse_accepted(text, |v: f32| (0.0..=1.0).contains(&v), "a number in [0, 1]")
 }
 
 /// Fraction of `dataset` that `model` classifies right.

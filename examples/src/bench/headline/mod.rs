@@ -1,0 +1,232 @@
+//! `bench headline`: the same fine-tuning job (examples/src/job.rs), in one
+//! process and from the same pretrained weights, as
+//!
+//! - (a) plain Burn on one device (no crate of ours on the hot path),
+//! - (b) the paper's baseline: pipeline (+ data parallel) on the same
+//!   devices, nothing frozen,
+//! - (c) PipeTransformer, alpha = 1/3, all four parts,
+//!
+//! then the paper's ablations (freeze only; freeze + AutoPipe + AutoCache;
+//! freeze + AutoPipe + AutoDP; all four = (c)) and its alpha sweep (1/5,
+//! 1/4, 1/3 = (c), 2/5, 1/2).
+//!
+//! Printed and written to `target/bench/headline.json`: wall time,
+//! samples/s per epoch, peak heap, final accuracy, speed-ups against (a) and
+//! (b), and the ideal speed-up each freeze schedule allows with the fraction
+//! of it reached. The ideal is a cost model on unit times profiled once
+//! (`burn_pipe::profile_units`, one global batch on device 0): per epoch,
+//! the active units' forward and backward, plus the forward of the frozen
+//! units that ran (with AutoCache only the units frozen since the last epoch,
+//! once per sample; without it every frozen unit), cache reads costing
+//! nothing; summed over epochs, against every unit's forward and backward in
+//! every epoch. For (c), a per-phase breakdown: measured transitions,
+//! all-reduce and pipeline bubble, the modelled frozen forward and active
+//! forward/backward, and the rest (cache reads, batching, optimizer steps,
+//! threads and channels). PNG plots go to `target/bench/headline/`.
+
+mod configs;
+mod ideal;
+mod plots;
+mod rows;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn_pipe::UnitProfile;
+use serde::{Deserialize, Serialize};
+
+use super::{BenchError, alloc, title, write_report};
+use crate::backend;
+use crate::job::{EpochRecord, JobSpec, ModelKind, Observer, Pretrained, RunRecord};
+use configs::{Configuration, DEVICES, configurations, spec};
+use ideal::profile;
+use plots::{draw, plot_dir};
+use rows::{Phases, Row, Targets, breakdown, print_breakdown, print_epochs, print_rows, row_c};
+
+/// What `target/bench/headline.json` holds.
+#[derive(Debug, Serialize)]
+struct Report {
+    bench: &'static str,
+    backend: &'static str,
+    quick: bool,
+    note: &'static str,
+    spec: JobSpec,
+    devices: usize,
+    micro_batches: String,
+    cost_model: String,
+    params: usize,
+    units: usize,
+    /// Per unit: forward and backward milliseconds on one global batch.
+    unit_profile_ms: Vec<(f64, f64)>,
+    pretrain_seconds: f64,
+    rows: Vec<Row>,
+    breakdown: Vec<Phases>,
+    targets: Targets,
+    plots: Vec<PathBuf>,
+}
+
+/// Prints one line per epoch to stderr.
+struct Progress;
+
+impl Observer for Progress {
+    fn start(&mut self, name: &str, epochs: usize, samples: usize) {
+        eprintln!("-- {name}: {epochs} epochs of {samples} samples");
+    }
+    fn epoch(&mut self, record: &EpochRecord) {
+        // Pretraining has no held-out accuracy.
+        let accuracy = if record.accuracy.is_nan() {
+            "    -".to_string()
+        } else {
+            format!("{:>5.1}", 100.0 * record.accuracy)
+        };
+        let e = &record.report;
+        eprintln!(
+            "   epoch {:>2}: loss {:.4}  acc {accuracy}%  {:>7.2} s  {:>7.1} samples/s  F={} K={} R={}",
+            e.epoch, e.loss, e.seconds, e.samples_per_second, e.frozen_layers, e.stages, e.replicas
+        );
+    }
+}
+
+fn run_err<E: std::fmt::Display>(error: E) -> BenchError {
+    BenchError::Run(error.to_string())
+}
+
+/// Runs the headline benchmark on `model`.
+pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
+    let spec = spec(model, quick);
+    spec.check().map_err(run_err)?;
+    let configurations = configurations(spec.layers);
+    print_start(&spec, quick);
+    let (pretrained, pretrain_seconds) = pretrain(&spec);
+    let profile = profile(&spec, &pretrained);
+    let unit_profile_ms = unit_profile_ms(&profile);
+    eprintln!(
+        "unit profile (forward ms, backward ms per batch of {}): {unit_profile_ms:.2?}",
+        spec.batch
+    );
+    let runs = finetune_all(&spec, &pretrained, &configurations)?;
+    let rows = rows::rows(&configurations, runs, &profile);
+    print_rows(&rows, &spec);
+    let c = row_c(&rows)?;
+    print_epochs(&rows, c);
+    let breakdown = breakdown(&profile, &c.run, &spec);
+    print_breakdown(&breakdown);
+    let targets = Targets::of(c);
+    targets.print(c);
+    let plots = draw(&rows)?;
+    let report = Report {
+        bench: "headline",
+        backend: backend::NAME,
+        quick,
+        note: "shared 2-core machine; logical devices share its CPU; one run per configuration",
+        params: pretrained.num_params(),
+        units: pretrained.num_units(),
+        spec,
+        devices: DEVICES,
+        micro_batches: "the paper's per K (burn_pipe::partition::default_micro_batches)".into(),
+        cost_model: "AutoPipe: CostModel::Parameters { frozen_factor: 1/3 }; ideal: profiled units"
+            .into(),
+        unit_profile_ms,
+        pretrain_seconds,
+        rows,
+        breakdown,
+        targets,
+        plots,
+    };
+    let path = write_report("headline", &report)?;
+    println!(
+        "wrote {} and {} plots in {}",
+        path.display(),
+        report.plots.len(),
+        plot_dir().display()
+    );
+    Ok(())
+}
+
+fn print_start(spec: &JobSpec, quick: bool) {
+    let details = format!(
+        "{:?} {} layers, hidden {}; {} samples/epoch, batch {}, {} epochs; {DEVICES} logical devices sharing this machine's CPU; shared 2-core machine: times are noisy",
+        spec.model,
+        spec.layers,
+        spec.hidden,
+        spec.samples,
+        spec.batch,
+        spec.epochs
+    );
+    println!("{}", title("headline", quick, &details));
+}
+
+/// The pretrained model and the seconds pretraining took.
+fn pretrain(spec: &JobSpec) -> (Pretrained, f64) {
+    let start = Instant::now();
+    let pretrained = spec.pretrain(&mut Progress);
+    let pretrain_seconds = start.elapsed().as_secs_f64();
+    println!(
+        "pretrained in {pretrain_seconds:.0} s ({} epochs); {} parameters, {} units",
+        spec.pretrain_epochs,
+        pretrained.num_params(),
+        pretrained.num_units()
+    );
+    (pretrained, pretrain_seconds)
+}
+
+/// Per unit: forward and backward milliseconds.
+fn unit_profile_ms(profile: &[UnitProfile]) -> Vec<(f64, f64)> {
+    profile
+        .iter()
+        .map(|p| {
+            (
+                p.forward.as_secs_f64() * 1e3,
+                p.backward.as_secs_f64() * 1e3,
+            )
+        })
+        .collect()
+}
+
+/// Fine-tunes `pretrained` with each configuration; each run's record and
+/// peak heap above the level before it (where the counting allocator is
+/// installed).
+fn finetune_all(
+    spec: &JobSpec,
+    pretrained: &Pretrained,
+    configurations: &[Configuration],
+) -> Result<Vec<(RunRecord, Option<usize>)>, BenchError> {
+    let mut runs = Vec::new();
+    for configuration in configurations {
+        let before = alloc::reset_peak();
+        let (record, trained) = spec
+            .finetune(
+                pretrained,
+                &configuration.name,
+                &configuration.method,
+                &mut Progress,
+            )
+            .map_err(run_err)?;
+        drop(trained);
+        let peak = alloc::installed().then(|| alloc::peak().saturating_sub(before));
+        runs.push((record, peak));
+    }
+    Ok(runs)
+}
+
+/// Redraws the plots from `target/bench/headline.json` (a finished run),
+/// training nothing.
+pub fn replot() -> Result<(), BenchError> {
+    #[derive(Deserialize)]
+    struct Saved {
+        rows: Vec<Row>,
+    }
+    let path = plot_dir().with_extension("json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| BenchError::Run(format!("cannot read {}: {e}", path.display())))?;
+    let saved: Saved = serde_json::from_str(&text)
+        .map_err(|e| BenchError::Run(format!("cannot parse {}: {e}", path.display())))?;
+    let plots = draw(&saved.rows)?;
+    println!(
+        "redrew {} plots in {} from {}",
+        plots.len(),
+        plot_dir().display(),
+        path.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,66 @@
+//! What a run records and who watches it: an [`EpochRecord`] per epoch (the
+//! trainer's [`EpochReport`] and the held-out accuracy), a [`RunRecord`] per
+//! run, and the [`Observer`] told after each step and epoch.
+
+use burn_elastic_dp::EpochReport;
+use serde::{Deserialize, Serialize};
+
+/// One epoch: the trainer's report (for plain Burn, the same figures with
+/// one stage, one replica, nothing frozen) and the accuracy after it.
+///
+/// The report's fields are flattened: in JSON an epoch reads as one object.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EpochRecord {
+    /// The epoch's figures, as the trainer reports them.
+    #[serde(flatten)]
+    pub report: EpochReport,
+    /// Held-out accuracy after it, in [0, 1] (NaN where nothing is held
+    /// out, as in pretraining).
+    pub accuracy: f64,
+}
+
+/// A whole run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// What ran.
+    pub name: String,
+    /// Its epochs.
+    pub epochs: Vec<EpochRecord>,
+    /// Training seconds over all epochs (evaluation excluded).
+    pub seconds: f64,
+    /// Held-out accuracy at the end.
+    pub accuracy: f64,
+}
+
+impl RunRecord {
+    /// The run `name` of `epochs`: their seconds summed, the last one's
+    /// accuracy (NaN without epochs).
+    pub fn new(name: &str, epochs: Vec<EpochRecord>) -> Self {
+        Self {
+            name: name.to_string(),
+            seconds: epochs.iter().map(|e| e.report.seconds).sum(),
+            accuracy: epochs.last().map_or(f64::NAN, |e| e.accuracy),
+            epochs,
+        }
+    }
+}
+
+/// What watches a run: told after each step and each epoch.
+pub trait Observer {
+    /// A run starts: `epochs` of `samples` samples.
+    fn start(&mut self, name: &str, epochs: usize, samples: usize) {
+        let _ = (name, epochs, samples);
+    }
+    /// A step of `samples` samples ended with mean loss `loss`.
+    fn step(&mut self, samples: usize, loss: f32) {
+        let _ = (samples, loss);
+    }
+    /// An epoch ended.
+    fn epoch(&mut self, record: &EpochRecord) {
+        let _ = record;
+    }
+}
+
+/// Watches nothing.
+pub struct Silent;
+impl Observer for Silent {}
