@@ -304,7 +304,15 @@ impl EpochMetric {
     pub const ALL: [Self; 3] = [Self::Throughput, Self::Loss, Self::Accuracy];
 
     /// (file, title, y label, log scale, legend position).
-    fn chart(self) -> (&'static str, &'static str, &'static str, bool, SeriesLabelPosition) {
+    fn chart(
+        self,
+    ) -> (
+        &'static str,
+        &'static str,
+        &'static str,
+        bool,
+        SeriesLabelPosition,
+    ) {
         use SeriesLabelPosition::{LowerRight, UpperLeft, UpperRight};
         match self {
             Self::Throughput => (
@@ -314,7 +322,13 @@ impl EpochMetric {
                 true,
                 UpperLeft,
             ),
-            Self::Loss => ("loss.png", "Training loss per epoch", "mean loss", false, UpperRight),
+            Self::Loss => (
+                "loss.png",
+                "Training loss per epoch",
+                "mean loss",
+                false,
+                UpperRight,
+            ),
             Self::Accuracy => (
                 "accuracy.png",
                 "Held-out accuracy per epoch",
@@ -335,7 +349,11 @@ impl EpochMetric {
 }
 
 /// `metric` per epoch, one curve per run, as its PNG in `dir`.
-pub fn per_epoch(dir: &Path, runs: &[RunRecord], metric: EpochMetric) -> Result<PathBuf, PlotError> {
+pub fn per_epoch(
+    dir: &Path,
+    runs: &[RunRecord],
+    metric: EpochMetric,
+) -> Result<PathBuf, PlotError> {
     let (file, title, y_label, log_scale, legend) = metric.chart();
     let series: Vec<Series> = runs
         .iter()
@@ -348,7 +366,15 @@ pub fn per_epoch(dir: &Path, runs: &[RunRecord], metric: EpochMetric) -> Result<
                 .collect(),
         })
         .collect();
-    line_chart(&dir.join(file), title, "epoch", y_label, &series, log_scale, legend)
+    line_chart(
+        &dir.join(file),
+        title,
+        "epoch",
+        y_label,
+        &series,
+        log_scale,
+        legend,
+    )
 }
 
 /// A run's shape at the end of each epoch: frozen layers F, stages K and

@@ -131,9 +131,22 @@ fn unwritable_output_dir_is_refused_before_any_work() {
     std::fs::write(&file, b"not a directory").unwrap();
     let out = file.join("out");
     let mut command = Command::new(binary("train"));
-    command.args(["--size", "ci", "--pretrain-epochs", "1", "--epochs", "1", "--output-dir"]);
+    command.args([
+        "--size",
+        "ci",
+        "--pretrain-epochs",
+        "1",
+        "--epochs",
+        "1",
+        "--output-dir",
+    ]);
     command.arg(&out);
-    let stdout = assert_refused(&mut command, "train --output-dir <below a file>", 1, "--output-dir");
+    let stdout = assert_refused(
+        &mut command,
+        "train --output-dir <below a file>",
+        1,
+        "--output-dir",
+    );
     let _ = std::fs::remove_file(&file);
     assert!(
         stdout.trim().is_empty(),

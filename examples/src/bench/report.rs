@@ -57,5 +57,8 @@ pub fn median(mut values: Vec<f64>) -> f64 {
 /// ```
 pub fn title(name: &str, quick: bool, details: &str) -> String {
     let size = if quick { "quick" } else { "full" };
-    format!("bench {name} ({size}; backend {}; {details})", crate::backend::NAME)
+    format!(
+        "bench {name} ({size}; backend {}; {details})",
+        crate::backend::NAME
+    )
 }

@@ -88,7 +88,11 @@ fn unit_interval(text: &str) -> Result<f64, String> {
 }
 
 fn weight_decay(text: &str) -> Result<f32, String> {
-    parse_accepted(text, |v: f32| (0.0..=1.0).contains(&v), "a number in [0, 1]")
+    parse_accepted(
+        text,
+        |v: f32| (0.0..=1.0).contains(&v),
+        "a number in [0, 1]",
+    )
 }
 
 /// Fraction of `dataset` that `model` classifies right.

@@ -18,10 +18,10 @@ use std::path::Path;
 use burn::data::dataset::Dataset;
 use clap::Parser;
 use examples::backend;
-use examples::plots::{self, EpochMetric};
 use examples::job::{
     JobError, JobSpec, Method, Observer, Pretrained, RunRecord, SstJob, sst_accuracy,
 };
+use examples::plots::{self, EpochMetric};
 use serde::Serialize;
 
 use cli::Args;
@@ -331,7 +331,7 @@ fn draw_plots(dir: &Path, runs: &[RunRecord]) -> Result<Vec<String>, plots::Plot
     let paths = EpochMetric::ALL
         .into_iter()
         .map(|metric| plots::per_epoch(dir, runs, metric))
-            .chain(
+        .chain(
             runs.iter()
                 .find(|r| r.name == "PipeTransformer")
                 .map(|run| plots::shape(dir, run, "pipetransformer")),

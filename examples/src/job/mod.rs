@@ -22,8 +22,8 @@ use burn_elastic_dp::{TrainerConfig, TrainerError};
 use burn_freeze::{Cacheable, InnerBackendOf, InnerHidden, InnerInput, LayerStack};
 use serde::{Deserialize, Serialize};
 
-pub(crate) use model::{JobModel, with_model};
 pub use model::Pretrained;
+pub(crate) use model::{JobModel, with_model};
 pub use record::{EpochRecord, Observer, RunRecord, Silent};
 pub use sst::{SstJob, SstPairs, sst_accuracy};
 
@@ -156,7 +156,17 @@ impl JobSpec {
         } else {
             let data = indices(self.samples);
             let epochs = self.pretrain_epochs;
-            plain::plain(stack, "pretraining", self, epochs, &data, &task, None, observer).0
+            plain::plain(
+                stack,
+                "pretraining",
+                self,
+                epochs,
+                &data,
+                &task,
+                None,
+                observer,
+            )
+            .0
         };
         let head = M::init(self, FINETUNE_CLASSES, &device);
         let (first, middle, _) = stack.into_parts();

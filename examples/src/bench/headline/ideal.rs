@@ -33,7 +33,11 @@ pub(super) fn modelled(profile: &[UnitProfile], run: &RunRecord, cache: bool) ->
         .iter()
         .enumerate()
         .map(|(t, _)| {
-            let front = if t == 0 { 0 } else { run.epochs[t - 1].report.front };
+            let front = if t == 0 {
+                0
+            } else {
+                run.epochs[t - 1].report.front
+            };
             let front = front.min(units);
             // `+ 0.0`: an empty f64 sum is -0.0.
             let frozen: f64 = 0.0

@@ -146,12 +146,7 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
 fn print_start(spec: &JobSpec, quick: bool) {
     let details = format!(
         "{:?} {} layers, hidden {}; {} samples/epoch, batch {}, {} epochs; {DEVICES} logical devices sharing this machine's CPU; shared 2-core machine: times are noisy",
-        spec.model,
-        spec.layers,
-        spec.hidden,
-        spec.samples,
-        spec.batch,
-        spec.epochs
+        spec.model, spec.layers, spec.hidden, spec.samples, spec.batch, spec.epochs
     );
     println!("{}", title("headline", quick, &details));
 }

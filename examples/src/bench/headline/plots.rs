@@ -82,7 +82,8 @@ pub(super) fn draw(rows: &[Row]) -> Result<Vec<PathBuf>, BenchError> {
     ] {
         let path = dir.join(file);
         paths.push(
-            plots::bar_chart(&path, title, "speed-up over (b)", bars, Some(1.0)).map_err(run_err)?,
+            plots::bar_chart(&path, title, "speed-up over (b)", bars, Some(1.0))
+                .map_err(run_err)?,
         );
     }
     Ok(paths)

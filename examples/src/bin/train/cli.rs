@@ -163,7 +163,11 @@ pub(crate) struct Args {
 }
 
 fn learning_rate(text: &str) -> Result<f64, String> {
-    parse_accepted(text, |lr: f64| lr > 0.0 && lr <= 1.0, "a learning rate in (0, 1]")
+    parse_accepted(
+        text,
+        |lr: f64| lr > 0.0 && lr <= 1.0,
+        "a learning rate in (0, 1]",
+    )
 }
 
 fn alpha(text: &str) -> Result<f64, String> {
@@ -199,7 +203,9 @@ impl Args {
         spec.check().map_err(Failure::usage)?;
         let config = self.trainer_config(&spec);
         if !self.plain {
-            config.check(self.devices as usize).map_err(Failure::usage)?;
+            config
+                .check(self.devices as usize)
+                .map_err(Failure::usage)?;
         }
         check_writable(&self.output_dir)?;
         Ok((spec, config))

@@ -87,7 +87,10 @@ fn epoch_line(record: &EpochRecord, units: usize) -> String {
         record.report.micro_batches,
         record.report.balance,
         if record.report.transition_seconds > 0.0 {
-            format!(", transitions {:.1} ms", 1e3 * record.report.transition_seconds)
+            format!(
+                ", transitions {:.1} ms",
+                1e3 * record.report.transition_seconds
+            )
         } else {
             String::new()
         }
@@ -131,7 +134,10 @@ impl Observer for Pretraining {
     fn epoch(&mut self, record: &EpochRecord) {
         let line = format!(
             "  epoch {}: loss {:.4}, {:.0} samples/s ({:.2}s)",
-            record.report.epoch, record.report.loss, record.report.samples_per_second, record.report.seconds
+            record.report.epoch,
+            record.report.loss,
+            record.report.samples_per_second,
+            record.report.seconds
         );
         match &self.console.bar {
             Some(bar) => bar.suspend(|| println!("{line}")),
@@ -140,4 +146,3 @@ impl Observer for Pretraining {
         self.epochs.push(record.clone());
     }
 }
-
