@@ -16,6 +16,7 @@ mod console;
 use std::path::Path;
 
 use burn::data::dataset::Dataset;
+use burn_elastic_dp::{Parts, TrainerConfig};
 use clap::Parser;
 use examples::backend;
 use examples::job::{
@@ -153,7 +154,7 @@ fn pretrain(spec: &JobSpec) -> Prepared {
 fn finetune_runs(
     args: &Args,
     spec: &JobSpec,
-    config: burn_elastic_dp::TrainerConfig,
+    config: TrainerConfig,
     prepared: &Prepared,
 ) -> Result<(Vec<RunRecord>, Pretrained), Failure> {
     let mut console = Console::new(prepared.model.num_units());

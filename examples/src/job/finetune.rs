@@ -8,9 +8,10 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{Adam, AdamConfig};
 use burn::prelude::*;
-use burn_elastic_dp::{BatchPolicy, StepInfo, Trainer, TrainerConfig};
+use burn_elastic_dp::{BatchPolicy, EpochReport, StepInfo, Trainer, TrainerConfig, TrainerError};
 use burn_freeze::{
-    Cacheable, InnerBackendOf, InnerHidden, InnerInput, LayerStack, StackTypes, TrainableUnits,
+    AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput, LayerStack, StackTypes,
+    TrainableUnits,
 };
 
 use super::plain::{HeldOut, plain};
@@ -62,7 +63,12 @@ impl JobSpec {
             Method::Trainer { config, devices } | Method::Resume { config, devices } => {
                 let resume = matches!(method, Method::Resume { .. });
                 let trainer = self.trainer(stack, config, *devices, resume)?;
-                self.train(trainer, name, data, batcher, held_out, observer)
+                let loss_fn = CrossEntropyLossConfig::new().init(&backend::device(0));
+                let loss = move |logits, labels| loss_fn.forward(logits, labels);
+                let fit = |trainer: &mut JobTrainer<S>, on_step: &mut dyn FnMut(&StepInfo)| {
+                    trainer.fit_epoch_observed(data, batcher, loss.clone(), on_step)
+                };
+                self.train(trainer, name, data.len(), fit, held_out, observer)
             }
         }
     }
@@ -98,33 +104,26 @@ impl JobSpec {
     }
 
     /// Trains with `trainer` until the spec's epochs are done (a resumed run
-    /// starts where its checkpoint was), the accuracy on `held_out` after
-    /// each epoch.
-    fn train<S, I, D, Bt>(
+    /// starts where its checkpoint was), an epoch of `samples` samples by
+    /// `fit`, the accuracy on `held_out` after each epoch.
+    fn train<S: StackTypes<Backend = Train, Output = Tensor<Train, 2>>>(
         &self,
         mut trainer: JobTrainer<S>,
         name: &str,
-        data: &D,
-        batcher: &Bt,
+        samples: usize,
+        mut fit: impl FnMut(
+            &mut JobTrainer<S>,
+            &mut dyn FnMut(&StepInfo),
+        ) -> Result<EpochReport, TrainerError>,
         (held_x, evaluate): HeldOut<'_, S>,
         observer: &mut impl Observer,
-    ) -> Result<(RunRecord, LayerStack<S>), JobError>
-    where
-        S: StackTypes<Backend = Train, Output = Tensor<Train, 2>>,
-        D: Dataset<I>,
-        Bt: Batcher<Train, I, (S::Input, Tensor<Train, 1, Int>)>,
-        InnerInput<S>: Cacheable<InnerBackendOf<S>>,
-        InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
-    {
-        let loss_fn = CrossEntropyLossConfig::new().init(&backend::device(0));
-        let loss = move |logits, labels| loss_fn.forward(logits, labels);
-        observer.start(name, self.epochs, data.len());
+    ) -> Result<(RunRecord, LayerStack<S>), JobError> {
+        observer.start(name, self.epochs, samples);
         let mut epochs = Vec::with_capacity(self.epochs);
         while trainer.epoch() < self.epochs {
-            let report =
-                trainer.fit_epoch_observed(data, batcher, loss.clone(), |step: &StepInfo| {
-                    observer.step(step.samples, step.loss)
-                })?;
+            let report = fit(&mut trainer, &mut |step| {
+                observer.step(step.samples, step.loss)
+            })?;
             let accuracy = evaluate(trainer.forward_inner(held_x.clone().inner()));
             let record = EpochRecord { report, accuracy };
             observer.epoch(&record);

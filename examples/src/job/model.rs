@@ -31,18 +31,6 @@ pub enum Pretrained {
 /// [`JobModel`] type: over a [`Pretrained`] (`$stack` bound to a reference
 /// to its units) or over a [`ModelKind`](super::ModelKind) (`kind:`).
 macro_rules! with_model {
-    ($pretrained:expr, $M:ident, $stack:ident => $body:expr) => {
-        match $pretrained {
-            $crate::job::Pretrained::Vit($stack) => {
-                type $M = ::models::vit::VitTypes<$crate::backend::Train>;
-                $body
-            }
-            $crate::job::Pretrained::Bert($stack) => {
-                type $M = ::models::bert::BertTypes<$crate::backend::Train>;
-                $body
-            }
-        }
-    };
     (kind: $kind:expr, $M:ident => $body:expr) => {
         match $kind {
             $crate::job::ModelKind::Vit => {
@@ -50,6 +38,18 @@ macro_rules! with_model {
                 $body
             }
             $crate::job::ModelKind::Bert => {
+                type $M = ::models::bert::BertTypes<$crate::backend::Train>;
+                $body
+            }
+        }
+    };
+    ($pretrained:expr, $M:ident, $stack:ident => $body:expr) => {
+        match $pretrained {
+            $crate::job::Pretrained::Vit($stack) => {
+                type $M = ::models::vit::VitTypes<$crate::backend::Train>;
+                $body
+            }
+            $crate::job::Pretrained::Bert($stack) => {
                 type $M = ::models::bert::BertTypes<$crate::backend::Train>;
                 $body
             }

@@ -10,7 +10,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn_elastic_dp::{BatchPolicy, ElasticSampler, EpochReport};
-use burn_freeze::{LayerStack, StackTypes, Unit};
+use burn_freeze::{AutodiffActivation, LayerStack, StackTypes, Unit};
 
 use super::{EpochRecord, JobSpec, Observer, RunRecord};
 use crate::backend::{self, Inner, Train};

@@ -7,7 +7,7 @@ use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
 use burn::prelude::*;
 use burn_elastic_dp::{BatchPolicy, ElasticSampler};
-use burn_freeze::IntoLayerStack;
+use burn_freeze::{AutodiffActivation, IntoLayerStack};
 use models::bert::{BertInput, BertPooling};
 use models::pretrained::BertCheckpoint;
 use models::sst::{SstBatch, SstBatcher, SstDataset, SstItem, SstSplit};
