@@ -10,7 +10,10 @@
 //! cargo run --release -p examples --bin train -- --plain          # plain Burn only
 //! ```
 
+// The binary's own modules, in `train/` beside this file.
+#[path = "train/cli.rs"]
 mod cli;
+#[path = "train/console.rs"]
 mod console;
 
 use std::path::Path;
