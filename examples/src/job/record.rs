@@ -64,3 +64,58 @@ pub trait Observer {
 /// Watches nothing.
 pub struct Silent;
 impl Observer for Silent {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> EpochReport {
+        EpochReport {
+            epoch: 2,
+            steps: 8,
+            samples: 256,
+            loss: 1.25,
+            seconds: 0.5,
+            samples_per_second: 512.0,
+            transition_seconds: 0.001,
+            all_reduce_seconds: 0.0,
+            bubble_seconds: 0.0,
+            frozen_layers: 3,
+            front: 7,
+            stages: 1,
+            replicas: 4,
+            micro_batches: 1,
+            balance: vec![11],
+            transitions: Vec::new(),
+            cache_hits: 256,
+            cache_misses: 0,
+        }
+    }
+
+    #[test]
+    fn an_epoch_reads_as_one_flat_object_and_round_trips() {
+        let record = EpochRecord {
+            report: report(),
+            accuracy: 0.75,
+        };
+        let json = serde_json::to_value(&record).unwrap();
+        assert!(json.get("report").is_none(), "nested: {json}");
+        assert_eq!(json["epoch"], 2);
+        assert_eq!(json["front"], 7);
+        assert_eq!(json["accuracy"], 0.75);
+        let back: EpochRecord = serde_json::from_value(json).unwrap();
+        assert_eq!(back.report, record.report);
+        assert_eq!(back.accuracy, 0.75);
+    }
+
+    #[test]
+    fn a_run_sums_its_seconds_and_ends_with_its_last_accuracy() {
+        let epoch = |accuracy| EpochRecord {
+            report: report(),
+            accuracy,
+        };
+        let run = RunRecord::new("r", vec![epoch(0.5), epoch(0.75)]);
+        assert_eq!((run.seconds, run.accuracy), (1.0, 0.75));
+        assert!(RunRecord::new("empty", Vec::new()).accuracy.is_nan());
+    }
+}
