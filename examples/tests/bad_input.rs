@@ -61,6 +61,20 @@ const CASES: &[(&str, &[&str], i32, &str)] = &[
         2,
         "--model vit",
     ),
+    // With --weights, BERT is the model (given or not): on to the data.
+    (
+        "train",
+        &[
+            "--model",
+            "bert",
+            "--weights",
+            "/nonexistent",
+            "--data",
+            "/nonexistent",
+        ],
+        1,
+        "/nonexistent",
+    ),
     ("train", &["--max-length", "600"], 2, "8..=512"),
     ("train", &["--backend", "cuda"], 2, "--features cuda"),
     ("sst2", &["--batch-size", "0"], 2, "1..=4096"),
