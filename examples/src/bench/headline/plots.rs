@@ -36,32 +36,7 @@ pub(super) fn draw(rows: &[Row]) -> Result<Vec<PathBuf>, BenchError> {
         .filter(|r| r.group == Group::Headline)
         .map(|r| r.run.clone())
         .collect();
-    // (b) first, then the group's rows, (c) where the group puts it: last
-    // in the ablation ("all four"), at 1/3 in the alpha sweep.
-    let bar = |r: &Row, name: &str| Bar {
-        name: name.to_string(),
-        value: r.speedup_vs_baseline,
-        label: format!(
-            "{:.2}x, {:.1}%",
-            r.speedup_vs_baseline,
-            100.0 * r.run.accuracy
-        ),
-    };
-    let find = |key: &str| rows.iter().find(|r| r.key == key);
-    let in_group = |group: Group| rows.iter().filter(move |r| r.group == group);
-    let mut ablation: Vec<Bar> = find("b").map(|r| bar(r, "(b)")).into_iter().collect();
-    ablation.extend(in_group(Group::Ablation).map(|r| bar(r, &r.key)));
-    ablation.extend(find("c").map(|r| bar(r, "all four (c)")));
-    let mut sweep: Vec<Bar> = find("b").map(|r| bar(r, "(b)")).into_iter().collect();
-    let mut alphas: Vec<(f64, Bar)> = in_group(Group::Alpha)
-        .map(|r| {
-            let name = r.key.trim_start_matches("alpha=");
-            (alpha_of(name), bar(r, name))
-        })
-        .chain(find("c").map(|r| (1.0 / 3.0, bar(r, "1/3 (c)"))))
-        .collect();
-    alphas.sort_by(|x, y| x.0.total_cmp(&y.0));
-    sweep.extend(alphas.into_iter().map(|(_, b)| b));
+    let (ablation, sweep) = bars(rows);
     let mut paths = vec![
         plots::per_epoch(&dir, &runs, EpochMetric::Throughput).map_err(run_err)?,
         plots::per_epoch(&dir, &headline, EpochMetric::Loss).map_err(run_err)?,
@@ -87,6 +62,37 @@ pub(super) fn draw(rows: &[Row]) -> Result<Vec<PathBuf>, BenchError> {
         );
     }
     Ok(paths)
+}
+
+/// The ablation's and the alpha sweep's bars: speed-up over (b) and final
+/// accuracy. (b) first, then the group's rows, (c) where the group puts
+/// it: last in the ablation ("all four"), at 1/3 in the alpha sweep.
+fn bars(rows: &[Row]) -> (Vec<Bar>, Vec<Bar>) {
+    let bar = |r: &Row, name: &str| Bar {
+        name: name.to_string(),
+        value: r.speedup_vs_baseline,
+        label: format!(
+            "{:.2}x, {:.1}%",
+            r.speedup_vs_baseline,
+            100.0 * r.run.accuracy
+        ),
+    };
+    let find = |key: &str| rows.iter().find(|r| r.key == key);
+    let in_group = |group: Group| rows.iter().filter(move |r| r.group == group);
+    let mut ablation: Vec<Bar> = find("b").map(|r| bar(r, "(b)")).into_iter().collect();
+    ablation.extend(in_group(Group::Ablation).map(|r| bar(r, &r.key)));
+    ablation.extend(find("c").map(|r| bar(r, "all four (c)")));
+    let mut sweep: Vec<Bar> = find("b").map(|r| bar(r, "(b)")).into_iter().collect();
+    let mut alphas: Vec<(f64, Bar)> = in_group(Group::Alpha)
+        .map(|r| {
+            let name = r.key.trim_start_matches("alpha=");
+            (alpha_of(name), bar(r, name))
+        })
+        .chain(find("c").map(|r| (1.0 / 3.0, bar(r, "1/3 (c)"))))
+        .collect();
+    alphas.sort_by(|x, y| x.0.total_cmp(&y.0));
+    sweep.extend(alphas.into_iter().map(|(_, b)| b));
+    (ablation, sweep)
 }
 
 /// The alpha of a sweep key such as "2/5".
