@@ -19,7 +19,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn_elastic_dp::{
-    BatchPolicy, ElasticSampler, EpochReport, StepInfo, Trainer, TrainerConfig, TrainerError,
+    BatchPolicy, ElasticSampler, EpochReport, StepProgress, Trainer, TrainerConfig, TrainerError,
 };
 use burn_freeze::{
     AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput, IntoLayerStack,
@@ -601,23 +601,22 @@ impl JobSpec {
                     .with_lr(self.lr)
                     .with_seed(self.seed);
                 let adam = || AdamConfig::new().init();
+                let loss_fn = CrossEntropyLossConfig::new().init(&device);
+                let loss = move |logits, labels| loss_fn.forward(logits, labels);
                 let mut trainer = if matches!(method, Method::Resume { .. }) {
-                    let (trainer, path) = Trainer::resume(stack, devices, config, adam)?;
+                    let (trainer, path) = Trainer::resume(stack, devices, config, adam, loss)?;
                     tracing::info!(checkpoint = %path.display(), "resuming fine-tuning");
                     trainer
                 } else {
-                    config.init(stack, devices, adam)?
+                    config.init(stack, devices, adam, loss)?
                 };
-                let loss_fn = CrossEntropyLossConfig::new().init(&device);
-                let loss = move |logits, labels| loss_fn.forward(logits, labels);
                 observer.start(name, self.epochs, data.len());
                 let mut epochs = Vec::with_capacity(self.epochs);
                 while trainer.epoch() < self.epochs {
                     let report = trainer.fit_epoch_observed(
                         data,
                         batcher,
-                        loss.clone(),
-                        |step: &StepInfo| observer.step(step.samples, step.loss),
+                        |step: &StepProgress| observer.step(step.samples, step.loss),
                     )?;
                     let accuracy = evaluate(trainer.forward_inner(held_x.clone().inner()));
                     let record = EpochRecord::from_trainer(&report, accuracy);

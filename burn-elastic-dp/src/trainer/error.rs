@@ -87,6 +87,11 @@ pub enum TrainerError {
     /// The replica group (or a pipeline in it) refused or failed.
     #[error(transparent)]
     Elastic(#[from] ElasticError),
+    /// A pipeline refused or failed (one the caller drives, with `?`, in a
+    /// function that returns a `TrainerError`; the trainer's own pipelines
+    /// fail through [`ElasticError::Replica`], which names the replica).
+    #[error(transparent)]
+    Pipe(#[from] burn_pipe::PipeError),
     /// The freeze policy's layer map does not fit the stack.
     #[error(transparent)]
     Freeze(#[from] burn_freeze::FreezeError),
