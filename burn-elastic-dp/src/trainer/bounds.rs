@@ -12,20 +12,8 @@ use burn_freeze::{
 /// An optimizer of a stack's trainable units whose state the replicas can
 /// copy and save per parameter: `Optimizer<TrainableUnits<S>, S::Backend> +
 /// 'static` with a [`ParamStates`] record. Every such optimizer is one
-/// (Burn's Adam, AdamW and SGD are).
-///
-/// ```
-/// use burn::backend::{Autodiff, Flex};
-/// use burn::nn::Linear;
-/// use burn::optim::AdamConfig;
-/// use burn_elastic_dp::StackOptimizer;
-/// use burn_freeze::StackMarker;
-///
-/// type B = Autodiff<Flex>;
-/// type S = StackMarker<B, Linear<B>, Linear<B>, Linear<B>>;
-/// fn takes<O: StackOptimizer<S>>(_: O) {}
-/// takes(AdamConfig::new().init());
-/// ```
+/// (Burn's Adam, AdamW and SGD are). See [`CacheableStack`] for generic code
+/// that uses both.
 pub trait StackOptimizer<S: StackTypes>:
     Optimizer<TrainableUnits<S>, S::Backend, Record: ParamStates> + 'static
 {
@@ -44,6 +32,36 @@ where
 /// be differentiated (profiling times the last unit's backward pass): what
 /// [`Trainer::fit_epoch`](super::Trainer::fit_epoch) asks of a stack. Every
 /// stack of tensors (and tuples of them) is one.
+///
+/// Generic code over any stack, optimizer and targets:
+///
+/// ```
+/// use burn::data::dataloader::batcher::Batcher;
+/// use burn::data::dataset::Dataset;
+/// use burn_elastic_dp::{CacheableStack, StackOptimizer, Trainer, TrainerError};
+/// use burn_freeze::Activation;
+///
+/// /// Trains until `epochs` epochs are done; the last epoch's mean loss.
+/// fn train_to<S, O, T, I, D, Bt>(
+///     trainer: &mut Trainer<S, O, T>,
+///     data: &D,
+///     batcher: &Bt,
+///     epochs: usize,
+/// ) -> Result<f64, TrainerError>
+/// where
+///     S: CacheableStack,
+///     O: StackOptimizer<S>,
+///     T: Activation<S::Backend> + Send + 'static,
+///     D: Dataset<I>,
+///     Bt: Batcher<S::Backend, I, (S::Input, T)>,
+/// {
+///     let mut loss = f64::NAN;
+///     while trainer.epoch() < epochs {
+///         loss = trainer.fit_epoch(data, batcher)?.loss;
+///     }
+///     Ok(loss)
+/// }
+/// ```
 pub trait CacheableStack:
     StackTypes<
         Input: AutodiffActivation<
