@@ -553,6 +553,15 @@ fn a_run_resumed_from_a_checkpoint_gives_the_losses_of_an_uninterrupted_one() {
             burn_elastic_dp::CheckpointConfig::new(dir.to_path_buf()).with_every_steps(3),
         ))
     };
+    let resume = |dir: &std::path::Path| {
+        burn_elastic_dp::Trainer::resume(
+            stack(),
+            vec![device; 2],
+            config(dir),
+            || AdamConfig::new().init(),
+            loss,
+        )
+    };
     let never = Crashing {
         calls: Arc::default(),
         crash_at: 0,
@@ -591,14 +600,7 @@ fn a_run_resumed_from_a_checkpoint_gives_the_losses_of_an_uninterrupted_one() {
         drop(trainer);
         assert_eq!(before, expected[..crash_at - 1]);
 
-        let (mut resumed, path) = burn_elastic_dp::Trainer::resume(
-            stack(),
-            vec![device; 2],
-            config(&dir),
-            || AdamConfig::new().init(),
-            loss,
-        )
-        .unwrap();
+        let (mut resumed, path) = resume(&dir).unwrap();
         assert!(
             path.ends_with(format!("step-{checkpoint_step:012}")),
             "{path:?}"
@@ -619,14 +621,7 @@ fn a_run_resumed_from_a_checkpoint_gives_the_losses_of_an_uninterrupted_one() {
         let model = newest.join("model.bin");
         let bytes = std::fs::read(&model).unwrap();
         std::fs::write(&model, &bytes[..bytes.len() / 2]).unwrap();
-        let (older, path) = burn_elastic_dp::Trainer::resume(
-            stack(),
-            vec![device; 2],
-            config(&dir),
-            || AdamConfig::new().init(),
-            loss,
-        )
-        .unwrap();
+        let (older, path) = resume(&dir).unwrap();
         assert!(
             older.steps() < 12 && !path.ends_with("step-000000000012"),
             "{path:?}"
@@ -637,15 +632,7 @@ fn a_run_resumed_from_a_checkpoint_gives_the_losses_of_an_uninterrupted_one() {
     let _ = std::fs::remove_dir_all(&dir);
     // Nothing to resume from is an error that says why.
     let empty = tempfile_dir("resume-empty");
-    let error = burn_elastic_dp::Trainer::resume(
-        stack(),
-        vec![device; 2],
-        config(&empty),
-        || AdamConfig::new().init(),
-        loss,
-    )
-    .err()
-    .unwrap();
+    let error = resume(&empty).err().unwrap();
     assert!(
         matches!(error, TrainerError::NoCheckpoint { .. }),
         "{error}"

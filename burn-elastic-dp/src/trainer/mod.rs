@@ -70,8 +70,8 @@ type SharedLoss<S, T> = Arc<
 /// re-plans the active units into the fewest stages that fit, AutoDP runs
 /// `D / K` replicas (copying weights and optimizer state to new ones), and
 /// AutoCache serves the frozen prefix. Each part can be switched off
-/// ([`Parts`]). Built by [`TrainerConfig::init`], with the loss `T` targets
-/// are scored by.
+/// ([`Parts`]). Built by [`TrainerConfig::init`], which takes the loss, once;
+/// `T` is the type of the targets it scores.
 ///
 /// Each epoch ([`fit_epoch`](Self::fit_epoch)) sees every sample of the
 /// dataset exactly once, whatever R does within it. Decision points: after
@@ -333,6 +333,7 @@ where
             return Ok(None);
         };
         if indices.len() < min_batch {
+            sampler.seek(from.0, from.1)?;
             return Err(TrainerError::DatasetTooSmall {
                 len,
                 needed: min_batch,
