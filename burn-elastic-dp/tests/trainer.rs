@@ -727,7 +727,7 @@ impl Batcher<B, Item, (Tensor<B, 2>, Tensor<B, 1, Int>)> for Refusing {
         *calls += 1;
         if *calls == self.refuse_at {
             let n = y.dims()[0];
-            return (x, y.slice([0..n - 1]));
+            return (x, y.narrow(0, 0, n - 1));
         }
         (x, y)
     }

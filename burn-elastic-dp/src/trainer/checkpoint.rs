@@ -21,7 +21,7 @@ use super::shape::{Shape, UnitCosts};
 use super::{StackOptimizer, Trainer};
 use crate::sampler::ElasticSampler;
 
-/// When and where a [`Trainer`](super::Trainer) writes checkpoints.
+/// When and where a [`Trainer`] writes checkpoints.
 ///
 /// ```
 /// use burn_elastic_dp::trainer::CheckpointConfig;
