@@ -16,7 +16,7 @@ use burn_freeze::{Activation, FreezeState, LayerStack, PolicyState, StackTypes};
 use serde::{Deserialize, Serialize};
 
 use super::config::TrainerConfig;
-use super::error::TrainerError;
+use super::error::{TrainerError, io};
 use super::shape::{Shape, UnitCosts};
 use super::{StackOptimizer, Trainer};
 use crate::sampler::ElasticSampler;
@@ -220,13 +220,6 @@ struct Loaded {
     pub state: RunState,
     pub model: Vec<u8>,
     pub optimizer: Vec<u8>,
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainerError + '_ {
-    move |source| TrainerError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), TrainerError> {

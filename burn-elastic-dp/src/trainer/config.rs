@@ -37,7 +37,10 @@ pub struct Parts {
     pub cache: bool,
 }
 
-/// The freeze policy, in layers (see [`LayerSpec`]).
+/// The freeze policy, in layers (see [`LayerSpec`]): which of burn-freeze's
+/// policies (implementations of its [`FreezePolicy`] trait) the trainer
+/// runs, and with what values; the configuration names a rule, the trainer
+/// makes the policy from it.
 #[derive(Config, Debug, PartialEq)]
 pub enum FreezeRule {
     /// The paper's alpha closed form, once per epoch: `ceil(L (1 - (1 -

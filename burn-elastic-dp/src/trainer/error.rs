@@ -1,6 +1,6 @@
 //! Errors of the PipeTransformer trainer.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::error::ElasticError;
 
@@ -98,4 +98,12 @@ pub enum TrainerError {
     /// The AutoCache could not be made (an unusable spill directory).
     #[error(transparent)]
     Cache(#[from] burn_freeze::CacheError),
+}
+
+/// [`TrainerError::Io`] on `path`, for `map_err`.
+pub(super) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainerError + '_ {
+    move |source| TrainerError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
