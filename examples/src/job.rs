@@ -613,11 +613,10 @@ impl JobSpec {
                 observer.start(name, self.epochs, data.len());
                 let mut epochs = Vec::with_capacity(self.epochs);
                 while trainer.epoch() < self.epochs {
-                    let report = trainer.fit_epoch_observed(
-                        data,
-                        batcher,
-                        |step: &StepProgress| observer.step(step.samples, step.loss),
-                    )?;
+                    let report =
+                        trainer.fit_epoch_observed(data, batcher, |step: &StepProgress| {
+                            observer.step(step.samples, step.loss)
+                        })?;
                     let accuracy = evaluate(trainer.forward_inner(held_x.clone().inner()));
                     let record = EpochRecord::from_trainer(&report, accuracy);
                     observer.epoch(&record);
