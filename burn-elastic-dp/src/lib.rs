@@ -25,8 +25,17 @@
 //! ([`NodeConfig`], `node.rs`): each process holds its own replicas, and the
 //! processes exchange their gradients over TCP through rank 0.
 //!
-//! Still to come (see the issue "burn-elastic-dp"): bounding a replica that
-//! stalls in its own computation, and the PipeTransformer trainer on top.
+//! A replica stuck in its own computation is left behind once the step's
+//! bound passes, and the group goes on with the others.
+//!
+//! On top of the group, [`Trainer`] (module [`trainer`]) is PipeTransformer
+//! itself: AutoFreeze moves the freeze front, AutoPipe re-plans the
+//! pipeline into fewer stages, AutoDP adds replicas on the freed devices,
+//! AutoCache serves the frozen prefix, every sample is trained once per
+//! epoch, failed replicas are recovered from and runs checkpointed and
+//! resumed; one [`TrainerConfig`] says what runs. The module [`plan`]
+//! predicts, before any training, what such a run does each epoch and how
+//! long it takes.
 //!
 //! [`Pipeline`]: burn_pipe::Pipeline
 
@@ -45,6 +54,6 @@ pub use group::{GroupReport, ReplicaGroup};
 pub use node::NodeConfig;
 pub use sampler::{BatchPolicy, ElasticSampler};
 pub use trainer::{
-    CheckpointConfig, CostModel, EpochReport, FreezeRule, LayerSpec, Parts, StepInfo, Trainer,
-    TrainerConfig, TrainerError, Transition,
+    CacheableStack, CheckpointConfig, CostModel, EpochReport, FreezeRule, LayerSpec, Parts,
+    StackOptimizer, StepProgress, Trainer, TrainerConfig, TrainerError, Transition,
 };

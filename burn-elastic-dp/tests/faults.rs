@@ -114,12 +114,12 @@ fn run() -> Result<Vec<f32>, String> {
 fn run_with(config: TrainerConfig) -> Result<Vec<f32>, String> {
     let device: Device<B> = Default::default();
     let mut trainer = config
-        .init(stack(), vec![device; 4], || AdamConfig::new().init())
+        .init(stack(), vec![device; 4], || AdamConfig::new().init(), loss)
         .map_err(|e| e.to_string())?;
     let data = dataset();
     for _ in 0..3 {
         trainer
-            .fit_epoch(&data, &Points, loss)
+            .fit_epoch(&data, &Points)
             .map_err(|e| e.to_string())?;
     }
     Ok(weights(&trainer.to_layer_stack()))

@@ -2,7 +2,9 @@
 //! -> K = 1, R = 4) sees every sample once per epoch and ends at the weights
 //! of plain training with the same freeze schedule and batches; cached and
 //! uncached training agree, spilling or recomputing; every combination of
-//! the four parts runs; bad configurations are refused before any work.
+//! the four parts runs; bad configurations are refused before any work; a
+//! batch refused in mid-epoch is trained once the epoch goes on; an epoch
+//! reports the shape it ran with.
 
 use std::sync::{Arc, Mutex};
 
@@ -12,7 +14,8 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{AdamConfig, Optimizer};
 use burn::prelude::*;
 use burn_elastic_dp::{
-    BatchPolicy, CostModel, FreezeRule, Parts, ReplicaConfig, TrainerConfig, TrainerError,
+    BatchPolicy, CostModel, ElasticError, FreezeRule, Parts, ReplicaConfig, TrainerConfig,
+    TrainerError,
 };
 use burn_freeze::{CacheConfig, FreezableStack, LayerStack, TrainableUnits};
 use burn_pipe::PipelineConfig;
@@ -151,12 +154,17 @@ fn an_elastic_run_sees_every_sample_once_and_trains_as_plain_training() {
     let out = tempfile_dir("elastic");
     let mut trainer = elastic_config()
         .with_output_dir(Some(out.clone()))
-        .init(model.clone(), vec![device; 4], || AdamConfig::new().init())
+        .init(
+            model.clone(),
+            vec![device; 4],
+            || AdamConfig::new().init(),
+            loss,
+        )
         .unwrap();
     let mut shapes = Vec::new();
     let mut epochs = Vec::new();
     for _ in 0..3 {
-        let report = trainer.fit_epoch(&data, &batcher, loss).unwrap();
+        let report = trainer.fit_epoch(&data, &batcher).unwrap();
         // Exactly once per epoch.
         let batches = batcher.take();
         let mut seen: Vec<usize> = batches.iter().flatten().copied().collect();
@@ -179,7 +187,9 @@ fn an_elastic_run_sees_every_sample_once_and_trains_as_plain_training() {
             .collect::<Vec<_>>(),
         vec![((0, 4), (4, 2), (1, 2)), ((4, 6), (2, 1), (2, 4))]
     );
-    assert_eq!(shapes, vec![(2, 2), (1, 4), (1, 4)]);
+    // Each epoch reports the shape it ran with; the transition at its end
+    // carries the next one.
+    assert_eq!(shapes, vec![(4, 1), (2, 2), (1, 4)]);
     // The same lines in the output directory.
     let lines = std::fs::read_to_string(out.join("transitions.jsonl")).unwrap();
     assert_eq!(lines.lines().count(), 2);
@@ -249,10 +259,10 @@ fn run(config: TrainerConfig) -> (Vec<f64>, Vec<Vec<f32>>, Option<burn_freeze::C
     let data = dataset(64);
     let batcher = Recording::default();
     let mut trainer = config
-        .init(stack(), vec![device; 4], || AdamConfig::new().init())
+        .init(stack(), vec![device; 4], || AdamConfig::new().init(), loss)
         .unwrap();
     let losses = (0..3)
-        .map(|_| trainer.fit_epoch(&data, &batcher, loss).unwrap().loss)
+        .map(|_| trainer.fit_epoch(&data, &batcher).unwrap().loss)
         .collect();
     let stats = trainer.group().cache().map(|c| c.stats());
     (losses, weights(&trainer.to_layer_stack()), stats)
@@ -352,10 +362,10 @@ fn every_combination_of_the_four_parts_runs() {
         let mut trainer = elastic_config()
             .with_parts(parts)
             .with_batch(BatchPolicy::FixedGlobal { batch: 8 })
-            .init(stack(), vec![device; 4], || AdamConfig::new().init())
+            .init(stack(), vec![device; 4], || AdamConfig::new().init(), loss)
             .unwrap();
         for _ in 0..3 {
-            let report = trainer.fit_epoch(&data, &batcher, loss).unwrap();
+            let report = trainer.fit_epoch(&data, &batcher).unwrap();
             assert_eq!(report.samples, 32, "{parts:?}");
             assert!(report.loss.is_finite(), "{parts:?}");
             let expected_front = if parts.freeze { report.front } else { 0 };
@@ -388,10 +398,10 @@ fn the_per_replica_batch_grows_with_the_replicas_and_scales_the_learning_rate() 
     let batcher = Recording::default();
     let mut trainer = elastic_config()
         .with_batch(BatchPolicy::PerReplica { batch: 8 })
-        .init(stack(), vec![device; 4], || AdamConfig::new().init())
+        .init(stack(), vec![device; 4], || AdamConfig::new().init(), loss)
         .unwrap();
     for epoch in 0..3 {
-        let report = trainer.fit_epoch(&data, &batcher, loss).unwrap();
+        let report = trainer.fit_epoch(&data, &batcher).unwrap();
         let batches = batcher.take();
         assert_eq!(batches.iter().map(Vec::len).sum::<usize>(), 64);
         // The replica count at the start of each epoch sets its batches.
@@ -454,7 +464,12 @@ fn bad_configurations_are_refused_before_any_work() {
     ];
     for (config, devices, what) in cases {
         let error = config
-            .init(stack(), vec![device; devices], || AdamConfig::new().init())
+            .init(
+                stack(),
+                vec![device; devices],
+                || AdamConfig::new().init(),
+                loss,
+            )
             .err()
             .unwrap_or_else(|| panic!("{what}: accepted"));
         let text = error.to_string();
@@ -468,7 +483,7 @@ fn bad_configurations_are_refused_before_any_work() {
     // More stages than units.
     let error = elastic_config()
         .with_batch(BatchPolicy::FixedGlobal { batch: 64 })
-        .init(stack(), vec![device; 9], || AdamConfig::new().init())
+        .init(stack(), vec![device; 9], || AdamConfig::new().init(), loss)
         .err()
         .unwrap();
     assert!(
@@ -477,10 +492,10 @@ fn bad_configurations_are_refused_before_any_work() {
     );
     // A dataset too small for one step, and a bad output directory.
     let mut trainer = elastic_config()
-        .init(stack(), vec![device; 4], || AdamConfig::new().init())
+        .init(stack(), vec![device; 4], || AdamConfig::new().init(), loss)
         .unwrap();
     let error = trainer
-        .fit_epoch(&dataset(1), &Recording::default(), loss)
+        .fit_epoch(&dataset(1), &Recording::default())
         .unwrap_err();
     assert!(
         matches!(error, TrainerError::DatasetTooSmall { .. }),
@@ -490,7 +505,7 @@ fn bad_configurations_are_refused_before_any_work() {
     std::fs::write(&file, b"x").unwrap();
     let error = elastic_config()
         .with_output_dir(Some(file.join("sub")))
-        .init(stack(), vec![device; 4], || AdamConfig::new().init())
+        .init(stack(), vec![device; 4], || AdamConfig::new().init(), loss)
         .err()
         .unwrap();
     assert!(matches!(error, TrainerError::Io { .. }), "{error}");
@@ -523,7 +538,7 @@ macro_rules! train_to_three_epochs {
     ($trainer:expr, $data:expr, $batcher:expr, $losses:expr) => {
         while $trainer.epoch() < 3 {
             $trainer
-                .fit_epoch_observed($data, $batcher, loss, |step| $losses.push(step.loss))
+                .fit_epoch_observed($data, $batcher, |step| $losses.push(step.loss))
                 .unwrap();
         }
     };
@@ -538,6 +553,15 @@ fn a_run_resumed_from_a_checkpoint_gives_the_losses_of_an_uninterrupted_one() {
             burn_elastic_dp::CheckpointConfig::new(dir.to_path_buf()).with_every_steps(3),
         ))
     };
+    let resume = |dir: &std::path::Path| {
+        burn_elastic_dp::Trainer::resume(
+            stack(),
+            vec![device; 2],
+            config(dir),
+            || AdamConfig::new().init(),
+            loss,
+        )
+    };
     let never = Crashing {
         calls: Arc::default(),
         crash_at: 0,
@@ -550,7 +574,7 @@ fn a_run_resumed_from_a_checkpoint_gives_the_losses_of_an_uninterrupted_one() {
     let dir = tempfile_dir("resume-reference");
     let mut expected = Vec::new();
     let mut trainer = config(&dir)
-        .init(stack(), vec![device; 2], || AdamConfig::new().init())
+        .init(stack(), vec![device; 2], || AdamConfig::new().init(), loss)
         .unwrap();
     train_to_three_epochs!(trainer, &data, &never, expected);
     assert_eq!(expected.len(), 12);
@@ -562,7 +586,7 @@ fn a_run_resumed_from_a_checkpoint_gives_the_losses_of_an_uninterrupted_one() {
     for (crash_at, checkpoint_step) in [(6, 4), (8, 6)] {
         let dir = tempfile_dir(&format!("resume-{crash_at}"));
         let mut trainer = config(&dir)
-            .init(stack(), vec![device; 2], || AdamConfig::new().init())
+            .init(stack(), vec![device; 2], || AdamConfig::new().init(), loss)
             .unwrap();
         let crashing = Crashing {
             calls: Arc::default(),
@@ -576,11 +600,7 @@ fn a_run_resumed_from_a_checkpoint_gives_the_losses_of_an_uninterrupted_one() {
         drop(trainer);
         assert_eq!(before, expected[..crash_at - 1]);
 
-        let (mut resumed, path) =
-            burn_elastic_dp::Trainer::resume(stack(), vec![device; 2], config(&dir), || {
-                AdamConfig::new().init()
-            })
-            .unwrap();
+        let (mut resumed, path) = resume(&dir).unwrap();
         assert!(
             path.ends_with(format!("step-{checkpoint_step:012}")),
             "{path:?}"
@@ -601,11 +621,7 @@ fn a_run_resumed_from_a_checkpoint_gives_the_losses_of_an_uninterrupted_one() {
         let model = newest.join("model.bin");
         let bytes = std::fs::read(&model).unwrap();
         std::fs::write(&model, &bytes[..bytes.len() / 2]).unwrap();
-        let (older, path) =
-            burn_elastic_dp::Trainer::resume(stack(), vec![device; 2], config(&dir), || {
-                AdamConfig::new().init()
-            })
-            .unwrap();
+        let (older, path) = resume(&dir).unwrap();
         assert!(
             older.steps() < 12 && !path.ends_with("step-000000000012"),
             "{path:?}"
@@ -616,11 +632,7 @@ fn a_run_resumed_from_a_checkpoint_gives_the_losses_of_an_uninterrupted_one() {
     let _ = std::fs::remove_dir_all(&dir);
     // Nothing to resume from is an error that says why.
     let empty = tempfile_dir("resume-empty");
-    let error = burn_elastic_dp::Trainer::resume(stack(), vec![device; 2], config(&empty), || {
-        AdamConfig::new().init()
-    })
-    .err()
-    .unwrap();
+    let error = resume(&empty).err().unwrap();
     assert!(
         matches!(error, TrainerError::NoCheckpoint { .. }),
         "{error}"
@@ -672,14 +684,165 @@ fn valid_random_configurations_finish_a_short_job() {
                     .with_pipeline(PipelineConfig::new().with_micro_batches(Some(micro))),
             );
         let mut trainer = config
-            .init(stack(), vec![device; devices], || AdamConfig::new().init())
+            .init(
+                stack(),
+                vec![device; devices],
+                || AdamConfig::new().init(),
+                loss,
+            )
             .unwrap_or_else(|e| panic!("{devices} devices, {stages} stages, M={micro}: {e}"));
         for _ in 0..2 {
-            let report = trainer.fit_epoch(&data, &batcher, loss).unwrap();
+            let report = trainer.fit_epoch(&data, &batcher).unwrap();
             assert_eq!(report.samples, 48);
             assert!(report.loss.is_finite());
         }
         finished += 1;
     }
     assert_eq!(finished, 12);
+}
+
+/// [`Recording`] that gives its `refuse_at`-th batch (1-based) one target
+/// too few, which the group refuses.
+#[derive(Clone)]
+struct Refusing {
+    recording: Recording,
+    calls: Arc<Mutex<usize>>,
+    refuse_at: usize,
+}
+
+impl Refusing {
+    fn at(refuse_at: usize) -> Self {
+        Self {
+            recording: Recording::default(),
+            calls: Arc::default(),
+            refuse_at,
+        }
+    }
+}
+
+impl Batcher<B, Item, (Tensor<B, 2>, Tensor<B, 1, Int>)> for Refusing {
+    fn batch(&self, items: Vec<Item>, device: &Device<B>) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
+        let (x, y) = self.recording.batch(items, device);
+        let mut calls = self.calls.lock().unwrap();
+        *calls += 1;
+        if *calls == self.refuse_at {
+            let n = y.dims()[0];
+            return (x, y.narrow(0, 0, n - 1));
+        }
+        (x, y)
+    }
+}
+
+#[test]
+fn a_batch_refused_in_mid_epoch_is_trained_once_the_epoch_goes_on() {
+    let device: Device<B> = Default::default();
+    let data = dataset(64);
+    let init = || {
+        elastic_config()
+            .init(stack(), vec![device; 4], || AdamConfig::new().init(), loss)
+            .unwrap()
+    };
+    // The uninterrupted run's batches in epochs 0 and 1.
+    let reference = Recording::default();
+    let mut trainer = init();
+    let expected: Vec<Vec<Vec<usize>>> = (0..2)
+        .map(|_| {
+            trainer.fit_epoch(&data, &reference).unwrap();
+            reference.take()
+        })
+        .collect();
+    drop(trainer); // one group per process at a time
+    // The third batch of epoch 0 is refused; the next call trains it first.
+    let mut trainer = init();
+    let refusing = Refusing::at(3);
+    let error = trainer.fit_epoch(&data, &refusing).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            TrainerError::Elastic(ElasticError::TargetsMismatch { .. })
+        ),
+        "{error}"
+    );
+    let mut batches = refusing.recording.take();
+    let refused = batches.pop().unwrap();
+    assert_eq!((trainer.epoch(), trainer.steps()), (0, 2));
+    let good = Recording::default();
+    let report = trainer.fit_epoch(&data, &good).unwrap();
+    let rest = good.take();
+    assert_eq!(rest[0], refused, "the refused batch comes first");
+    batches.extend(rest);
+    let mut seen: Vec<usize> = batches.iter().flatten().copied().collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..64).collect::<Vec<_>>(), "every sample once");
+    assert_eq!(
+        batches, expected[0],
+        "the same batches as without the refusal"
+    );
+    assert_eq!(
+        (report.samples, trainer.epoch(), trainer.steps()),
+        (32, 1, 4)
+    );
+    // Refused as the first batch of epoch 1: the same epoch goes on, in the
+    // same order.
+    let refusing = Refusing::at(1);
+    assert!(trainer.fit_epoch(&data, &refusing).is_err());
+    assert_eq!(trainer.steps(), 4);
+    trainer.fit_epoch(&data, &good).unwrap();
+    assert_eq!(good.take(), expected[1]);
+}
+
+#[test]
+fn an_epoch_reports_the_shape_it_ran_with() {
+    let device: Device<B> = Default::default();
+    let data = dataset(64);
+    let mut trainer = elastic_config()
+        .init(stack(), vec![device; 4], || AdamConfig::new().init(), loss)
+        .unwrap();
+    let micro_batches = |stages: usize| {
+        PipelineConfig::new()
+            .with_micro_batches(Some(2))
+            .micro_batches_for(stages)
+    };
+    for epoch in 0..3 {
+        let during = trainer.shape();
+        let report = trainer.fit_epoch(&data, &Recording::default()).unwrap();
+        assert_eq!(
+            (report.stages, report.replicas, &report.balance),
+            (during.stages(), during.replicas, &during.balance),
+            "epoch {epoch}"
+        );
+        assert_eq!(report.micro_batches, micro_batches(during.stages()));
+        // The transition at the epoch's end carries the shape that follows.
+        let after = trainer.shape();
+        match report.transitions.last() {
+            Some(transition) => {
+                assert_eq!(transition.stages, (during.stages(), after.stages()));
+                assert_eq!(transition.replicas, (during.replicas, after.replicas));
+                assert_eq!(transition.balance, after.balance);
+            }
+            None => assert_eq!(after, during, "epoch {epoch}"),
+        }
+    }
+}
+
+#[test]
+fn pipeline_and_group_errors_convert_with_the_question_mark() {
+    fn pipeline() -> Result<(), TrainerError> {
+        PipelineConfig::new().init(stack(), Vec::new(), || AdamConfig::new().init())?;
+        Ok(())
+    }
+    fn group() -> Result<(), TrainerError> {
+        ReplicaConfig::new().init(stack(), Vec::new(), || AdamConfig::new().init())?;
+        Ok(())
+    }
+    let error = pipeline().unwrap_err();
+    assert!(
+        matches!(error, TrainerError::Pipe(burn_pipe::PipeError::NoStages)),
+        "{error}"
+    );
+    let error = group().unwrap_err();
+    assert!(
+        matches!(error, TrainerError::Elastic(ElasticError::NoReplicas)),
+        "{error}"
+    );
 }

@@ -1,20 +1,27 @@
 //! Checkpoints of a PipeTransformer run: a directory per checkpoint, written
 //! under a temporary name and renamed when complete (a crash never leaves a
 //! half-written checkpoint under a real name), every file's CRC-32 in its
-//! `state.json`, and the newest checkpoint that verifies used on resume.
+//! `state.json`, and the newest checkpoint that verifies used on resume:
+//! [`Trainer::save_checkpoint`] and [`Trainer::resume`], and the files.
 
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use burn::config::Config;
-use burn_freeze::{FreezeState, PolicyState};
+use burn::module::Module;
+use burn::prelude::*;
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
+use burn_freeze::{Activation, FreezeState, LayerStack, PolicyState, StackTypes};
 use serde::{Deserialize, Serialize};
 
-use super::error::TrainerError;
+use super::config::TrainerConfig;
+use super::error::{TrainerError, io};
 use super::shape::{Shape, UnitCosts};
+use super::{StackOptimizer, Trainer};
+use crate::sampler::ElasticSampler;
 
-/// When and where a [`Trainer`](super::Trainer) writes checkpoints.
+/// When and where a [`Trainer`] writes checkpoints.
 ///
 /// ```
 /// use burn_elastic_dp::trainer::CheckpointConfig;
@@ -35,6 +42,148 @@ pub struct CheckpointConfig {
     pub keep: usize,
 }
 
+impl<S, O, T> Trainer<S, O, T>
+where
+    S: StackTypes,
+    O: StackOptimizer<S>,
+    T: Activation<S::Backend> + Send + 'static,
+{
+    /// Writes a checkpoint of the run into the configured directory (see
+    /// [`CheckpointConfig`]; the trainer also does so every `every_steps`
+    /// steps, after each transition and at each epoch's end): weights,
+    /// optimizer state, freeze front and policy statistics, pipeline shape
+    /// and costs, replica count, the sampler's place in the epoch and the
+    /// step and epoch counters. Returns its directory, or `None` without a
+    /// checkpoint configuration.
+    ///
+    /// Not saved: the AutoCache's entries (a resumed run recomputes them,
+    /// exactly) and the backend's random state (Burn has no API for it: a
+    /// model with dropout resumes with other dropout masks).
+    pub fn save_checkpoint(&self) -> Result<Option<PathBuf>, TrainerError> {
+        let Some(config) = &self.config.checkpoint else {
+            return Ok(None);
+        };
+        let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+        let model = self.group.to_layer_stack().into_parts().into_record();
+        let model = recorder
+            .record(model, ())
+            .map_err(|e| TrainerError::Checkpoint(format!("the weights: {e}")))?;
+        let optimizer = recorder
+            .record(self.group.optimizer_record(), ())
+            .map_err(|e| TrainerError::Checkpoint(format!("the optimizer state: {e}")))?;
+        let (freeze, policy) = self.auto.save_state();
+        let state = RunState {
+            format: 0,
+            steps: self.steps,
+            epoch: self.epoch,
+            mid_epoch: self.mid_epoch,
+            sampler: self.sampler.as_ref().map(|s| {
+                let (epoch, cursor) = s.position();
+                (epoch, cursor, s.len())
+            }),
+            freeze,
+            policy,
+            front: self.group.front(),
+            shape: self.shape(),
+            costs: self.costs.clone(),
+            initial_largest: self.initial_largest,
+            base_replicas: self.base_replicas,
+            profile_pending: self.profile_pending,
+            files: Vec::new(),
+        };
+        let path = write(config, state, &model, &optimizer)?;
+        tracing::debug!(checkpoint = %path.display(), steps = self.steps, "checkpoint written");
+        Ok(Some(path))
+    }
+
+    /// After a step that left some of the epoch to run: a checkpoint when
+    /// the front `moved` or every `every_steps` steps (the epoch's last step
+    /// is saved by the epoch's end, at once).
+    pub(super) fn checkpoint_after_step(&self, moved: bool) -> Result<(), TrainerError> {
+        let epoch_left = self.sampler.as_ref().is_some_and(|s| s.remaining() > 0);
+        if let Some(checkpoint) = &self.config.checkpoint
+            && epoch_left
+            && (moved || self.steps.is_multiple_of(checkpoint.every_steps))
+        {
+            self.save_checkpoint()?;
+        }
+        Ok(())
+    }
+
+    /// Resumes a run from the newest checkpoint in `config.checkpoint`'s
+    /// directory that verifies (a truncated or corrupted one is rejected,
+    /// with the reason logged, and the one before it used). `stack` gives
+    /// the architecture (its weights are replaced by the checkpoint's);
+    /// `devices`, `make_optimizer` and `loss` as for
+    /// [`TrainerConfig::init`]. The run then goes on exactly where the
+    /// checkpoint was taken: the same losses, step for step, as a run never
+    /// stopped (for a model without dropout). Returns the trainer and the
+    /// checkpoint used.
+    pub fn resume(
+        stack: LayerStack<S>,
+        devices: Vec<Device<S::Backend>>,
+        config: TrainerConfig,
+        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
+        loss: impl Fn(S::Output, T) -> Tensor<S::Backend, 1> + Send + Sync + 'static,
+    ) -> Result<(Self, PathBuf), TrainerError>
+    where
+        O::Record: Clone,
+    {
+        let Some(checkpoint) = &config.checkpoint else {
+            return Err(TrainerError::InvalidConfig {
+                field: "checkpoint",
+                value: "None".into(),
+                accepted: "a checkpoint directory to resume from",
+            });
+        };
+        let loaded = read_latest(&checkpoint.dir)?;
+        let state = loaded.state;
+        let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+        let device = devices.first().cloned().unwrap_or_default();
+        let record = recorder.load(loaded.model, &device).map_err(|e| {
+            TrainerError::Checkpoint(format!("{}: the weights: {e}", loaded.path.display()))
+        })?;
+        let (first, middle, last) = stack.into_parts().load_record(record);
+        let stack = LayerStack::from_parts(first, middle, last);
+        let optimizer: O::Record = recorder.load(loaded.optimizer, &device).map_err(|e| {
+            TrainerError::Checkpoint(format!(
+                "{}: the optimizer state: {e}",
+                loaded.path.display()
+            ))
+        })?;
+        let mut trainer = Self::new(stack, devices, config, make_optimizer, loss, true)?;
+        // The saved front and shape, then the saved optimizer state in
+        // every replica.
+        trainer.reshape_through_one(&state.shape, |group| {
+            if state.front > 0 {
+                group.freeze_to(state.front)?;
+            }
+            Ok(())
+        })?;
+        trainer.group.load_optimizer_record(optimizer);
+        trainer.costs = state.costs;
+        trainer.initial_largest = state.initial_largest;
+        trainer.base_replicas = state.base_replicas;
+        trainer.profile_pending = state.profile_pending;
+        trainer.auto.load_state(state.freeze, state.policy);
+        if let Some((epoch, cursor, len)) = state.sampler {
+            let mut sampler = ElasticSampler::new(len, trainer.config.batch, trainer.config.seed)?;
+            sampler.seek(epoch, cursor)?;
+            trainer.sampler = Some(sampler);
+        }
+        trainer.epoch = state.epoch;
+        trainer.steps = state.steps;
+        trainer.mid_epoch = state.mid_epoch;
+        tracing::info!(
+            checkpoint = %loaded.path.display(),
+            steps = state.steps,
+            epoch = state.epoch,
+            "run resumed"
+        );
+        Ok((trainer, loaded.path))
+    }
+}
+
 /// Format of `state.json`.
 const FORMAT: u32 = 1;
 const MODEL: &str = "model.bin";
@@ -43,7 +192,7 @@ const STATE: &str = "state.json";
 
 /// Everything of a run but its weights and optimizer state.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct RunState {
+struct RunState {
     pub format: u32,
     /// Optimizer steps taken.
     pub steps: usize,
@@ -66,18 +215,11 @@ pub(crate) struct RunState {
 }
 
 /// What a checkpoint holds, read back and verified.
-pub(crate) struct Loaded {
+struct Loaded {
     pub path: PathBuf,
     pub state: RunState,
     pub model: Vec<u8>,
     pub optimizer: Vec<u8>,
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainerError + '_ {
-    move |source| TrainerError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), TrainerError> {
@@ -93,7 +235,7 @@ fn name(steps: usize) -> String {
 
 /// Writes a checkpoint into `config.dir` atomically and removes the oldest
 /// beyond `config.keep`; returns its directory.
-pub(crate) fn write(
+fn write(
     config: &CheckpointConfig,
     mut state: RunState,
     model: &[u8],
@@ -181,7 +323,7 @@ fn read(path: &Path) -> Result<Loaded, String> {
 
 /// The newest checkpoint in `dir` that verifies; every one rejected is
 /// logged with the reason.
-pub(crate) fn read_latest(dir: &Path) -> Result<Loaded, TrainerError> {
+fn read_latest(dir: &Path) -> Result<Loaded, TrainerError> {
     let all = if dir.exists() { list(dir)? } else { Vec::new() };
     let mut reasons = Vec::new();
     for path in all.iter().rev() {

@@ -4,15 +4,14 @@
 use std::path::PathBuf;
 
 use burn::config::Config;
-use burn::optim::Optimizer;
-use burn::tensor::Device;
+use burn::tensor::{Device, Tensor};
 use burn_freeze::{
-    AlphaArgmin, AlphaArgminConfig, CacheConfig, ChangeRate, ChangeRateConfig, FixedSchedule,
-    FreezePolicy, LayerMap, LayerStack, ParamStates, StackTypes, TrainableUnits,
+    Activation, AlphaArgmin, AlphaArgminConfig, CacheConfig, ChangeRate, ChangeRateConfig,
+    FixedSchedule, FreezePolicy, LayerMap, LayerStack, StackTypes,
 };
 
-use super::Trainer;
 use super::error::TrainerError;
+use super::{StackOptimizer, Trainer};
 use crate::config::{AllReduce, ReplicaConfig};
 use crate::sampler::BatchPolicy;
 
@@ -38,7 +37,10 @@ pub struct Parts {
     pub cache: bool,
 }
 
-/// The freeze policy, in layers (see [`LayerSpec`]).
+/// The freeze policy, in layers (see [`LayerSpec`]): which of burn-freeze's
+/// policies (implementations of its [`FreezePolicy`] trait) the trainer
+/// runs, and with what values; the configuration names a rule, the trainer
+/// makes the policy from it.
 #[derive(Config, Debug, PartialEq)]
 pub enum FreezeRule {
     /// The paper's alpha closed form, once per epoch: `ceil(L (1 - (1 -
@@ -353,7 +355,10 @@ impl TrainerConfig {
 
     /// Builds the trainer of `stack` over `devices` (logical devices on a
     /// CPU: the same device several times), each pipeline stage with an
-    /// optimizer made by `make_optimizer`. The pipeline starts balanced on
+    /// optimizer made by `make_optimizer`, every step scored by `loss` (a
+    /// micro-batch's output and targets to the mean loss over its samples;
+    /// owned, as every replica runs on a thread of its own, and given once:
+    /// the trainer shares it). The pipeline starts balanced on
     /// parameter counts; with [`CostModel::Profiled`] the units are timed
     /// on the first batch and the pipeline rebalanced on those times before
     /// the first step.
@@ -362,17 +367,18 @@ impl TrainerConfig {
     /// [`check`](Self::check)), more stages than units, a layer map that
     /// does not fit the stack, an output directory that cannot be made or
     /// an unusable cache spill directory.
-    pub fn init<S, O>(
+    pub fn init<S, O, T>(
         &self,
         stack: LayerStack<S>,
         devices: Vec<Device<S::Backend>>,
         make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
-    ) -> Result<Trainer<S, O>, TrainerError>
+        loss: impl Fn(S::Output, T) -> Tensor<S::Backend, 1> + Send + Sync + 'static,
+    ) -> Result<Trainer<S, O, T>, TrainerError>
     where
         S: StackTypes,
-        O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
-        O::Record: ParamStates,
+        O: StackOptimizer<S>,
+        T: Activation<S::Backend> + Send + 'static,
     {
-        Trainer::new(stack, devices, self.clone(), make_optimizer, false)
+        Trainer::new(stack, devices, self.clone(), make_optimizer, loss, false)
     }
 }

@@ -1,6 +1,6 @@
 //! Errors of the PipeTransformer trainer.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::error::ElasticError;
 
@@ -87,10 +87,23 @@ pub enum TrainerError {
     /// The replica group (or a pipeline in it) refused or failed.
     #[error(transparent)]
     Elastic(#[from] ElasticError),
+    /// A pipeline refused or failed (one the caller drives, with `?`, in a
+    /// function that returns a `TrainerError`; the trainer's own pipelines
+    /// fail through [`ElasticError::Replica`], which names the replica).
+    #[error(transparent)]
+    Pipe(#[from] burn_pipe::PipeError),
     /// The freeze policy's layer map does not fit the stack.
     #[error(transparent)]
     Freeze(#[from] burn_freeze::FreezeError),
     /// The AutoCache could not be made (an unusable spill directory).
     #[error(transparent)]
     Cache(#[from] burn_freeze::CacheError),
+}
+
+/// [`TrainerError::Io`] on `path`, for `map_err`.
+pub(super) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainerError + '_ {
+    move |source| TrainerError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }

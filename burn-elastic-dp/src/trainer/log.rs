@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::error::TrainerError;
+use super::error::{TrainerError, io};
 
 /// One change of the run's shape: the front moved (AutoFreeze), and the
 /// pipeline and replicas followed (AutoPipe, AutoDP).
@@ -76,19 +76,22 @@ pub struct EpochReport {
     /// stages x wall), averaged over the replicas, summed over the steps.
     #[serde(default)]
     pub bubble_seconds: f64,
-    /// Frozen layers (F) at its end.
+    /// Frozen layers (F) at its end (after its decisions).
     pub frozen_layers: usize,
-    /// Freeze front (units) at its end.
+    /// Freeze front (units) at its end (after its decisions).
     pub front: usize,
-    /// Pipeline stages (K) at its end.
+    /// Pipeline stages (K) its last step ran with: the epoch's shape (a
+    /// transition at its end is in `transitions`, with the shape that
+    /// follows).
     pub stages: usize,
-    /// Replicas (R) at its end.
+    /// Replicas (R) its last step ran with.
     pub replicas: usize,
-    /// Micro-batches per replica (M) at its end.
+    /// Micro-batches per replica (M) its last step ran with.
     pub micro_batches: usize,
-    /// Units per stage at its end.
+    /// Units per stage its last step ran with.
     pub balance: Vec<usize>,
-    /// Transitions during it.
+    /// Transitions during it and at its end, each with the shape before and
+    /// after.
     pub transitions: Vec<Transition>,
     /// Samples whose frozen prefix came from the cache (fully or partly)
     /// and samples whose prefix ran, in this epoch.
@@ -102,13 +105,6 @@ pub struct EpochReport {
 pub(crate) struct JsonLog {
     transitions: (PathBuf, File),
     epochs: (PathBuf, File),
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainerError + '_ {
-    move |source| TrainerError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
 }
 
 fn open(path: PathBuf, append: bool) -> Result<(PathBuf, File), TrainerError> {

@@ -8,7 +8,9 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{Adam, AdamConfig};
 use burn::prelude::*;
-use burn_elastic_dp::{BatchPolicy, EpochReport, StepInfo, Trainer, TrainerConfig, TrainerError};
+use burn_elastic_dp::{
+    BatchPolicy, EpochReport, StepProgress, Trainer, TrainerConfig, TrainerError,
+};
 use burn_freeze::{
     AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput, LayerStack, StackTypes,
     TrainableUnits,
@@ -20,7 +22,8 @@ use crate::backend::{self, Inner, Train};
 use crate::task::accuracy;
 
 /// The trainer of the job: Adam, as plain Burn's.
-type JobTrainer<S> = Trainer<S, OptimizerAdaptor<Adam, TrainableUnits<S>, Train>>;
+type JobTrainer<S> =
+    Trainer<S, OptimizerAdaptor<Adam, TrainableUnits<S>, Train>, Tensor<Train, 1, Int>>;
 
 impl JobSpec {
     /// Fine-tunes `stack` on `data` (every sample once per epoch), the
@@ -63,10 +66,8 @@ impl JobSpec {
             Method::Trainer { config, devices } | Method::Resume { config, devices } => {
                 let resume = matches!(method, Method::Resume { .. });
                 let trainer = self.trainer(stack, config, *devices, resume)?;
-                let loss_fn = CrossEntropyLossConfig::new().init(&backend::device(0));
-                let loss = move |logits, labels| loss_fn.forward(logits, labels);
-                let fit = |trainer: &mut JobTrainer<S>, on_step: &mut dyn FnMut(&StepInfo)| {
-                    trainer.fit_epoch_observed(data, batcher, loss.clone(), on_step)
+                let fit = |trainer: &mut JobTrainer<S>, on_step: &mut dyn FnMut(&StepProgress)| {
+                    trainer.fit_epoch_observed(data, batcher, on_step)
                 };
                 self.train(trainer, name, data.len(), fit, held_out, observer)
             }
@@ -94,12 +95,14 @@ impl JobSpec {
             .with_lr(self.lr)
             .with_seed(self.seed);
         let adam = || AdamConfig::new().init();
+        let loss_fn = CrossEntropyLossConfig::new().init(&backend::device(0));
+        let loss = move |logits, labels| loss_fn.forward(logits, labels);
         if resume {
-            let (trainer, path) = Trainer::resume(stack, devices, config, adam)?;
+            let (trainer, path) = Trainer::resume(stack, devices, config, adam, loss)?;
             tracing::info!(checkpoint = %path.display(), "resuming fine-tuning");
             Ok(trainer)
         } else {
-            Ok(config.init(stack, devices, adam)?)
+            Ok(config.init(stack, devices, adam, loss)?)
         }
     }
 
@@ -113,7 +116,7 @@ impl JobSpec {
         samples: usize,
         mut fit: impl FnMut(
             &mut JobTrainer<S>,
-            &mut dyn FnMut(&StepInfo),
+            &mut dyn FnMut(&StepProgress),
         ) -> Result<EpochReport, TrainerError>,
         (held_x, evaluate): HeldOut<'_, S>,
         observer: &mut impl Observer,

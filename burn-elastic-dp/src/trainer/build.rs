@@ -1,0 +1,79 @@
+//! A trainer made from its configuration: the checks, the starting shape
+//! on the starting costs, the group, its cache and the logs.
+
+use std::sync::Arc;
+
+use burn::prelude::*;
+use burn_freeze::{Activation, ActivationCache, AutoFreeze, LayerStack, StackTypes};
+
+use super::config::TrainerConfig;
+use super::error::TrainerError;
+use super::log::JsonLog;
+use super::transition::{ShapeQuery, device_lists, shape_rule, starting_costs};
+use super::{StackOptimizer, Trainer};
+
+impl<S, O, T> Trainer<S, O, T>
+where
+    S: StackTypes,
+    O: StackOptimizer<S>,
+    T: Activation<S::Backend> + Send + 'static,
+{
+    /// See [`TrainerConfig::init`]; `resuming` appends to the output
+    /// directory's logs instead of starting them afresh.
+    pub(super) fn new(
+        stack: LayerStack<S>,
+        devices: Vec<Device<S::Backend>>,
+        config: TrainerConfig,
+        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
+        loss: impl Fn(S::Output, T) -> Tensor<S::Backend, 1> + Send + Sync + 'static,
+        resuming: bool,
+    ) -> Result<Self, TrainerError> {
+        config.check(devices.len())?;
+        let units = stack.num_units();
+        let stages = config.stages.unwrap_or(devices.len());
+        if stages > units {
+            return Err(TrainerError::TooManyStages { stages, units });
+        }
+        let map = config.layer_map(units)?;
+        let policy = config.policy(map.num_layers());
+        let log = match &config.output_dir {
+            Some(dir) => Some(JsonLog::create(dir, resuming)?),
+            None => None,
+        };
+        let (costs, profile_pending) = starting_costs(&stack, config.costs);
+        let replicas = config.replicas_for(stages, stages, devices.len());
+        let (shape, initial_largest) = shape_rule(&costs, ShapeQuery::Start { stages, replicas });
+        let pipeline = (config.replicas.pipeline.clone()).with_balance(Some(shape.balance.clone()));
+        let mut group = (config.replicas.clone()).with_pipeline(pipeline).init(
+            stack,
+            device_lists(&devices, &shape),
+            make_optimizer,
+        )?;
+        if config.parts.cache && config.parts.freeze {
+            group.attach_cache(ActivationCache::new(config.cache.clone())?);
+        }
+        tracing::info!(
+            K = shape.stages(),
+            R = shape.replicas,
+            M = config.replicas.pipeline.micro_batches_for(shape.stages()),
+            balance = ?shape.balance,
+            "PipeTransformer run starts"
+        );
+        Ok(Self {
+            group,
+            loss: Arc::new(loss),
+            costs,
+            profile_pending,
+            initial_largest,
+            base_replicas: replicas,
+            devices,
+            auto: AutoFreeze::new(policy, map),
+            sampler: None,
+            epoch: 0,
+            steps: 0,
+            mid_epoch: false,
+            log,
+            config,
+        })
+    }
+}

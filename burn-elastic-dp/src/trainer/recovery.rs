@@ -1,0 +1,87 @@
+//! The trainer's recovery policy (with `recover_replicas` on): which failed
+//! steps it goes on from, and how. A failed forward and backward pass
+//! changed nothing, so the survivors run the same batch again; a failed
+//! optimizer step of some replicas was applied by the others, so the failed
+//! ones leave and the step is not run again.
+
+use burn_freeze::{Activation, StackTypes};
+
+use super::error::TrainerError;
+use super::{StackOptimizer, Trainer};
+use crate::error::ElasticError;
+
+/// How a failed pass is recovered from.
+enum Recovery {
+    /// The named replica leaves the group; the survivors redo the step.
+    Remove(usize),
+    /// The group already left its stuck replicas behind; the survivors redo
+    /// the step.
+    Redo,
+}
+
+impl<S, O, T> Trainer<S, O, T>
+where
+    S: StackTypes,
+    O: StackOptimizer<S>,
+    T: Activation<S::Backend> + Send + 'static,
+{
+    /// After a failed forward and backward pass: `Ok` when the survivors are
+    /// to run the same batch again (the failed replica removed), the error
+    /// otherwise.
+    pub(super) fn recover_pass(&mut self, error: ElasticError) -> Result<(), TrainerError> {
+        match self.recoverable(&error) {
+            Some(Recovery::Remove(replica)) => {
+                tracing::warn!(%error, replica, "a replica failed; the group shrinks to the survivors and redoes the step");
+                self.group.remove_replica(replica)?;
+            }
+            Some(Recovery::Redo) => {
+                let left = self.group.num_replicas();
+                tracing::warn!(%error, left, "replicas were left behind; the survivors redo the step");
+            }
+            None => return Err(error.into()),
+        }
+        Ok(())
+    }
+
+    /// Applies the step's gradients with learning rate `lr`. Replicas whose
+    /// optimizer step failed while the others' succeeded leave the group,
+    /// when recovery is on: the step counts, and is not run again.
+    pub(super) fn optimizer_step(&mut self, lr: f64) -> Result<(), TrainerError> {
+        match self.group.step(lr) {
+            Ok(()) => Ok(()),
+            Err(ElasticError::PartialStep { failed, source }) if self.config.recover_replicas => {
+                tracing::warn!(error = %source, ?failed, "replicas failed their optimizer step; they leave the group");
+                for &replica in failed.iter().rev() {
+                    self.group.remove_replica(replica)?;
+                }
+                Ok(())
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// How the trainer goes on after a failed pass, when recovery is on:
+    /// the replica the error names leaves and the survivors redo the step (a
+    /// failure of that replica's own, not a non-finite loss, which the same
+    /// batch would give again, and another replica left), or the survivors
+    /// of a step that left stuck replicas behind redo it.
+    fn recoverable(&self, error: &ElasticError) -> Option<Recovery> {
+        if !self.config.recover_replicas || self.group.num_replicas() == 0 {
+            return None;
+        }
+        match error {
+            ElasticError::Replica {
+                source: burn_pipe::PipeError::NonFinite { .. },
+                ..
+            } => None,
+            ElasticError::Replica { replica, .. }
+            | ElasticError::ReplicaPanicked { replica, .. }
+                if self.group.num_replicas() >= 2 =>
+            {
+                Some(Recovery::Remove(*replica))
+            }
+            ElasticError::Timeout { lost, .. } if !lost.is_empty() => Some(Recovery::Redo),
+            _ => None,
+        }
+    }
+}

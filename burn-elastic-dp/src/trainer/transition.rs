@@ -1,0 +1,203 @@
+//! AutoPipe and AutoDP applied to the group: the shape rule asked for the
+//! shape (in one function, [`shape_rule`]), then the group repartitioned and
+//! resized to it; the unit costs the rule reads, profiled on the first batch
+//! when so configured. The shape is always read from the group itself.
+
+use std::time::Instant;
+
+use burn_freeze::{Activation, Differentiable, LayerStack, StackTypes};
+use burn_pipe::profile_units;
+
+use super::config::{CostModel, Parts};
+use super::error::TrainerError;
+use super::log::Transition;
+use super::shape::{Reshaping, Shape, UnitCosts, initial_shape, reshape};
+use super::{StackOptimizer, Trainer};
+use crate::error::ElasticError;
+use crate::group::ReplicaGroup;
+
+/// What [`shape_rule`] is asked.
+pub(super) enum ShapeQuery<'a> {
+    /// The starting pipeline: `stages` stages balanced on the units' active
+    /// costs, `replicas` replicas.
+    Start { stages: usize, replicas: usize },
+    /// The shape after the front moved to `front` from `current`, with the
+    /// parts that run, over `devices` devices, no stage costlier than
+    /// `initial_largest`.
+    After {
+        front: usize,
+        current: &'a Shape,
+        parts: Parts,
+        devices: usize,
+        initial_largest: f64,
+    },
+}
+
+/// The trainer's one call of the shape rule (AutoPipe and AutoDP's decision):
+/// the shape asked for on `costs`, and the largest stage's cost of a
+/// starting shape (the bound every later shape keeps; passed through after a
+/// move).
+pub(super) fn shape_rule(costs: &UnitCosts, query: ShapeQuery<'_>) -> (Shape, f64) {
+    match query {
+        ShapeQuery::Start { stages, replicas } => initial_shape(costs, stages, replicas),
+        ShapeQuery::After {
+            front,
+            current,
+            parts,
+            devices,
+            initial_largest,
+        } => {
+            let rules = Reshaping {
+                pipe: parts.pipe,
+                dp: parts.dp,
+                cache: parts.cache,
+                devices,
+                initial_largest,
+            };
+            (reshape(costs, front, current, &rules), initial_largest)
+        }
+    }
+}
+
+/// The unit costs before any profile: parameter counts, and whether a
+/// profile on the first batch is still to replace them.
+pub(super) fn starting_costs<S: StackTypes>(
+    stack: &LayerStack<S>,
+    costs: CostModel,
+) -> (UnitCosts, bool) {
+    // Parameter counts until the first batch is profiled.
+    let (frozen_factor, profile_pending) = match costs {
+        CostModel::Parameters { frozen_factor } => (frozen_factor, false),
+        CostModel::Profiled { .. } => (1.0 / 3.0, true),
+    };
+    let costs = UnitCosts::from_params(&stack.unit_params(), frozen_factor);
+    (costs, profile_pending)
+}
+
+/// Device lists of a shape: replica `r` on the next `K` devices.
+pub(super) fn device_lists<D: Clone>(devices: &[D], shape: &Shape) -> Vec<Vec<D>> {
+    let k = shape.stages();
+    (0..shape.replicas)
+        .map(|r| devices[r * k..(r + 1) * k].to_vec())
+        .collect()
+}
+
+impl<S, O, T> Trainer<S, O, T>
+where
+    S: StackTypes,
+    O: StackOptimizer<S>,
+    T: Activation<S::Backend> + Send + 'static,
+{
+    /// The current shape, as the group runs it: units per stage (replica
+    /// 0's; every replica has the same), replicas. A group that lost every
+    /// replica has no stage.
+    pub fn shape(&self) -> Shape {
+        let replicas = self.group.num_replicas();
+        let balance = match replicas {
+            0 => Vec::new(),
+            _ => self.group.replica(0).balance(),
+        };
+        Shape { balance, replicas }
+    }
+
+    /// Before the first step, with [`CostModel::Profiled`]: replaces the
+    /// parameter-count costs by each unit's time measured on `input` (a copy
+    /// of the model on the first device), and rebalances the starting
+    /// pipeline on them.
+    pub(super) fn profile_if_pending(&mut self, input: &S::Input) -> Result<(), TrainerError>
+    where
+        S::Output: Differentiable<S::Backend>,
+    {
+        let CostModel::Profiled { repeats } = self.config.costs else {
+            return Ok(());
+        };
+        if !self.profile_pending {
+            return Ok(());
+        }
+        let stack = self.group.to_layer_stack();
+        let profile = profile_units(&stack, input.clone(), &self.devices[0], repeats);
+        self.costs = UnitCosts::from_profile(&profile);
+        let current = self.shape();
+        let (shape, initial_largest) = shape_rule(
+            &self.costs,
+            ShapeQuery::Start {
+                stages: current.stages(),
+                replicas: current.replicas,
+            },
+        );
+        if shape != current {
+            self.group
+                .repartition(&shape.balance, device_lists(&self.devices, &shape))?;
+        }
+        tracing::info!(balance = ?shape.balance, "unit costs profiled; pipeline balanced on them");
+        self.initial_largest = initial_largest;
+        self.profile_pending = false;
+        Ok(())
+    }
+
+    /// Moves the group to `after`: down to replica 0, `on_one` applied to
+    /// it, replica 0 repartitioned, then copied to the new replicas (weights,
+    /// parameter ids, front, optimizer state).
+    pub(super) fn reshape_through_one(
+        &mut self,
+        after: &Shape,
+        on_one: impl FnOnce(&mut ReplicaGroup<S, O>) -> Result<(), ElasticError>,
+    ) -> Result<(), TrainerError> {
+        let current = self.shape();
+        if current.replicas > 1 {
+            self.group
+                .resize(device_lists(&self.devices, &current.with_replicas(1)))?;
+        }
+        on_one(&mut self.group)?;
+        self.group.repartition(
+            &after.balance,
+            device_lists(&self.devices, &after.with_replicas(1)),
+        )?;
+        if after.replicas > 1 {
+            self.group.resize(device_lists(&self.devices, after))?;
+        }
+        Ok(())
+    }
+
+    /// AutoPipe and AutoDP after the front moved from `front_before`: the
+    /// new shape, applied, logged and returned as a [`Transition`].
+    pub(super) fn transition(&mut self, front_before: usize) -> Result<Transition, TrainerError> {
+        let start = Instant::now();
+        let front = self.group.front();
+        let before = self.shape();
+        let (after, _) = shape_rule(
+            &self.costs,
+            ShapeQuery::After {
+                front,
+                current: &before,
+                parts: self.config.parts,
+                devices: self.devices.len(),
+                initial_largest: self.initial_largest,
+            },
+        );
+        if after.stages() == before.stages() && after.replicas == before.replicas {
+            if after != before {
+                self.group
+                    .repartition(&after.balance, device_lists(&self.devices, &before))?;
+            }
+        } else {
+            self.reshape_through_one(&after, |_| Ok(()))?;
+        }
+        let record = Transition {
+            epoch: self.epoch,
+            step: self.steps,
+            frozen_layers: self.auto.frozen_layers(),
+            front: (front_before, front),
+            stages: (before.stages(), after.stages()),
+            replicas: (before.replicas, after.replicas),
+            micro_batches: self.micro_batches(after.stages()),
+            balance: after.balance,
+            millis: start.elapsed().as_secs_f64() * 1e3,
+        };
+        record.log();
+        if let Some(log) = self.log.as_mut() {
+            log.transition(&record)?;
+        }
+        Ok(record)
+    }
+}
