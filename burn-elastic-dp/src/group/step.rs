@@ -1,0 +1,138 @@
+//! A data-parallel step: the batch shared between the replicas, each
+//! replica's share run on a thread of its own, the results collected within
+//! the deadline, and the step's report or the error that explains its
+//! failure.
+
+use std::sync::Arc;
+use std::thread;
+use std::time::Instant;
+
+use burn::optim::Optimizer;
+use burn_freeze::{Activation, InnerBackendOf, ParamStates, StackTypes, TrainableUnits};
+use crossbeam_channel::Sender;
+
+use super::share::{self, Shard, Share};
+use super::{GroupReport, ReplicaGroup, ReplicaLoss, deadline, failure};
+use crate::error::ElasticError;
+
+/// Where a replica thread waits for its work.
+type WorkSlot = Sender<Box<dyn FnOnce() + Send>>;
+
+/// Starts one thread per replica, each waiting for its work. They start
+/// before any pipeline moves, so that failing to start one loses no
+/// pipeline (the others, given no work, end at once).
+fn start_threads(count: usize) -> Result<Vec<WorkSlot>, ElasticError> {
+    (0..count)
+        .map(|replica| {
+            let (slot, work) = crossbeam_channel::bounded::<Box<dyn FnOnce() + Send>>(1);
+            thread::Builder::new()
+                .name(format!("burn-elastic-dp replica {replica}"))
+                .spawn(move || {
+                    if let Ok(work) = work.recv() {
+                        work();
+                    }
+                })
+                .map_err(|error| ElasticError::Spawn {
+                    replica,
+                    message: error.to_string(),
+                })?;
+            Ok(slot)
+        })
+        .collect()
+}
+
+impl<S, O> ReplicaGroup<S, O>
+where
+    S: StackTypes,
+    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
+    O::Record: ParamStates,
+{
+    /// Splits `input` into one shard per replica and runs them (see
+    /// [`forward_backward`](Self::forward_backward)); `start`: when the
+    /// step began.
+    pub(super) fn run_shards<T, L>(
+        &mut self,
+        input: Shard<S>,
+        targets: T,
+        loss: L,
+        start: Instant,
+    ) -> Result<GroupReport, ElasticError>
+    where
+        T: Activation<S::Backend> + Send + 'static,
+        L: ReplicaLoss<S, T>,
+    {
+        self.alive()?;
+        let batch = input.batch_size();
+        if targets.batch_size() != batch {
+            return Err(ElasticError::TargetsMismatch {
+                input: batch,
+                targets: targets.batch_size(),
+            });
+        }
+        let count = self.replicas.len();
+        // One shard per replica of the whole group; this process's part.
+        let plan = self.nodes.shards(batch, count)?;
+        let shards = plan.mine();
+        self.form()?;
+        let inputs = plan.take(input.split(&plan.all));
+        let targets = plan.take(targets.split_batch(&plan.all));
+        let timeout = self.timeout();
+        // Each replica's pipeline moves to a thread of its own for the step
+        // and comes back with its result: a replica stuck in its own
+        // computation is then left behind at the deadline (the group goes
+        // on with the others) instead of blocking the step until it returns.
+        let slots = start_threads(count)?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let loss = Arc::new(loss);
+        let pipelines = std::mem::take(&mut self.replicas);
+        for (replica, (((pipeline, shard), targets), slot)) in pipelines
+            .into_iter()
+            .zip(inputs)
+            .zip(targets)
+            .zip(slots)
+            .enumerate()
+        {
+            let share = Share {
+                replica,
+                local: count,
+                generation: self.generation,
+                mode: self.config.all_reduce,
+                scale: plan.scale(replica),
+                nodes: self.nodes.clone(),
+                deadline: start + timeout,
+                loss: Arc::clone(&loss),
+            };
+            slot.send(share::work(pipeline, shard, targets, share, tx.clone()))
+                .expect("a replica thread waits for its work");
+        }
+        drop(tx);
+        let collected =
+            deadline::collect::<InnerBackendOf<S>, S, O>(rx, count, timeout, &self.nodes);
+        // Replicas not back by now are still in their own computation: the
+        // group goes on without them (their threads end on their own; the
+        // collective's next generation does not know their peers).
+        let lost = collected.lost();
+        self.replicas = collected.pipelines.into_iter().flatten().collect();
+        if !lost.is_empty() {
+            tracing::warn!(
+                ?lost,
+                left = self.replicas.len(),
+                "replicas still computing after the step's deadline were left behind"
+            );
+        }
+        match failure::outcome(collected.results, collected.overdue, timeout, &lost) {
+            Ok((reports, all_reduce)) => Ok(GroupReport {
+                loss: plan.loss(reports.iter().map(|r| r.loss)),
+                shards,
+                replicas: reports,
+                all_reduce,
+                wall: start.elapsed(),
+            }),
+            Err(error) => {
+                tracing::warn!(%error, "data-parallel step failed; no gradient kept");
+                self.abandon_step();
+                Err(error)
+            }
+        }
+    }
+}
