@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use burn::optim::Optimizer;
-use burn_freeze::{Activation, InnerHidden, ParamStates, StackTypes, TrainableUnits};
+use burn_freeze::{Activation, InnerHidden, StackTypes, TrainableUnits};
 use burn_pipe::{Pipeline, panic_message};
 use crossbeam_channel::Sender;
 
@@ -76,74 +76,49 @@ pub(super) struct Share<L> {
     pub loss: Arc<L>,
 }
 
-/// A replica thread's work: its share of the step, then its pipeline and
-/// result back to the coordinating thread over `tx` (with a word when its
-/// pass is done and it enters the all-reduce).
-pub(super) fn work<S, O, T, L>(
+/// Replica `share.replica`'s share of a step, on its own thread: its pass
+/// on `shard` with its loss scaled by its share of the batch, a word to the
+/// coordinating thread over `tx` as it enters the all-reduce, then the sum
+/// of its gradients with every other replica's; last, its pipeline and
+/// result back over `tx`: the pass's report and the time the sum took
+/// (waiting for the slowest replica included), or the error naming the
+/// replica (a panic included).
+pub(super) fn replica_share<S, O, T, L>(
     mut pipeline: Pipeline<S, O>,
     shard: Shard<S>,
     targets: T,
     share: Share<L>,
     tx: Sender<Progress<S, O>>,
-) -> Box<dyn FnOnce() + Send>
-where
+) where
     S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
-    O::Record: ParamStates,
-    T: Activation<S::Backend> + Send + 'static,
-    L: ReplicaLoss<S, T>,
-{
-    Box::new(move || {
-        let replica = share.replica;
-        let arrived = || {
-            let _ = tx.send(Progress::Arrived(replica));
-        };
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            replica_share(&mut pipeline, shard, targets, &share, arrived)
-        }))
-        .unwrap_or_else(|panic| {
-            Err(ElasticError::ReplicaPanicked {
-                replica,
-                message: panic_message(panic.as_ref()),
-            })
-        });
-        let _ = tx.send(Progress::Done(replica, Box::new(pipeline), result));
-    })
-}
-
-/// Replica `share.replica`'s share of a step: its pass on `shard` with its
-/// loss scaled by its share of the batch, `arrived()`, then the sum of its
-/// gradients with every other replica's. Returns the pass's report and the
-/// time the sum took (waiting for the slowest replica included).
-fn replica_share<S, O, T, L>(
-    pipeline: &mut Pipeline<S, O>,
-    shard: Shard<S>,
-    targets: T,
-    share: &Share<L>,
-    arrived: impl FnOnce(),
-) -> ShareResult
-where
-    S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
-    O::Record: ParamStates,
-    T: Activation<S::Backend> + Send + 'static,
+    O: Optimizer<TrainableUnits<S>, S::Backend>,
+    T: Activation<S::Backend>,
     L: ReplicaLoss<S, T>,
 {
     let replica = share.replica;
-    let scaled = |output, target| (*share.loss)(output, target).mul_scalar(share.scale);
-    let report = match shard {
-        Shard::Input(input) => pipeline.forward_backward(input, targets, scaled),
-        Shard::Hidden(entry, hidden) => {
-            pipeline.forward_backward_from(entry, hidden, targets, scaled)
+    let run = || -> ShareResult {
+        let scaled = |output, target| (*share.loss)(output, target).mul_scalar(share.scale);
+        let report = match shard {
+            Shard::Input(input) => pipeline.forward_backward(input, targets, scaled),
+            Shard::Hidden(entry, hidden) => {
+                pipeline.forward_backward_from(entry, hidden, targets, scaled)
+            }
         }
-    }
-    .map_err(|source| ElasticError::Replica { replica, source })?;
-    arrived();
-    let reduce = Instant::now();
-    if share.local > 1 || share.nodes.exist() {
-        sum_gradients(pipeline, share)?;
-    }
-    Ok((report, reduce.elapsed()))
+        .map_err(|source| ElasticError::Replica { replica, source })?;
+        let _ = tx.send(Progress::Arrived(replica));
+        let reduce = Instant::now();
+        if share.local > 1 || share.nodes.exist() {
+            sum_gradients(&mut pipeline, &share)?;
+        }
+        Ok((report, reduce.elapsed()))
+    };
+    let result = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|panic| {
+        Err(ElasticError::ReplicaPanicked {
+            replica,
+            message: panic_message(panic.as_ref()),
+        })
+    });
+    let _ = tx.send(Progress::Done(replica, Box::new(pipeline), result));
 }
 
 /// Replaces the gradients of every stage of `pipeline` by their sum over
@@ -155,8 +130,7 @@ fn sum_gradients<S, O, L>(
 ) -> Result<(), ElasticError>
 where
     S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
-    O::Record: ParamStates,
+    O: Optimizer<TrainableUnits<S>, S::Backend>,
 {
     let replica = share.replica;
     let modules: Vec<TrainableUnits<S>> = (0..pipeline.num_stages())

@@ -102,8 +102,11 @@ where
                 deadline: start + timeout,
                 loss: Arc::clone(&loss),
             };
-            slot.send(share::work(pipeline, shard, targets, share, tx.clone()))
-                .expect("a replica thread waits for its work");
+            let tx = tx.clone();
+            slot.send(Box::new(move || {
+                share::replica_share(pipeline, shard, targets, share, tx)
+            }))
+            .expect("a replica thread waits for its work");
         }
         drop(tx);
         let collected =
