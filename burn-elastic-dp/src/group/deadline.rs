@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use burn::tensor::backend::Backend;
+use burn_freeze::StackTypes;
 use burn_pipe::{Pipeline, StepReport};
 use crossbeam_channel::Receiver;
 
@@ -20,7 +21,7 @@ use crate::error::ElasticError;
 pub(super) type ShareResult = Result<(StepReport, Duration), ElasticError>;
 
 /// What a replica thread tells the coordinating thread.
-pub(super) enum Progress<S: burn_freeze::StackTypes, O> {
+pub(super) enum Progress<S: StackTypes, O> {
     /// The replica finished its pass and entered the all-reduce.
     Arrived(usize),
     /// The replica's share of the step ended: its pipeline comes back.
@@ -40,23 +41,13 @@ pub(super) struct Overdue {
 }
 
 /// What the replicas left when the wait ended.
-pub(super) struct Collected<S: burn_freeze::StackTypes, O> {
+pub(super) struct Collected<S: StackTypes, O> {
     /// Per replica, its pipeline if it came back (`None`: left behind).
     pub pipelines: Vec<Option<Pipeline<S, O>>>,
     /// Per replica, its share's result if it came back.
     pub results: Vec<Option<ShareResult>>,
     /// Set when the deadline passed before any failure.
     pub overdue: Option<Overdue>,
-}
-
-impl<S: burn_freeze::StackTypes, O> Collected<S, O> {
-    /// Replicas not back (still in their own computation): the group goes
-    /// on without them.
-    pub fn lost(&self) -> Vec<usize> {
-        (0..self.pipelines.len())
-            .filter(|&r| self.pipelines[r].is_none())
-            .collect()
-    }
 }
 
 /// The grace after a reset: a tenth of the bound, 20 ms to 1 s.
@@ -75,7 +66,7 @@ pub(super) fn collect<B, S, O>(
 ) -> Collected<S, O>
 where
     B: Backend,
-    S: burn_freeze::StackTypes,
+    S: StackTypes,
 {
     let deadline = Instant::now() + timeout;
     let grace = grace(timeout);

@@ -9,10 +9,12 @@ use std::time::Instant;
 
 use burn::optim::Optimizer;
 use burn_freeze::{Activation, InnerBackendOf, ParamStates, StackTypes, TrainableUnits};
-use crossbeam_channel::Sender;
+use burn_pipe::Pipeline;
+use crossbeam_channel::{Receiver, Sender};
 
+use super::deadline::{self, Progress};
 use super::share::{self, Shard, Share};
-use super::{GroupReport, ReplicaGroup, ReplicaLoss, deadline, failure};
+use super::{GroupReport, ReplicaGroup, ReplicaLoss, failure};
 use crate::error::ElasticError;
 
 /// Where a replica thread waits for its work.
@@ -77,52 +79,11 @@ where
         let inputs = plan.take(input.split(&plan.all));
         let targets = plan.take(targets.split_batch(&plan.all));
         let timeout = self.timeout();
-        // Each replica's pipeline moves to a thread of its own for the step
-        // and comes back with its result: a replica stuck in its own
-        // computation is then left behind at the deadline (the group goes
-        // on with the others) instead of blocking the step until it returns.
-        let slots = start_threads(count)?;
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let loss = Arc::new(loss);
-        let pipelines = std::mem::take(&mut self.replicas);
-        for (replica, (((pipeline, shard), targets), slot)) in pipelines
-            .into_iter()
-            .zip(inputs)
-            .zip(targets)
-            .zip(slots)
-            .enumerate()
-        {
-            let share = Share {
-                replica,
-                local: count,
-                generation: self.generation,
-                mode: self.config.all_reduce,
-                scale: plan.scale(replica),
-                nodes: self.nodes.clone(),
-                deadline: start + timeout,
-                loss: Arc::clone(&loss),
-            };
-            let tx = tx.clone();
-            slot.send(Box::new(move || {
-                share::replica_share(pipeline, shard, targets, share, tx)
-            }))
-            .expect("a replica thread waits for its work");
-        }
-        drop(tx);
+        let scales = (0..count).map(|replica| plan.scale(replica)).collect();
+        let rx = self.hand_out(inputs, targets, scales, loss, start + timeout)?;
         let collected =
             deadline::collect::<InnerBackendOf<S>, S, O>(rx, count, timeout, &self.nodes);
-        // Replicas not back by now are still in their own computation: the
-        // group goes on without them (their threads end on their own; the
-        // collective's next generation does not know their peers).
-        let lost = collected.lost();
-        self.replicas = collected.pipelines.into_iter().flatten().collect();
-        if !lost.is_empty() {
-            tracing::warn!(
-                ?lost,
-                left = self.replicas.len(),
-                "replicas still computing after the step's deadline were left behind"
-            );
-        }
+        let lost = self.take_back(collected.pipelines);
         match failure::outcome(collected.results, collected.overdue, timeout, &lost) {
             Ok((reports, all_reduce)) => Ok(GroupReport {
                 loss: plan.loss(reports.iter().map(|r| r.loss)),
@@ -137,5 +98,74 @@ where
                 Err(error)
             }
         }
+    }
+
+    /// Moves every replica's pipeline to a thread of its own with its
+    /// shard, targets and loss `scales[r]`, and hands it its share of the
+    /// step; the receiver hears from every replica. A pipeline comes back
+    /// with its result: a replica stuck in its own computation is then left
+    /// behind at the deadline (the group goes on with the others) instead
+    /// of blocking the step until it returns.
+    fn hand_out<T, L>(
+        &mut self,
+        inputs: Vec<Shard<S>>,
+        targets: Vec<T>,
+        scales: Vec<f32>,
+        loss: L,
+        deadline: Instant,
+    ) -> Result<Receiver<Progress<S, O>>, ElasticError>
+    where
+        T: Activation<S::Backend> + Send + 'static,
+        L: ReplicaLoss<S, T>,
+    {
+        let slots = start_threads(self.replicas.len())?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let loss = Arc::new(loss);
+        let pipelines = std::mem::take(&mut self.replicas);
+        let local = pipelines.len();
+        for (replica, ((((pipeline, shard), targets), scale), slot)) in pipelines
+            .into_iter()
+            .zip(inputs)
+            .zip(targets)
+            .zip(scales)
+            .zip(slots)
+            .enumerate()
+        {
+            let share = Share {
+                replica,
+                local,
+                generation: self.generation,
+                mode: self.config.all_reduce,
+                scale,
+                nodes: self.nodes.clone(),
+                deadline,
+                loss: Arc::clone(&loss),
+            };
+            let tx = tx.clone();
+            slot.send(Box::new(move || {
+                share::replica_share(pipeline, shard, targets, share, tx)
+            }))
+            .expect("a replica thread waits for its work");
+        }
+        Ok(rx)
+    }
+
+    /// Takes back the pipelines that came back; returns the replicas left
+    /// behind, still in their own computation: the group goes on without
+    /// them (their threads end on their own; the collective's next
+    /// generation does not know their peers).
+    fn take_back(&mut self, pipelines: Vec<Option<Pipeline<S, O>>>) -> Vec<usize> {
+        let lost: Vec<usize> = (0..pipelines.len())
+            .filter(|&r| pipelines[r].is_none())
+            .collect();
+        self.replicas = pipelines.into_iter().flatten().collect();
+        if !lost.is_empty() {
+            tracing::warn!(
+                ?lost,
+                left = self.replicas.len(),
+                "replicas still computing after the step's deadline were left behind"
+            );
+        }
+        lost
     }
 }
