@@ -15,8 +15,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use burn::collective::{
-    AllReduceStrategy, CollectiveConfig, PeerId, ReduceOperation, all_reduce, finish_collective,
-    register, reset_collective,
+    AllReduceStrategy, CollectiveConfig, PeerId, ReduceOperation, finish_collective, register,
+    reset_collective,
 };
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
@@ -24,6 +24,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorPrimitive};
 use crossbeam_channel::{Receiver, Sender, bounded};
 
+use crate::config::AllReduce;
 use crate::error::ElasticError;
 
 /// The process's one collective group: a token taken by the live group and
@@ -158,6 +159,30 @@ pub(crate) fn reset<B: Backend>() {
     reset_collective::<B>();
 }
 
+/// The sum over the group of `grads`, the gradients of `module`'s
+/// parameters on stage `stage` of replica `replica` (peer `peer`), as `mode`
+/// says: one collective call per tensor, or per bucket of tensors. Every
+/// peer must call this with the same mode, module structure and tensors.
+pub(crate) fn all_reduce<AB, M>(
+    mode: AllReduce,
+    peer: PeerId,
+    replica: usize,
+    stage: usize,
+    module: &M,
+    grads: GradientsParams,
+) -> Result<GradientsParams, ElasticError>
+where
+    AB: AutodiffBackend,
+    M: AutodiffModule<AB>,
+{
+    match mode {
+        AllReduce::PerTensor => all_reduce_sum::<AB::InnerBackend>(peer, replica, stage, grads),
+        AllReduce::Bucketed { bucket_bytes } => {
+            all_reduce_sum_bucketed::<AB, M>(peer, replica, stage, module, grads, bucket_bytes)
+        }
+    }
+}
+
 /// The sum of `grads` over the group (one collective call per tensor, in
 /// parameter-id order; every peer must call this with the same tensors).
 ///
@@ -165,7 +190,7 @@ pub(crate) fn reset<B: Backend>() {
 /// batch, so the sum is the batch's gradient. burn-collective's mean divides
 /// every peer's copy of the shared sum apart, a full pass over the gradients
 /// per replica; the sum is handed to every peer as one shared buffer.
-pub(crate) fn all_reduce_sum<B: Backend>(
+fn all_reduce_sum<B: Backend>(
     peer: PeerId,
     replica: usize,
     stage: usize,
@@ -282,7 +307,7 @@ pub(crate) fn unflatten<AB, M>(
 /// flattened into buckets of about `bucket_bytes` (as PyTorch DDP does): one
 /// collective call per bucket instead of one per tensor. Every peer must
 /// call this with the same module structure and bucket size.
-pub(crate) fn all_reduce_sum_bucketed<AB, M>(
+fn all_reduce_sum_bucketed<AB, M>(
     peer: PeerId,
     replica: usize,
     stage: usize,
@@ -305,12 +330,16 @@ where
         if pending_bytes >= bucket_bytes || items.peek().is_none() {
             let (slots, tensors): (Vec<Slot>, Vec<_>) = pending.drain(..).unzip();
             let bucket = Tensor::cat(tensors, 0).into_primitive().tensor();
-            let bucket = all_reduce::<AB::InnerBackend>(peer, bucket, ReduceOperation::Sum)
-                .map_err(|error| ElasticError::Collective {
-                    replica,
-                    operation: format!("all-reduce of a gradient bucket of stage {stage}"),
-                    message: format!("{error:?}"),
-                })?;
+            let bucket = burn::collective::all_reduce::<AB::InnerBackend>(
+                peer,
+                bucket,
+                ReduceOperation::Sum,
+            )
+            .map_err(|error| ElasticError::Collective {
+                replica,
+                operation: format!("all-reduce of a gradient bucket of stage {stage}"),
+                message: format!("{error:?}"),
+            })?;
             let bucket =
                 Tensor::<AB::InnerBackend, 1>::from_primitive(TensorPrimitive::Float(bucket));
             split_bucket(slots, bucket, &mut reduced);

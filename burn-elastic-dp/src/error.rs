@@ -173,6 +173,12 @@ pub enum ElasticError {
         /// The first failure.
         source: Box<ElasticError>,
     },
+    /// A pipeline's error outside a replica group (a pipeline of the
+    /// caller's own, say): `?` on a [`PipeError`] in a function returning
+    /// `ElasticError` gives this. A replica's pipeline reports
+    /// [`Replica`](Self::Replica) instead, naming the replica.
+    #[error(transparent)]
+    Pipeline(#[from] PipeError),
     /// A freeze-front request that does not fit.
     #[error(transparent)]
     Freeze(#[from] burn_freeze::FreezeError),

@@ -50,7 +50,7 @@ pub mod trainer;
 
 pub use config::{AllReduce, ReplicaConfig};
 pub use error::ElasticError;
-pub use group::{GroupReport, ReplicaGroup};
+pub use group::{GroupReport, ReplicaGroup, ReplicaLoss};
 pub use node::NodeConfig;
 pub use sampler::{BatchPolicy, ElasticSampler};
 pub use trainer::{

@@ -613,3 +613,32 @@ fn a_group_taken_apart_lets_a_group_of_another_size_form() {
         let _ = group.into_layer_stack();
     }
 }
+
+/// A caller's own pipeline next to a group: `?` on its `PipeError` in a
+/// function returning `ElasticError` compiles and keeps the pipeline's
+/// error and message.
+#[test]
+fn a_pipelines_own_error_converts_with_the_question_mark() {
+    fn stages_of_a_pipeline_on_one_device() -> Result<usize, ElasticError> {
+        // Two stages (pipeline_config's balance) but one device.
+        let pipeline = pipeline_config().init(stack(0), vec![Default::default()], || {
+            SgdConfig::new().init()
+        })?;
+        Ok(pipeline.num_stages())
+    }
+    let error = stages_of_a_pipeline_on_one_device().unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ElasticError::Pipeline(PipeError::DeviceCount {
+                devices: 1,
+                stages: 2
+            })
+        ),
+        "{error}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "1 devices given for 2 stages: give exactly one device per stage"
+    );
+}

@@ -1,0 +1,469 @@
+//! A group of data-parallel replicas of one pipeline, each driven by its own
+//! thread, whose gradients are all-reduced through burn-collective before
+//! every replica steps. A step never waits past its bound: a replica stuck
+//! in its own computation is left behind and the group goes on without it.
+//!
+//! Files, one concern each: `mod.rs` (the group: building it, what it holds,
+//! the optimizer step), `reshape.rs` (resizing, removing a replica,
+//! repartitioning and freezing, at a step boundary), `step.rs` (a
+//! data-parallel step: the batch shared, a thread per replica, the report),
+//! `cache.rs` (the AutoCache shared by the replicas), `share.rs` (a
+//! replica's share of a step: its pass and the all-reduce of its
+//! gradients), `deadline.rs` (waiting for the replicas within the
+//! step's bound), `failure.rs` (which error a failed step reports),
+//! `nodes.rs` (every call into `node.rs`, the other processes).
+
+mod cache;
+mod deadline;
+mod failure;
+mod nodes;
+mod reshape;
+mod share;
+mod step;
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use burn::optim::Optimizer;
+use burn::prelude::*;
+use burn_freeze::{
+    Activation, FreezeFront, GradNorm, InnerBackendOf, InnerInput, InnerOutput, LayerStack,
+    ParamStates, StackCache, StackTypes, TrainableUnits,
+};
+use burn_pipe::{Pipeline, StepReport};
+
+use crate::collective::{self, GroupToken};
+use crate::config::{AllReduce, ReplicaConfig};
+use crate::error::ElasticError;
+use nodes::OtherNodes;
+use share::Shard;
+
+/// The loss a group's step takes: it maps a micro-batch's output and
+/// targets to the *mean* loss over its samples, as for
+/// [`Pipeline::forward_backward`]. Owned and shared by the replicas'
+/// threads, hence `Send + Sync + 'static`; every such closure is one (see
+/// [`ReplicaGroup`]'s example), so that generic code names the bound once.
+pub trait ReplicaLoss<S: StackTypes, T>:
+    Fn(S::Output, T) -> Tensor<S::Backend, 1> + Send + Sync + 'static
+{
+}
+
+impl<S, T, F> ReplicaLoss<S, T> for F
+where
+    S: StackTypes,
+    F: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Send + Sync + 'static,
+{
+}
+
+/// What one data-parallel step measured.
+#[derive(Debug, Clone)]
+pub struct GroupReport {
+    /// Mean loss over the whole batch (every replica's shard weighted by its size).
+    pub loss: f32,
+    /// Samples each replica ran.
+    pub shards: Vec<usize>,
+    /// Each replica's pipelined pass.
+    pub replicas: Vec<StepReport>,
+    /// Per replica, time spent in the all-reduce of its gradients (waiting
+    /// for the slowest replica included).
+    pub all_reduce: Vec<Duration>,
+    /// Wall-clock time of the step.
+    pub wall: Duration,
+}
+
+/// R replicas of a [`Pipeline`], each on its own devices (logical devices
+/// on CPU) and driven by its own thread. After each replica's forward and
+/// backward pass on its shard of the batch, the gradients are all-reduced
+/// (summed, each replica's loss weighted by its share of the batch) through burn-collective, so every replica
+/// then steps with the gradients of the whole batch and the replicas stay
+/// identical.
+///
+/// The group has a freeze front ([`FreezeFront`]): freezing and
+/// repartitioning act on every replica at once, so `AutoFreeze` drives a
+/// group as it drives one pipeline.
+///
+/// burn-collective holds one group per process: a second group waits for
+/// the first to be dropped (at most the configured timeout).
+///
+/// ```
+/// use burn::backend::{Autodiff, Flex};
+/// use burn::nn::loss::CrossEntropyLossConfig;
+/// use burn::nn::{Linear, LinearConfig};
+/// use burn::optim::SgdConfig;
+/// use burn::prelude::*;
+/// use burn_elastic_dp::ReplicaConfig;
+/// use burn_freeze::LayerStack;
+///
+/// #[derive(Module, Debug)]
+/// pub struct Dense<B: Backend> { linear: Linear<B> }
+/// impl<B: Backend> Dense<B> {
+///     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> { self.linear.forward(x).tanh() }
+/// }
+/// burn_freeze::unit!(Dense<B>: Tensor<B, 2> => Tensor<B, 2>);
+///
+/// type B = Autodiff<Flex>;
+/// let device = Default::default();
+/// let dense = |i, o| Dense::<B> { linear: LinearConfig::new(i, o).init(&device) };
+/// let stack = LayerStack::new(dense(4, 8), vec![dense(8, 8)], dense(8, 3));
+/// // 2 replicas of a 1-stage pipeline.
+/// let mut group = ReplicaConfig::new().init(stack, vec![vec![device]; 2], || SgdConfig::new().init())?;
+/// let loss = CrossEntropyLossConfig::new().init(&device);
+/// let x = Tensor::<B, 2>::ones([6, 4], &device);
+/// let y = Tensor::<B, 1, Int>::zeros([6], &device);
+/// // Owned (moved in): every replica runs on a thread of its own.
+/// let report = group.train_step(x, y, move |logits, y| loss.forward(logits, y), 0.1)?;
+/// assert_eq!(report.shards, vec![3, 3]);
+/// # Ok::<(), burn_elastic_dp::ElasticError>(())
+/// ```
+pub struct ReplicaGroup<S: StackTypes, O> {
+    replicas: Vec<Pipeline<S, O>>,
+    config: ReplicaConfig,
+    /// Whether the collective group is registered for the current replicas.
+    formed: bool,
+    /// The current formation of the collective group: each formation (of
+    /// any group of the process) has peer ids of its own.
+    generation: usize,
+    /// AutoCache for the frozen prefix, shared by every replica.
+    cache: Option<StackCache<S>>,
+    /// The other processes of the group, when it spans several (`node.rs`).
+    nodes: OtherNodes,
+    _token: GroupToken,
+}
+
+/// Checks that every replica's device list has one device per stage.
+fn check_stages<D>(devices: &[Vec<D>], stages: usize) -> Result<(), ElasticError> {
+    match devices.iter().enumerate().find(|(_, d)| d.len() != stages) {
+        Some((replica, other)) => Err(ElasticError::UnevenReplicas {
+            replica,
+            stages: other.len(),
+            expected: stages,
+        }),
+        None => Ok(()),
+    }
+}
+
+impl<S, O> ReplicaGroup<S, O>
+where
+    S: StackTypes,
+    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
+    O::Record: ParamStates,
+{
+    /// See [`ReplicaConfig::init`].
+    pub fn new(
+        stack: LayerStack<S>,
+        devices: Vec<Vec<Device<S::Backend>>>,
+        config: ReplicaConfig,
+        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
+    ) -> Result<Self, ElasticError> {
+        let Some(first) = devices.first() else {
+            return Err(ElasticError::NoReplicas);
+        };
+        check_stages(&devices, first.len())?;
+        if config.timeout_ms == 0 {
+            return Err(ElasticError::NoTimeout);
+        }
+        if config.all_reduce == (AllReduce::Bucketed { bucket_bytes: 0 }) {
+            return Err(ElasticError::EmptyBucket);
+        }
+        if let Some(nodes) = &config.nodes {
+            nodes.validate()?;
+        }
+        let token = GroupToken::acquire(Duration::from_millis(config.timeout_ms))?;
+        stack.materialize();
+        let mut replicas = Vec::with_capacity(devices.len());
+        for (replica, devices) in devices.into_iter().enumerate() {
+            let pipeline = config
+                .pipeline
+                .init(stack.clone(), devices, make_optimizer.clone())
+                .map_err(|source| ElasticError::Replica { replica, source })?;
+            replicas.push(pipeline);
+        }
+        let nodes = OtherNodes::join(&config, replicas.len())?;
+        Ok(Self {
+            replicas,
+            config,
+            formed: false,
+            generation: 0,
+            cache: None,
+            nodes,
+            _token: token,
+        })
+    }
+
+    /// Number of replicas.
+    pub fn num_replicas(&self) -> usize {
+        self.replicas.len()
+    }
+
+    /// Replica `replica`'s pipeline.
+    ///
+    /// # Panics
+    /// When `replica >= num_replicas()`.
+    pub fn replica(&self, replica: usize) -> &Pipeline<S, O> {
+        &self.replicas[replica]
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ReplicaConfig {
+        &self.config
+    }
+
+    /// Number of stages of every replica's pipeline.
+    ///
+    /// # Panics
+    /// When a step lost every replica ([`ElasticError::GroupLost`]).
+    pub fn num_stages(&self) -> usize {
+        self.replicas[0].num_stages()
+    }
+
+    /// Units per stage, the same on every replica (see [`Pipeline::balance`]).
+    ///
+    /// # Panics
+    /// When a step lost every replica ([`ElasticError::GroupLost`]).
+    pub fn balance(&self) -> Vec<usize> {
+        self.replicas[0].balance()
+    }
+
+    /// Micro-batches each replica's pipeline splits its shard into.
+    ///
+    /// # Panics
+    /// When a step lost every replica ([`ElasticError::GroupLost`]).
+    pub fn micro_batches(&self) -> usize {
+        let pipeline = &self.replicas[0];
+        pipeline.config().micro_batches_for(pipeline.num_stages())
+    }
+
+    /// Every replica's devices, one per stage: replica `r` on `devices()[r]`.
+    pub fn devices(&self) -> Vec<Vec<Device<S::Backend>>> {
+        self.replicas.iter().map(Pipeline::devices).collect()
+    }
+
+    /// Fails once a step lost every replica.
+    fn alive(&self) -> Result<(), ElasticError> {
+        if self.replicas.is_empty() {
+            Err(ElasticError::GroupLost)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.config.timeout_ms)
+    }
+
+    /// Registers the collective group for the current replicas now, if it
+    /// is not (otherwise the next step does it): every replica's peer
+    /// registers, within the timeout.
+    pub fn form(&mut self) -> Result<(), ElasticError> {
+        self.alive()?;
+        if self.formed || self.replicas.len() == 1 {
+            return Ok(());
+        }
+        let devices: Vec<_> = self
+            .replicas
+            .iter()
+            .map(|r| r.devices()[0].clone())
+            .collect();
+        self.generation = collective::next_generation();
+        collective::form::<InnerBackendOf<S>>(
+            self.generation,
+            &devices,
+            self.config.strategy,
+            self.timeout(),
+        )?;
+        self.formed = true;
+        Ok(())
+    }
+
+    /// After a failed step: no replica keeps gradients, and the group must
+    /// register again (the step reset the collective when the failure or
+    /// the deadline came, releasing every replica blocked in it).
+    fn abandon_step(&mut self) {
+        for replica in &mut self.replicas {
+            replica.clear_gradients();
+        }
+        self.formed = false;
+    }
+
+    /// Runs one batch through every replica, each on its shard (as equal as
+    /// possible, the larger ones first), and leaves every replica with the
+    /// all-reduced gradients of the whole batch, ready for
+    /// [`step`](Self::step).
+    ///
+    /// `loss` maps a micro-batch's output and targets to the *mean* loss over
+    /// its samples, as for [`Pipeline::forward_backward`]; each replica's
+    /// gradients are weighted by its share of the batch, so the result
+    /// equals one pipeline's gradients on the whole batch.
+    ///
+    /// Each replica runs on a thread of its own, which takes its pipeline
+    /// for the step; hence `loss` and `targets` are owned (`'static`).
+    ///
+    /// On error (a replica's stage panicked or failed, a replica did not
+    /// finish within the timeout, the collective failed) no gradient of this
+    /// step is kept, the weights are unchanged and the error names the
+    /// replica (and, from its pipeline, the stage and micro-batch). The step
+    /// can be run again. The call returns within the timeout and a short
+    /// grace (a tenth of it, 20 ms to 1 s), whatever the replicas do: a
+    /// replica still in its own computation by then (stuck in a layer, say)
+    /// is left behind, and the group goes on with the others
+    /// ([`ElasticError::Timeout`]'s `lost`; a replica the error names is
+    /// then numbered among the survivors). When every replica is left
+    /// behind the group holds no model: every later call fails with
+    /// [`ElasticError::GroupLost`] (resume from a checkpoint).
+    pub fn forward_backward<T, LossFn>(
+        &mut self,
+        input: S::Input,
+        targets: T,
+        loss: LossFn,
+    ) -> Result<GroupReport, ElasticError>
+    where
+        T: Activation<S::Backend> + Send + 'static,
+        LossFn: ReplicaLoss<S, T>,
+    {
+        self.run_shards(Shard::Input(input), targets, loss, Instant::now())
+    }
+
+    /// Applies every replica's optimizers to its (all-reduced) gradients
+    /// with learning rate `lr`, the replicas in parallel.
+    ///
+    /// A non-finite gradient refuses the step on every replica (they hold
+    /// the same all-reduced gradients): nothing changes, and the error names
+    /// the replica, stage and unit.
+    pub fn step(&mut self, lr: f64) -> Result<(), ElasticError> {
+        self.alive()?;
+        let results: Vec<Result<(), burn_pipe::PipeError>> = thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .replicas
+                .iter_mut()
+                .map(|replica| scope.spawn(move || replica.step(lr)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("an optimizer step does not panic"))
+                .collect()
+        });
+        let count = results.len();
+        let mut failed: Vec<(usize, burn_pipe::PipeError)> = results
+            .into_iter()
+            .enumerate()
+            .filter_map(|(r, result)| result.err().map(|e| (r, e)))
+            .collect();
+        if failed.is_empty() {
+            return Ok(());
+        }
+        // The collective is intact (no all-reduce ran): it stays registered,
+        // so that removing a replica dissolves it properly.
+        for replica in &mut self.replicas {
+            replica.clear_gradients();
+        }
+        let all = failed.len() == count;
+        let replicas: Vec<usize> = failed.iter().map(|(r, _)| *r).collect();
+        let (replica, source) = failed.swap_remove(0);
+        let error = ElasticError::Replica { replica, source };
+        if all {
+            return Err(error);
+        }
+        // Some replicas stepped: they are ahead of the failed ones.
+        Err(ElasticError::PartialStep {
+            failed: replicas,
+            source: Box::new(error),
+        })
+    }
+
+    /// [`forward_backward`](Self::forward_backward) then [`step`](Self::step).
+    pub fn train_step<T, LossFn>(
+        &mut self,
+        input: S::Input,
+        targets: T,
+        loss: LossFn,
+        lr: f64,
+    ) -> Result<GroupReport, ElasticError>
+    where
+        T: Activation<S::Backend> + Send + 'static,
+        LossFn: ReplicaLoss<S, T>,
+    {
+        let report = self.forward_backward(input, targets, loss)?;
+        self.step(lr)?;
+        Ok(report)
+    }
+
+    /// Replica 0's optimizer state as one record (every replica holds the
+    /// same), to save in a checkpoint.
+    pub fn optimizer_record(&self) -> O::Record {
+        self.replicas[0].optimizer_record()
+    }
+
+    /// Loads a record of [`optimizer_record`](Self::optimizer_record) into
+    /// every replica.
+    pub fn load_optimizer_record(&mut self, record: O::Record)
+    where
+        O::Record: Clone,
+    {
+        for replica in &mut self.replicas {
+            replica.load_optimizer_record(record.clone());
+        }
+    }
+
+    /// Number of units of the model.
+    pub fn num_units(&self) -> usize {
+        self.replicas[0].num_units()
+    }
+
+    /// The freeze front, the same on every replica.
+    pub fn front(&self) -> usize {
+        self.replicas[0].front()
+    }
+
+    /// The model's output for evaluation, through replica 0 (every replica
+    /// holds the same weights).
+    pub fn forward_inner(&self, input: InnerInput<S>) -> InnerOutput<S> {
+        self.replicas[0].forward_inner(input)
+    }
+
+    /// A copy of the whole model (replica 0's), to evaluate or save it while
+    /// training goes on.
+    pub fn to_layer_stack(&self) -> LayerStack<S> {
+        self.replicas[0].to_layer_stack()
+    }
+
+    /// The trained model (replica 0's); the group ends.
+    pub fn into_layer_stack(mut self) -> LayerStack<S> {
+        // Dissolve while every replica is counted: `Drop` would finish one
+        // peer too few, and the next group of another size could not form.
+        self.dissolve();
+        self.replicas.swap_remove(0).into_layer_stack()
+    }
+}
+
+impl<S, O> FreezeFront for ReplicaGroup<S, O>
+where
+    S: StackTypes,
+    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
+    O::Record: ParamStates,
+{
+    type Error = ElasticError;
+
+    fn num_units(&self) -> usize {
+        ReplicaGroup::num_units(self)
+    }
+
+    fn front(&self) -> usize {
+        ReplicaGroup::front(self)
+    }
+
+    fn freeze_to(&mut self, front: usize) -> Result<(), ElasticError> {
+        ReplicaGroup::freeze_to(self, front)
+    }
+
+    /// Replica 0's: after the all-reduce every replica stepped with the same
+    /// gradients.
+    fn last_gradient_norms(&self) -> Vec<Option<GradNorm>> {
+        self.replicas[0].last_gradient_norms()
+    }
+}
+
+impl<S: StackTypes, O> Drop for ReplicaGroup<S, O> {
+    fn drop(&mut self) {
+        self.dissolve();
+    }
+}

@@ -1,0 +1,82 @@
+//! The group's other processes, when it spans several: every call of the
+//! group into `node.rs` stands here, so that a replica's share of a step and
+//! the deadline collector ask one value whether there are other processes,
+//! how the batch is shared with them, how to sum gradients with them and
+//! how to release their waits.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use burn::module::AutodiffModule;
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::config::ReplicaConfig;
+use crate::error::ElasticError;
+use crate::node::{self, NodeLink, Shards};
+
+/// This process's link to the group's other processes; none when every
+/// replica is in this process.
+#[derive(Debug, Clone)]
+pub(super) struct OtherNodes(Option<Arc<NodeLink>>);
+
+impl OtherNodes {
+    /// Joins the other processes `config.nodes` names, waiting at most the
+    /// configuration's bound; none without a node configuration or with one
+    /// process. `replicas`: this process's.
+    pub fn join(config: &ReplicaConfig, replicas: usize) -> Result<Self, ElasticError> {
+        let link = node::join(
+            config.nodes.as_ref(),
+            replicas,
+            Duration::from_millis(config.timeout_ms),
+        )?;
+        Ok(Self(link))
+    }
+
+    /// Whether the group spans other processes.
+    pub fn exist(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// One shard of a batch of `batch` samples per replica of the whole
+    /// group, `local` of them in this process.
+    pub fn shards(&self, batch: usize, local: usize) -> Result<Shards, ElasticError> {
+        node::shards(self.0.as_deref(), batch, local)
+    }
+
+    /// The sum with the other processes of `grads` (this process's sum of
+    /// the gradients of `module`'s parameters), for local replica
+    /// `replica`, waiting until `deadline` at the most; `grads` as they are
+    /// without other processes.
+    pub fn all_reduce<AB, M>(
+        &self,
+        replica: usize,
+        module: &M,
+        grads: GradientsParams,
+        deadline: Instant,
+    ) -> Result<GradientsParams, ElasticError>
+    where
+        AB: AutodiffBackend,
+        M: AutodiffModule<AB>,
+    {
+        match &self.0 {
+            Some(link) => {
+                node::all_reduce_gradients::<AB, M>(link, replica, module, grads, deadline)
+            }
+            None => Ok(grads),
+        }
+    }
+
+    /// The process an exchange is waiting for now, if one is under way.
+    pub fn waiting_on(&self) -> Option<usize> {
+        self.0.as_ref().and_then(|link| link.waiting_on())
+    }
+
+    /// Releases every wait on the other processes, here and there (the link
+    /// stays failed); nothing without other processes.
+    pub fn abort(&self) {
+        if let Some(link) = &self.0 {
+            link.abort();
+        }
+    }
+}
