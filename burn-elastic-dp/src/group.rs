@@ -13,7 +13,7 @@ use burn::prelude::*;
 use burn_freeze::{
     Activation, AutodiffActivation, Cacheable, FreezeFront, GradNorm, InnerBackendOf, InnerHidden,
     InnerInput, InnerOutput, LayerStack, ParamStates, StackCache, StackTypes, TrainableUnits,
-    check_freeze, check_sample_ids, serve_prefix,
+    check_freeze, plumbing::{check_sample_ids, serve_prefix},
 };
 use burn_pipe::{Pipeline, StepReport, panic_message};
 
@@ -322,7 +322,7 @@ where
 
     /// [`forward_backward`](Self::forward_backward) with the frozen units of
     /// stage 0 served by the attached AutoCache
-    /// ([`serve_prefix`](burn_freeze::serve_prefix), on replica 0's first
+    /// ([`serve_prefix`](burn_freeze::plumbing::serve_prefix), on replica 0's first
     /// device, for the whole batch): `ids[i]` names sample `i`, the same id
     /// for the same sample in every epoch. Every replica's pipeline then
     /// starts after those units ([`Pipeline::forward_backward_from`]), so no

@@ -17,13 +17,15 @@
 //! the real backend.
 //!
 //! Files, one concern each: `config.rs` (the configuration and `init`),
-//! `pipeline.rs` (the public API), `placement.rs` (stages on devices),
+//! `pipeline.rs` (the public API), `forward_backward.rs` (a training pass),
+//! `reshape.rs` (repartition, freezing, replicas), `placement.rs` (stages on devices),
 //! `pass.rs` (the threads of one pass), `wiring.rs` (the channels),
 //! `worker.rs` (one stage's thread), `schedule.rs` (the order of passes),
 //! `microbatch.rs` (splitting), `report.rs`, `partition.rs`, `profile.rs`.
 
 mod config;
 mod error;
+mod forward_backward;
 mod microbatch;
 pub mod partition;
 mod pass;
@@ -32,6 +34,7 @@ mod placement;
 mod profile;
 mod quiet;
 mod report;
+mod reshape;
 mod schedule;
 mod wiring;
 mod worker;

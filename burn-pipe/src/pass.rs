@@ -4,7 +4,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use burn::prelude::*;
-use burn_freeze::{Activation, InnerFlow, StackTypes, UnitRange};
+use burn_freeze::plumbing::InnerFlow;
+use burn_freeze::{Activation, StackTypes, UnitRange};
 
 use crate::config::PipelineConfig;
 use crate::error::PipeError;

@@ -8,9 +8,11 @@ use std::time::{Duration, Instant};
 
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
+use burn_freeze::fault;
+use burn_freeze::plumbing::{Flow, InnerFlow, flow_to_device, fresh_leaves};
 use burn_freeze::{
-    Activation, AutodiffActivation, Differentiable, Flow, InnerBackendOf, InnerFlow, StackTypes,
-    TrainableUnits, UnitRange, fault, flow_to_device, fresh_leaves,
+    Activation, AutodiffActivation, Differentiable, InnerBackendOf, StackTypes, TrainableUnits,
+    UnitRange,
 };
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 

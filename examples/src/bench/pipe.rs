@@ -202,14 +202,12 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
                 let config = PipelineConfig::new()
                     .with_schedule(schedule)
                     .with_micro_batches(Some(m));
-                let mut pipeline = Pipeline::new(
-                    stack.clone(),
-                    &balance,
-                    vec![device.clone(); stages],
-                    config,
-                    || SgdConfig::new().init(),
-                )
-                .map_err(|e| BenchError::Run(e.to_string()))?;
+                let mut pipeline = config
+                    .with_balance(Some(balance.to_vec()))
+                    .init(stack.clone(), vec![device.clone(); stages], || {
+                        SgdConfig::new().init()
+                    })
+                    .map_err(|e| BenchError::Run(e.to_string()))?;
                 let mut walls = Vec::new();
                 let mut sequential_walls = Vec::new();
                 let mut bubbles = Vec::new();
