@@ -12,7 +12,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::prelude::*;
 use burn_freeze::{Activation, IntoLayerStack, LayerStack, StackTypes};
-use burn_pipe::{Pipeline, PipelineConfig, Schedule, balance_exact, unit_param_costs};
+use burn_pipe::{PipelineConfig, Schedule, balance_exact, unit_param_costs};
 use common::{B, CompareGrads, MaxGrad, user_batch, user_stack};
 use models::bert::BertConfig;
 use models::synthetic::{BandImages, MajorityTokens};

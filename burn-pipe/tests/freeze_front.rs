@@ -10,7 +10,7 @@ use burn_freeze::{
     AlphaArgmin, AlphaArgminConfig, AutoFreeze, ChangeRate, ChangeRateConfig, FreezableStack,
     FreezeFront, FreezePolicy, GradNorm, LayerMap, ParamStates, TrainableUnits,
 };
-use burn_pipe::{Pipeline, PipelineConfig};
+use burn_pipe::PipelineConfig;
 use common::{B, UserStack, UserTypes, user_batch, user_stack};
 
 const STEPS_PER_EPOCH: usize = 6;

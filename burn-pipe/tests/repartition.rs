@@ -6,7 +6,7 @@ mod common;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
 use burn_freeze::IntoLayerStack;
-use burn_pipe::{PipeError, Pipeline, PipelineConfig};
+use burn_pipe::{PipeError, PipelineConfig};
 use common::{B, Weights, materialize};
 use models::synthetic::BandImages;
 use models::vit::{Vit, VitConfig};

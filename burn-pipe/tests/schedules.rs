@@ -17,7 +17,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
 use burn_freeze::IntoLayerStack;
-use burn_pipe::{Pipeline, PipelineConfig, Schedule};
+use burn_pipe::{PipelineConfig, Schedule};
 use common::{B, Weights, materialize};
 use models::synthetic::BandImages;
 use models::vit::{Vit, VitConfig};

@@ -20,7 +20,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsAccumulator, GradientsParams, SgdConfig};
 use burn::prelude::*;
 use burn_freeze::{IntoLayerStack, LayerStack};
-use burn_pipe::{Pipeline, PipelineConfig, Schedule, balance_exact, profile_units};
+use burn_pipe::{PipelineConfig, Schedule, balance_exact, profile_units};
 use models::synthetic::BandImages;
 use models::vit::{Vit, VitConfig, VitTypes};
 use serde::Serialize;
