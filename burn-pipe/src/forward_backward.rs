@@ -12,6 +12,7 @@ use burn_freeze::{
 };
 
 use crate::error::PipeError;
+use crate::loss::MicroBatchLoss;
 use crate::microbatch::micro_batch_sizes;
 use crate::pass::run_pass;
 use crate::pipeline::Pipeline;
@@ -45,7 +46,8 @@ where
     /// pipeline and adds each stage's parameter gradients to its accumulated
     /// gradients (so several calls before [`step`](Pipeline::step) accumulate).
     ///
-    /// `loss` maps the last unit's output for a micro-batch and that
+    /// `loss` (a [`MicroBatchLoss`]: any `Fn + Sync` closure, borrowing or
+    /// owning) maps the last unit's output for a micro-batch and that
     /// micro-batch's targets to the *mean* loss over its samples; the pipeline
     /// weights each micro-batch by its share of the batch, so the gradients are
     /// those of the mean loss over the whole batch.
@@ -62,7 +64,7 @@ where
     ) -> Result<StepReport, PipeError>
     where
         T: Activation<S::Backend>,
-        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+        LossFn: MicroBatchLoss<S, T>,
     {
         self.check_sizes(input.batch_size(), targets.batch_size())?;
         let flows = flow_batch::<S>(Flow::Input(input.inner()));
@@ -71,7 +73,7 @@ where
 
     /// [`forward_backward`](Pipeline::forward_backward) with the frozen
     /// units of stage 0 served by the attached AutoCache
-    /// ([`serve_prefix`](burn_freeze::serve_prefix)): `ids[i]` names sample
+    /// ([`serve_prefix`](burn_freeze::plumbing::serve_prefix)): `ids[i]` names sample
     /// `i` of the batch, the same id for the same sample in every epoch.
     /// The cache holds the output of the frozen units on stage 0 (at most
     /// every unit but the last); frozen units on later stages run as usual.
@@ -90,7 +92,7 @@ where
     ) -> Result<StepReport, PipeError>
     where
         T: Activation<S::Backend>,
-        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+        LossFn: MicroBatchLoss<S, T>,
         InnerInput<S>: Cacheable<InnerBackendOf<S>>,
         InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
     {
@@ -124,7 +126,7 @@ where
     ) -> Result<StepReport, PipeError>
     where
         T: Activation<S::Backend>,
-        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+        LossFn: MicroBatchLoss<S, T>,
     {
         let frozen_on_first = self.stages[0].units().frozen().units().end;
         if entry == 0 || entry > frozen_on_first.min(self.num_units() - 1) {
@@ -167,7 +169,7 @@ where
     ) -> Result<StepReport, PipeError>
     where
         T: Activation<S::Backend>,
-        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+        LossFn: MicroBatchLoss<S, T>,
     {
         let (flow, batch) = flows;
         let micro_batches = self.config.micro_batches_for(self.stages.len());
@@ -249,7 +251,7 @@ where
     ) -> Result<StepReport, PipeError>
     where
         T: Activation<S::Backend>,
-        LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+        LossFn: MicroBatchLoss<S, T>,
     {
         let report = self.forward_backward(input, targets, loss)?;
         self.step(lr)?;

@@ -17,6 +17,7 @@ use burn_freeze::{
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::error::{PipeError, panic_message};
+use crate::loss::MicroBatchLoss;
 use crate::schedule::Op;
 use crate::wiring::{Links, Message};
 
@@ -79,7 +80,7 @@ pub(crate) fn run_stage<S, T, LossFn>(
 where
     S: StackTypes,
     T: Activation<S::Backend>,
-    LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+    LossFn: MicroBatchLoss<S, T>,
 {
     let stage = job.stage;
     let current = Cell::new(Op::Forward(0));
@@ -159,7 +160,7 @@ fn run_ops<S, T, LossFn>(
 where
     S: StackTypes,
     T: Activation<S::Backend>,
-    LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+    LossFn: MicroBatchLoss<S, T>,
 {
     let Job {
         stage,
