@@ -4,7 +4,6 @@
 //! accumulated until the optimizer step.
 
 use burn::optim::{GradientsAccumulator, Optimizer};
-use burn::prelude::*;
 use burn_freeze::plumbing::{Flow, InnerFlow, check_sample_ids, serve_prefix};
 use burn_freeze::{
     Activation, AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput,

@@ -3,7 +3,6 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use burn::prelude::*;
 use burn_freeze::plumbing::InnerFlow;
 use burn_freeze::{Activation, StackTypes, UnitRange};
 
