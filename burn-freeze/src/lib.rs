@@ -19,8 +19,8 @@
 //!   rest as one module for one optimizer ([`TrainableUnits`]). It is the one
 //!   implementation: [`FreezableStack`] holds one range, every `burn-pipe`
 //!   stage holds one. [`check_freeze`] is the one rule for what may be
-//!   frozen and [`optimizer_for`] the one helper that keeps the optimizer
-//!   state of the units that still train.
+//!   frozen and [`plumbing::optimizer_for`] the one helper that keeps the
+//!   optimizer state of the units that still train.
 //! - **The freeze front** ([`FreezeFront`]): implemented by
 //!   [`FreezableStack`] here and by `burn_pipe::Pipeline`, so one policy
 //!   drives either.
@@ -29,8 +29,13 @@
 //!   schedules ([`FixedSchedule`]), fed per-layer gradient norms read from the
 //!   gradients the step already computed ([`LayerMap`], [`GradNorm`]).
 //! - **AutoCache** ([`ActivationCache`]): per-sample frozen-prefix outputs in
-//!   memory and spilled to disk, served by [`serve_prefix`] (used by
-//!   [`FreezableStack::forward_cached`] and by a pipeline's first stage).
+//!   memory and spilled to disk, served by [`plumbing::serve_prefix`] (used
+//!   by [`FreezableStack::forward_cached`] and by a pipeline's first stage).
+//!
+//! Two public modules hold what a model's training code does not need:
+//! [`plumbing`], the building blocks of `burn-pipe` and `burn-elastic-dp`,
+//! and [`fault`], the fault-injection points of the reliability tests (live
+//! only with the `fault-injection` cargo feature).
 //!
 //! Burn initialises parameters lazily: two clones of a module whose weights
 //! were never read get different random weights. Read them (a forward pass or
@@ -51,27 +56,19 @@ mod stack;
 mod types;
 mod unit;
 
-#[doc(hidden)]
 pub mod fault;
+pub mod plumbing;
 
 pub use activation::{Activation, AutodiffActivation, Differentiable};
-pub use cache::{
-    ActivationCache, CacheConfig, CacheKey, CacheStats, Cacheable, StackCache, check_sample_ids,
-    serve_prefix,
-};
+pub use cache::{ActivationCache, CacheConfig, CacheStats, Cacheable, StackCache};
 pub use error::{CacheError, FreezeError, StackError};
-pub use flow::{Flow, InnerFlow, TrainFlow, flow_from_inner, flow_into_inner, flow_to_device};
 pub use freezable::FreezableStack;
 pub use freeze_front::FreezeFront;
 pub use frozen::FrozenUnits;
-pub use leaves::fresh_leaves;
-pub use optim_state::{
-    ParamStates, StatePool, optimizer_for, pool_optimizer_state, retain_optimizer_state,
-};
+pub use optim_state::ParamStates;
 pub use policy::{
     AlphaArgmin, AlphaArgminConfig, AutoFreeze, ChangeRate, ChangeRateConfig, ChangeRateReading,
     FixedSchedule, FreezePolicy, FreezeState, GradNorm, LayerMap, PolicyState, alpha_front,
-    change_rate_front, percentile, unit_grad_norm,
 };
 pub use range::{TrainableUnits, UnitRange, check_freeze};
 pub use stack::{IntoLayerStack, LayerStack, StackOf, TypesOf};

@@ -7,7 +7,8 @@ use burn::module::{AutodiffModule, Module, list_param_ids};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
-use burn_freeze::{Flow, FreezableStack, TrainableUnits, Unit, retain_optimizer_state};
+use burn_freeze::plumbing::{Flow, retain_optimizer_state};
+use burn_freeze::{FreezableStack, TrainableUnits, Unit};
 use common::*;
 
 fn loss(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> Tensor<B, 1> {

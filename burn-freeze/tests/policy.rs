@@ -5,9 +5,9 @@ mod common;
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn_freeze::{
-    AlphaArgmin, AlphaArgminConfig, AutoFreeze, ChangeRate, ChangeRateConfig, ChangeRateReading,
+    AlphaArgmin, AlphaArgminConfig, AutoFreeze, ChangeRate, ChangeRateConfig,
     FixedSchedule, FreezableStack, FreezeFront, FreezePolicy, FreezeState, GradNorm, LayerMap,
-    alpha_front, change_rate_front, percentile,
+    alpha_front,
 };
 use common::*;
 
@@ -81,32 +81,6 @@ fn paper_rule_sums_norms_over_the_epoch() {
     assert_eq!(rule.after_epoch(s), Some(2));
     // A new epoch starts from nothing: no statistics, no move.
     assert_eq!(rule.after_epoch(state(2, 4, 1)), None);
-}
-
-#[test]
-fn change_rate_rule_on_the_released_logs_numbers() {
-    let rates = [0.064, 0.045, 0.025, 0.021, 0.024, 0.027, 0.0245];
-    let median = percentile(&rates, 50.0).unwrap();
-    assert!((median - 0.025).abs() < 1e-12, "median {median}");
-    assert_eq!(
-        change_rate_front(5, &rates, 50.0, ChangeRateReading::ConvergedPrefix),
-        5
-    );
-    assert_eq!(
-        change_rate_front(5, &rates, 50.0, ChangeRateReading::ReleasedCode),
-        6
-    );
-    // Where the front of the active layers has settled, the converged-prefix
-    // reading freezes exactly that prefix.
-    let settled = [0.001, 0.002, 0.03, 0.004, 0.05, 0.06, 0.07];
-    assert_eq!(
-        change_rate_front(5, &settled, 50.0, ChangeRateReading::ConvergedPrefix),
-        7
-    );
-    assert_eq!(
-        change_rate_front(5, &settled, 50.0, ChangeRateReading::ReleasedCode),
-        8
-    );
 }
 
 #[test]

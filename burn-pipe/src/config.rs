@@ -63,7 +63,10 @@ impl PipelineConfig {
 
     /// Builds a pipeline of `stack` with one stage per device, each stage
     /// with an optimizer made by `make_optimizer` (any Burn optimizer,
-    /// e.g. `|| AdamConfig::new().init()`).
+    /// e.g. `|| AdamConfig::new().init()`). This is the one way to build a
+    /// [`Pipeline`], and every field of the configuration holds: the
+    /// `balance` (or the exact partitioner's when it is `None`), the
+    /// `micro_batches`, the `schedule` and the `timeout_ms`.
     ///
     /// Fails, before touching any unit, on a configuration that does not fit
     /// the stack and devices: no device, more stages than units, a balance
@@ -100,6 +103,6 @@ impl PipelineConfig {
                 crate::partition::balance_exact(&crate::partition::unit_param_costs(&stack), stages)
             }
         };
-        Pipeline::new(stack, &balance, devices, self.clone(), make_optimizer)
+        Pipeline::build(stack, &balance, devices, self.clone(), make_optimizer)
     }
 }

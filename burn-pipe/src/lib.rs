@@ -17,13 +17,17 @@
 //! the real backend.
 //!
 //! Files, one concern each: `config.rs` (the configuration and `init`),
-//! `pipeline.rs` (the public API), `placement.rs` (stages on devices),
+//! `pipeline.rs` (the public API), `forward_backward.rs` (a training pass),
+//! `reshape.rs` (repartition, freezing, replicas), `loss.rs` (the loss bound),
+//! `placement.rs` (stages on devices),
 //! `pass.rs` (the threads of one pass), `wiring.rs` (the channels),
 //! `worker.rs` (one stage's thread), `schedule.rs` (the order of passes),
 //! `microbatch.rs` (splitting), `report.rs`, `partition.rs`, `profile.rs`.
 
 mod config;
 mod error;
+mod forward_backward;
+mod loss;
 mod microbatch;
 pub mod partition;
 mod pass;
@@ -32,12 +36,14 @@ mod placement;
 mod profile;
 mod quiet;
 mod report;
+mod reshape;
 mod schedule;
 mod wiring;
 mod worker;
 
 pub use config::{PipelineConfig, Schedule};
 pub use error::{PipeError, panic_message};
+pub use loss::MicroBatchLoss;
 pub use microbatch::micro_batch_sizes;
 pub use partition::{
     balance_exact, balance_greedy, compress, default_micro_batches, freeze_aware_costs,

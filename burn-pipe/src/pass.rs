@@ -3,11 +3,12 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use burn::prelude::*;
-use burn_freeze::{Activation, InnerFlow, StackTypes, UnitRange};
+use burn_freeze::plumbing::InnerFlow;
+use burn_freeze::{Activation, StackTypes, UnitRange};
 
 use crate::config::PipelineConfig;
 use crate::error::PipeError;
+use crate::loss::MicroBatchLoss;
 use crate::placement::Stage;
 use crate::schedule::stage_ops;
 use crate::wiring::wire;
@@ -30,7 +31,7 @@ pub(crate) fn run_pass<S, O, T, LossFn>(
 where
     S: StackTypes,
     T: Activation<S::Backend>,
-    LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+    LossFn: MicroBatchLoss<S, T>,
 {
     let count = stages.len();
     let micro_batches = inputs.len();

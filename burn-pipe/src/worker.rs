@@ -8,13 +8,16 @@ use std::time::{Duration, Instant};
 
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
+use burn_freeze::fault;
+use burn_freeze::plumbing::{Flow, InnerFlow, flow_to_device, fresh_leaves};
 use burn_freeze::{
-    Activation, AutodiffActivation, Differentiable, Flow, InnerBackendOf, InnerFlow, StackTypes,
-    TrainableUnits, UnitRange, fault, flow_to_device, fresh_leaves,
+    Activation, AutodiffActivation, Differentiable, InnerBackendOf, StackTypes, TrainableUnits,
+    UnitRange,
 };
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::error::{PipeError, panic_message};
+use crate::loss::MicroBatchLoss;
 use crate::schedule::Op;
 use crate::wiring::{Links, Message};
 
@@ -77,7 +80,7 @@ pub(crate) fn run_stage<S, T, LossFn>(
 where
     S: StackTypes,
     T: Activation<S::Backend>,
-    LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+    LossFn: MicroBatchLoss<S, T>,
 {
     let stage = job.stage;
     let current = Cell::new(Op::Forward(0));
@@ -157,7 +160,7 @@ fn run_ops<S, T, LossFn>(
 where
     S: StackTypes,
     T: Activation<S::Backend>,
-    LossFn: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Sync,
+    LossFn: MicroBatchLoss<S, T>,
 {
     let Job {
         stage,

@@ -137,7 +137,7 @@ fn bad_sample_ids_change_nothing() {
 
 #[test]
 fn a_batch_enters_only_after_frozen_units_of_stage_zero() {
-    use burn_freeze::Flow;
+    use burn_freeze::plumbing::Flow;
     let device = Default::default();
     let vit = VitConfig::tiny(4).with_layers(4).init::<B>(&device);
     let mut pipeline = two_stages(vit);

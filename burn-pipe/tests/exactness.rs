@@ -12,7 +12,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::prelude::*;
 use burn_freeze::{Activation, IntoLayerStack, LayerStack, StackTypes};
-use burn_pipe::{Pipeline, PipelineConfig, Schedule, balance_exact, unit_param_costs};
+use burn_pipe::{PipelineConfig, Schedule, balance_exact, unit_param_costs};
 use common::{B, CompareGrads, MaxGrad, user_batch, user_stack};
 use models::bert::BertConfig;
 use models::synthetic::{BandImages, MajorityTokens};
@@ -53,14 +53,12 @@ fn check_all_partitions<S, T>(
                 let config = PipelineConfig::new()
                     .with_schedule(schedule)
                     .with_micro_batches(Some(m));
-                let mut pipeline = Pipeline::new(
-                    stack.clone(),
-                    &balance,
-                    vec![device; stages],
-                    config,
-                    || SgdConfig::new().init(),
-                )
-                .unwrap();
+                let mut pipeline = config
+                    .with_balance(Some(balance.to_vec()))
+                    .init(stack.clone(), vec![device; stages], || {
+                        SgdConfig::new().init()
+                    })
+                    .unwrap();
                 let report = pipeline
                     .forward_backward(input.clone(), targets.clone(), |logits, t: T| {
                         loss_fn.forward(logits, t.into())
@@ -197,14 +195,14 @@ fn evaluation_forward_equals_the_model_forward() {
         (vec![3, 2, 2], 3),
         (vec![1, 1, 5], 4),
     ] {
-        let mut pipeline = Pipeline::new(
-            vit.clone().into_layer_stack(),
-            &balance,
-            vec![device; balance.len()],
-            PipelineConfig::new(),
-            || SgdConfig::new().init(),
-        )
-        .unwrap();
+        let mut pipeline = PipelineConfig::new()
+            .with_balance(Some(balance.to_vec()))
+            .init(
+                vit.clone().into_layer_stack(),
+                vec![device; balance.len()],
+                || SgdConfig::new().init(),
+            )
+            .unwrap();
         pipeline.freeze_to(front).unwrap();
         let actual = pipeline.forward_inner(images.clone().inner());
         assert!(

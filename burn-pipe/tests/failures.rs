@@ -72,14 +72,12 @@ fn a_panicking_stage_is_named_with_its_micro_batch_and_loses_nothing() {
     let device = Default::default();
     let config = PipelineConfig::new().with_micro_batches(Some(4));
     // Batch 10 in 4 micro-batches: 3, 3, 2, 2. Micro-batch 2 is the first of 2.
-    let mut pipeline = Pipeline::new(
-        tripwire_stack(2, 0),
-        &[1, 1, 1, 1],
-        vec![device; 4],
-        config,
-        || SgdConfig::new().init(),
-    )
-    .unwrap();
+    let mut pipeline = config
+        .with_balance(Some(vec![1, 1, 1, 1]))
+        .init(tripwire_stack(2, 0), vec![device; 4], || {
+            SgdConfig::new().init()
+        })
+        .unwrap();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let (x, labels) = user_batch(3, 10, 4, 2);
     let start = Instant::now();
@@ -122,14 +120,12 @@ fn a_stalled_stage_times_out_instead_of_hanging() {
     let config = PipelineConfig::new()
         .with_micro_batches(Some(4))
         .with_timeout_ms(400);
-    let mut pipeline = Pipeline::new(
-        tripwire_stack(2, 2_500),
-        &[1, 1, 1, 1],
-        vec![device; 4],
-        config,
-        || SgdConfig::new().init(),
-    )
-    .unwrap();
+    let mut pipeline = config
+        .with_balance(Some(vec![1, 1, 1, 1]))
+        .init(tripwire_stack(2, 2_500), vec![device; 4], || {
+            SgdConfig::new().init()
+        })
+        .unwrap();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let (x, labels) = user_batch(3, 10, 4, 2);
     let error = pipeline
@@ -152,7 +148,10 @@ fn bad_configurations_are_refused_at_construction() {
     let sgd = || SgdConfig::new().init();
     let config = PipelineConfig::new();
 
-    let error = Pipeline::new(stack(), &[], vec![], config.clone(), sgd)
+    let error = config
+        .clone()
+        .with_balance(Some(vec![]))
+        .init(stack(), vec![], sgd)
         .err()
         .unwrap();
     assert!(matches!(error, PipeError::NoStages));
@@ -169,7 +168,10 @@ fn bad_configurations_are_refused_at_construction() {
         ),
         "{error}"
     );
-    let error = Pipeline::new(stack(), &[1; 8], vec![device; 8], config.clone(), sgd)
+    let error = config
+        .clone()
+        .with_balance(Some(vec![1; 8]))
+        .init(stack(), vec![device; 8], sgd)
         .err()
         .unwrap();
     assert!(matches!(
@@ -179,11 +181,17 @@ fn bad_configurations_are_refused_at_construction() {
             units: 7
         }
     ));
-    let error = Pipeline::new(stack(), &[4, 4], vec![device; 2], config.clone(), sgd)
+    let error = config
+        .clone()
+        .with_balance(Some(vec![4, 4]))
+        .init(stack(), vec![device; 2], sgd)
         .err()
         .unwrap();
     assert!(matches!(error, PipeError::BadBalance { .. }), "{error}");
-    let error = Pipeline::new(stack(), &[3, 4], vec![device; 3], config.clone(), sgd)
+    let error = config
+        .clone()
+        .with_balance(Some(vec![3, 4]))
+        .init(stack(), vec![device; 3], sgd)
         .err()
         .unwrap();
     assert!(matches!(
@@ -195,14 +203,19 @@ fn bad_configurations_are_refused_at_construction() {
     ));
     assert!(error.to_string().contains("3 devices given for 2 stages"));
     let zero = config.clone().with_micro_batches(Some(0));
-    let error = Pipeline::new(stack(), &[3, 4], vec![device; 2], zero, sgd)
+    let error = zero
+        .with_balance(Some(vec![3, 4]))
+        .init(stack(), vec![device; 2], sgd)
         .err()
         .unwrap();
     assert!(matches!(error, PipeError::NoMicroBatches));
 
     // A batch smaller than M and mismatched targets fail before any worker starts.
     let eight = config.with_micro_batches(Some(8));
-    let mut pipeline = Pipeline::new(stack(), &[3, 4], vec![device; 2], eight, sgd).unwrap();
+    let mut pipeline = eight
+        .with_balance(Some(vec![3, 4]))
+        .init(stack(), vec![device; 2], sgd)
+        .unwrap();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let images = Tensor::<B, 4>::zeros([4, 3, 16, 16], &device);
     let labels = Tensor::<B, 1, Int>::zeros([4], &device);
@@ -231,6 +244,37 @@ fn bad_configurations_are_refused_at_construction() {
 }
 
 #[test]
+fn the_configuration_is_honoured_at_construction() {
+    let device = Default::default();
+    let stack = || VitConfig::tiny(2).init::<B>(&device).into_layer_stack();
+    let sgd = || SgdConfig::new().init();
+    let automatic = PipelineConfig::new()
+        .init(stack(), vec![device; 3], sgd)
+        .unwrap()
+        .balance();
+    let given = vec![1, 2, 4];
+    assert_ne!(automatic, given, "a balance the partitioner does not pick");
+    let mut pipeline = PipelineConfig::new()
+        .with_balance(Some(given.clone()))
+        .with_micro_batches(Some(5))
+        .with_schedule(Schedule::GPipe)
+        .init(stack(), vec![device; 3], sgd)
+        .unwrap();
+    assert_eq!(pipeline.balance(), given);
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let images = Tensor::<B, 4>::zeros([10, 3, 16, 16], &device);
+    let labels = Tensor::<B, 1, Int>::zeros([10], &device);
+    let report = pipeline
+        .forward_backward(images, labels, |l, t| loss_fn.forward(l, t))
+        .unwrap();
+    assert_eq!(report.micro_batches, 5);
+    assert_eq!(
+        report.peak_saved[0], 5,
+        "GPipe: stage 0 holds every micro-batch (under 1F1B, 3)"
+    );
+}
+
+#[test]
 fn a_stage_with_no_trainable_parameter_works() {
     // The user stack's units: project, residual, tanh (no parameter), classify.
     let device = Default::default();
@@ -250,16 +294,12 @@ fn a_stage_with_no_trainable_parameter_works() {
             plain.last().clone(),
         ),
     );
-    let mut pipeline = Pipeline::new(
-        stack,
-        &[2, 1, 1],
-        vec![device; 3],
-        PipelineConfig::new()
-            .with_micro_batches(Some(3))
-            .with_schedule(Schedule::GPipe),
-        || SgdConfig::new().init(),
-    )
-    .unwrap();
+    let mut pipeline = PipelineConfig::new()
+        .with_micro_batches(Some(3))
+        .with_schedule(Schedule::GPipe)
+        .with_balance(Some(vec![2, 1, 1]))
+        .init(stack, vec![device; 3], || SgdConfig::new().init())
+        .unwrap();
     let report = pipeline
         .forward_backward(x, labels, |l, t| loss_fn.forward(l, t))
         .unwrap();

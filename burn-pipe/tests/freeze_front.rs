@@ -10,7 +10,7 @@ use burn_freeze::{
     AlphaArgmin, AlphaArgminConfig, AutoFreeze, ChangeRate, ChangeRateConfig, FreezableStack,
     FreezeFront, FreezePolicy, GradNorm, LayerMap, ParamStates, TrainableUnits,
 };
-use burn_pipe::{Pipeline, PipelineConfig};
+use burn_pipe::PipelineConfig;
 use common::{B, UserStack, UserTypes, user_batch, user_stack};
 
 const STEPS_PER_EPOCH: usize = 6;
@@ -59,11 +59,11 @@ fn run_stack<P: FreezePolicy>(stack: UserStack, policy: P) -> Trace {
             stack.map_trainable(|units| optim.step(LR, units, grads));
             auto.after_step(&mut stack).unwrap();
             trace.record(&stack);
-            optim = burn_freeze::retain_optimizer_state(optim, stack.trainable());
+            optim = burn_freeze::plumbing::retain_optimizer_state(optim, stack.trainable());
         }
         auto.after_epoch(&mut stack).unwrap();
         trace.record(&stack);
-        optim = burn_freeze::retain_optimizer_state(optim, stack.trainable());
+        optim = burn_freeze::plumbing::retain_optimizer_state(optim, stack.trainable());
     }
     trace
 }
@@ -71,14 +71,11 @@ fn run_stack<P: FreezePolicy>(stack: UserStack, policy: P) -> Trace {
 fn run_pipeline<P: FreezePolicy>(stack: UserStack, policy: P) -> Trace {
     let device = Default::default();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let mut pipeline = Pipeline::new(
-        stack,
-        &[3, 2, 2],
-        vec![device; 3],
-        PipelineConfig::new().with_micro_batches(Some(4)),
-        sgd,
-    )
-    .unwrap();
+    let mut pipeline = PipelineConfig::new()
+        .with_micro_batches(Some(4))
+        .with_balance(Some(vec![3, 2, 2]))
+        .init(stack, vec![device; 3], sgd)
+        .unwrap();
     let mut auto = AutoFreeze::new(policy, layer_map());
     let mut trace = Trace::default();
     for epoch in 0..EPOCHS {

@@ -42,14 +42,12 @@ fn frozen_prefix_gradients_equal_plain_frozen_training() {
             let config = PipelineConfig::new()
                 .with_schedule(schedule)
                 .with_micro_batches(Some(m));
-            let mut pipeline = Pipeline::new(
-                vit.clone().into_layer_stack(),
-                &balance,
-                vec![device; stages],
-                config,
-                || SgdConfig::new().init(),
-            )
-            .unwrap();
+            let mut pipeline = config
+                .with_balance(Some(balance.to_vec()))
+                .init(vit.clone().into_layer_stack(), vec![device; stages], || {
+                    SgdConfig::new().init()
+                })
+                .unwrap();
             pipeline.freeze_to(front).unwrap();
             let report = pipeline
                 .forward_backward(images.clone(), labels.clone(), |l, t| loss_fn.forward(l, t))
@@ -93,14 +91,12 @@ fn a_stage_of_frozen_units_trains_with_the_rest_and_its_weights_never_move() {
     let task = BandImages::new(4, 3, 16, 4);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let config = PipelineConfig::new().with_micro_batches(Some(4));
-    let mut pipeline = Pipeline::new(
-        vit.clone().into_layer_stack(),
-        &[3, 2, 2],
-        vec![device; 3],
-        config,
-        || AdamConfig::new().init(),
-    )
-    .unwrap();
+    let mut pipeline = config
+        .with_balance(Some(vec![3, 2, 2]))
+        .init(vit.clone().into_layer_stack(), vec![device; 3], || {
+            AdamConfig::new().init()
+        })
+        .unwrap();
     pipeline.freeze_to(3).unwrap();
     assert_eq!(pipeline.stage(0).num_trainable(), 0);
     for step in 0..15 {
@@ -134,14 +130,11 @@ fn the_freeze_front_follows_the_stacks_rule() {
     let stack = vit.into_layer_stack();
     // Read the weights before cloning: Burn initialises them lazily.
     let _ = stack.forward(task.batch::<B>(0, 1, &device).0);
-    let mut pipeline = Pipeline::new(
-        stack.clone(),
-        &[3, 4],
-        vec![device; 2],
-        PipelineConfig::new().with_micro_batches(Some(2)),
-        || AdamConfig::new().init(),
-    )
-    .unwrap();
+    let mut pipeline = PipelineConfig::new()
+        .with_micro_batches(Some(2))
+        .with_balance(Some(vec![3, 4]))
+        .init(stack.clone(), vec![device; 2], || AdamConfig::new().init())
+        .unwrap();
     pipeline.freeze_to(4).unwrap();
     // The same rule as FreezableStack (burn_freeze::check_freeze), the same errors.
     let mut plain = FreezableStack::new(stack);
@@ -183,14 +176,13 @@ fn the_whole_model_can_be_copied_out_mid_training() {
     let vit = materialize(VitConfig::tiny(4).init::<B>(&device));
     let task = BandImages::new(4, 3, 16, 13);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let mut pipeline = Pipeline::new(
-        vit.into_layer_stack(),
-        &[3, 4],
-        vec![device; 2],
-        PipelineConfig::new().with_micro_batches(Some(2)),
-        || AdamConfig::new().init(),
-    )
-    .unwrap();
+    let mut pipeline = PipelineConfig::new()
+        .with_micro_batches(Some(2))
+        .with_balance(Some(vec![3, 4]))
+        .init(vit.into_layer_stack(), vec![device; 2], || {
+            AdamConfig::new().init()
+        })
+        .unwrap();
     pipeline.freeze_to(2).unwrap();
     let step = |pipeline: &mut Pipeline<_, _>, index| {
         let (images, labels) = task.batch::<B>(index, 8, &device);

@@ -6,7 +6,7 @@ mod common;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
 use burn_freeze::IntoLayerStack;
-use burn_pipe::{PipeError, Pipeline, PipelineConfig};
+use burn_pipe::{PipeError, PipelineConfig};
 use common::{B, Weights, materialize};
 use models::synthetic::BandImages;
 use models::vit::{Vit, VitConfig};
@@ -19,14 +19,15 @@ fn training_continues_exactly_after_a_repartition() {
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let config = PipelineConfig::new().with_micro_batches(Some(4));
     let build = |balance: &[usize]| {
-        Pipeline::new(
-            vit.clone().into_layer_stack(),
-            balance,
-            vec![device; balance.len()],
-            config.clone(),
-            || AdamConfig::new().init(),
-        )
-        .unwrap()
+        config
+            .clone()
+            .with_balance(Some(balance.to_vec()))
+            .init(
+                vit.clone().into_layer_stack(),
+                vec![device; balance.len()],
+                || AdamConfig::new().init(),
+            )
+            .unwrap()
     };
     let mut fixed = build(&[3, 2, 2]);
     let mut moving = build(&[3, 2, 2]);
@@ -68,14 +69,12 @@ fn training_continues_exactly_after_a_repartition() {
 fn a_bad_repartition_changes_nothing() {
     let device = Default::default();
     let vit = materialize(VitConfig::tiny(4).init::<B>(&device));
-    let mut pipeline = Pipeline::new(
-        vit.clone().into_layer_stack(),
-        &[3, 4],
-        vec![device; 2],
-        PipelineConfig::new(),
-        || AdamConfig::new().init(),
-    )
-    .unwrap();
+    let mut pipeline = PipelineConfig::new()
+        .with_balance(Some(vec![3, 4]))
+        .init(vit.clone().into_layer_stack(), vec![device; 2], || {
+            AdamConfig::new().init()
+        })
+        .unwrap();
     let before = Weights::of(&Vit::from_layer_stack(vit.into_layer_stack()).unwrap());
     assert!(matches!(
         pipeline.repartition(&[3, 3], vec![device; 2]),

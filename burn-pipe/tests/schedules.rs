@@ -17,7 +17,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
 use burn_freeze::IntoLayerStack;
-use burn_pipe::{Pipeline, PipelineConfig, Schedule};
+use burn_pipe::{PipelineConfig, Schedule};
 use common::{B, Weights, materialize};
 use models::synthetic::BandImages;
 use models::vit::{Vit, VitConfig};
@@ -36,14 +36,10 @@ fn one_f_one_b_never_holds_more_than_k_minus_s_micro_batches() {
         let config = PipelineConfig::new()
             .with_schedule(schedule)
             .with_micro_batches(Some(m));
-        let mut pipeline = Pipeline::new(
-            stack.clone(),
-            &[2, 2, 2, 1],
-            vec![device; 4],
-            config,
-            || AdamConfig::new().init(),
-        )
-        .unwrap();
+        let mut pipeline = config
+            .with_balance(Some(vec![2, 2, 2, 1]))
+            .init(stack.clone(), vec![device; 4], || AdamConfig::new().init())
+            .unwrap();
         let report = pipeline
             .forward_backward(images.clone(), labels.clone(), |logits, labels| {
                 loss_fn.forward(logits, labels)
@@ -92,14 +88,12 @@ fn pipelined_training_follows_plain_training() {
         let config = PipelineConfig::new()
             .with_schedule(schedule)
             .with_micro_batches(Some(5));
-        let mut pipeline = Pipeline::new(
-            vit.clone().into_layer_stack(),
-            &[1, 4, 2],
-            vec![device; 3],
-            config,
-            || sgd().init(),
-        )
-        .unwrap();
+        let mut pipeline = config
+            .with_balance(Some(vec![1, 4, 2]))
+            .init(vit.clone().into_layer_stack(), vec![device; 3], || {
+                sgd().init()
+            })
+            .unwrap();
         for (step, plain_loss) in plain_losses.iter().enumerate() {
             let (images, labels) = task.batch::<B>(step, 12, &device);
             let report = pipeline
@@ -133,14 +127,13 @@ fn accumulating_two_half_batches_equals_one_full_batch() {
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let config = PipelineConfig::new().with_micro_batches(Some(2));
     let make = || {
-        Pipeline::new(
-            vit.clone().into_layer_stack(),
-            &[3, 4],
-            vec![device; 2],
-            config.clone(),
-            || burn::optim::SgdConfig::new().init(),
-        )
-        .unwrap()
+        config
+            .clone()
+            .with_balance(Some(vec![3, 4]))
+            .init(vit.clone().into_layer_stack(), vec![device; 2], || {
+                burn::optim::SgdConfig::new().init()
+            })
+            .unwrap()
     };
     let mut whole = make();
     whole

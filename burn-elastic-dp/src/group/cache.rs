@@ -7,8 +7,9 @@ use std::time::Instant;
 use burn::optim::Optimizer;
 use burn_freeze::{
     Activation, AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput,
-    ParamStates, StackCache, StackTypes, TrainableUnits, check_sample_ids, serve_prefix,
+    ParamStates, StackCache, StackTypes, TrainableUnits,
 };
+use burn_freeze::plumbing::{check_sample_ids, serve_prefix};
 
 use super::share::Shard;
 use super::{GroupReport, ReplicaGroup, ReplicaLoss};
@@ -39,7 +40,7 @@ where
 
     /// [`forward_backward`](Self::forward_backward) with the frozen units of
     /// stage 0 served by the attached AutoCache
-    /// ([`serve_prefix`](burn_freeze::serve_prefix), on replica 0's first
+    /// ([`serve_prefix`](burn_freeze::plumbing::serve_prefix), on replica 0's first
     /// device, for the whole batch): `ids[i]` names sample `i`, the same id
     /// for the same sample in every epoch. Every replica's pipeline then
     /// starts after those units ([`Pipeline::forward_backward_from`]), so no

@@ -3,29 +3,32 @@
 use serde::{Deserialize, Serialize};
 
 /// A cached frozen-prefix output: sample `sample` after the first `front` units.
-///
-/// ```
-/// use burn_freeze::CacheKey;
-///
-/// let key = CacheKey::new(42, 5);
-/// assert_eq!(key.file_name(), "s42-f5.bfc");
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct CacheKey {
+pub(crate) struct CacheKey {
     /// The sample's id, stable across epochs (e.g. its index in the dataset).
-    pub sample: u64,
+    pub(crate) sample: u64,
     /// How many units the cached output has passed through.
-    pub front: usize,
+    pub(crate) front: usize,
 }
 
 impl CacheKey {
     /// The key of `sample` after `front` units.
-    pub fn new(sample: u64, front: usize) -> Self {
+    pub(crate) fn new(sample: u64, front: usize) -> Self {
         Self { sample, front }
     }
 
     /// The name of the file holding this entry in the spill directory.
-    pub fn file_name(&self) -> String {
+    pub(crate) fn file_name(&self) -> String {
         format!("s{}-f{}.bfc", self.sample, self.front)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CacheKey;
+
+    #[test]
+    fn a_key_names_its_spill_file() {
+        assert_eq!(CacheKey::new(42, 5).file_name(), "s42-f5.bfc");
     }
 }

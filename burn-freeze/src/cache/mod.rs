@@ -2,7 +2,7 @@
 //! once per sample instead of once per epoch.
 //!
 //! An entry is the output of the first `front` units for one sample, filed
-//! under [`CacheKey`]`(sample, front)`. When the freeze front grows from
+//! under `(sample, front)`. When the freeze front grows from
 //! `F_prev` to `F_new`, a sample's `F_prev` entry is the starting point: only
 //! units `F_prev..F_new` run, and the new entry replaces the old one. Entries
 //! live in memory up to [`CacheConfig::memory_budget_bytes`], then spill to
@@ -30,7 +30,7 @@ use burn::prelude::Backend;
 
 pub use cacheable::Cacheable;
 use disk::DiskTier;
-pub use key::CacheKey;
+use key::CacheKey;
 use memory::MemoryTier;
 pub use serve::{StackCache, check_sample_ids, serve_prefix};
 

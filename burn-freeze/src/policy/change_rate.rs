@@ -34,13 +34,7 @@ pub struct ChangeRateConfig {
 
 /// The `p`-th percentile of `values` with linear interpolation between
 /// closest ranks (NumPy's default); `None` for no values.
-///
-/// ```
-/// use burn_freeze::percentile;
-/// assert_eq!(percentile(&[3.0, 1.0, 2.0], 50.0), Some(2.0));
-/// assert_eq!(percentile(&[1.0, 2.0], 50.0), Some(1.5));
-/// ```
-pub fn percentile(values: &[f64], p: f64) -> Option<f64> {
+pub(crate) fn percentile(values: &[f64], p: f64) -> Option<f64> {
     if values.is_empty() {
         return None;
     }
@@ -53,20 +47,7 @@ pub fn percentile(values: &[f64], p: f64) -> Option<f64> {
 
 /// The front picked from the change rates of the active layers
 /// (`rates[i]` is layer `frozen + i`'s) with the given percentile threshold.
-///
-/// With the rates from the released code's log (12 layers, 5 frozen):
-///
-/// ```
-/// use burn_freeze::{change_rate_front, ChangeRateReading};
-///
-/// let rates = [0.064, 0.045, 0.025, 0.021, 0.024, 0.027, 0.0245]; // layers 5..11
-/// // Threshold: the median, 0.025. Layer 5 still changes fast (6.4%), so the
-/// // converged-prefix reading freezes nothing more; the released code's
-/// // reading freezes through layer 5.
-/// assert_eq!(change_rate_front(5, &rates, 50.0, ChangeRateReading::ConvergedPrefix), 5);
-/// assert_eq!(change_rate_front(5, &rates, 50.0, ChangeRateReading::ReleasedCode), 6);
-/// ```
-pub fn change_rate_front(
+pub(crate) fn change_rate_front(
     frozen: usize,
     rates: &[f64],
     pct: f64,
@@ -176,5 +157,47 @@ impl FreezePolicy for ChangeRate {
         self.current = series.next().map(values).unwrap_or_default();
         self.previous = series.next().map(values);
         self.steps = state.counter;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentile_interpolates_between_closest_ranks() {
+        assert_eq!(percentile(&[3.0, 1.0, 2.0], 50.0), Some(2.0));
+        assert_eq!(percentile(&[1.0, 2.0], 50.0), Some(1.5));
+        assert_eq!(percentile(&[], 50.0), None);
+    }
+
+    /// The rates from the released code's log (12 layers, 5 frozen).
+    #[test]
+    fn change_rate_rule_on_the_released_logs_numbers() {
+        let rates = [0.064, 0.045, 0.025, 0.021, 0.024, 0.027, 0.0245]; // layers 5..11
+        let median = percentile(&rates, 50.0).unwrap();
+        assert!((median - 0.025).abs() < 1e-12, "median {median}");
+        // Threshold: the median, 0.025. Layer 5 still changes fast (6.4%), so
+        // the converged-prefix reading freezes nothing more; the released
+        // code's reading freezes through layer 5.
+        assert_eq!(
+            change_rate_front(5, &rates, 50.0, ChangeRateReading::ConvergedPrefix),
+            5
+        );
+        assert_eq!(
+            change_rate_front(5, &rates, 50.0, ChangeRateReading::ReleasedCode),
+            6
+        );
+        // Where the front of the active layers has settled, the converged-prefix
+        // reading freezes exactly that prefix.
+        let settled = [0.001, 0.002, 0.03, 0.004, 0.05, 0.06, 0.07];
+        assert_eq!(
+            change_rate_front(5, &settled, 50.0, ChangeRateReading::ConvergedPrefix),
+            7
+        );
+        assert_eq!(
+            change_rate_front(5, &settled, 50.0, ChangeRateReading::ReleasedCode),
+            8
+        );
     }
 }

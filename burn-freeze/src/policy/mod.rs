@@ -15,12 +15,10 @@ mod schedule;
 pub(crate) mod stats;
 
 pub use auto::AutoFreeze;
-pub use change_rate::{
-    ChangeRate, ChangeRateConfig, ChangeRateReading, change_rate_front, percentile,
-};
+pub use change_rate::{ChangeRate, ChangeRateConfig, ChangeRateReading};
 pub use paper::{AlphaArgmin, AlphaArgminConfig};
 pub use schedule::{FixedSchedule, alpha_front};
-pub use stats::{GradNorm, LayerMap, unit_grad_norm};
+pub use stats::{GradNorm, LayerMap};
 
 /// Where training stands when a policy is asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -34,17 +34,6 @@ impl GradNorm {
     }
 }
 
-/// Norms of the gradients of `module`'s parameters in `grads`; `None` when
-/// none of them has a gradient.
-pub fn unit_grad_norm<B: AutodiffBackend, U: AutodiffModule<B>>(
-    module: &U,
-    grads: &GradientsParams,
-) -> Option<GradNorm> {
-    let mut collector = NormCollector::<B>::new(grads);
-    collector.unit(module);
-    collector.finish().pop().flatten()
-}
-
 /// Per-unit gradient norms of several units, read from the device once:
 /// each unit's sums stay on the device until [`finish`](Self::finish).
 pub(crate) struct NormCollector<'a, B: AutodiffBackend> {

@@ -20,7 +20,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsAccumulator, GradientsParams, SgdConfig};
 use burn::prelude::*;
 use burn_freeze::{IntoLayerStack, LayerStack};
-use burn_pipe::{Pipeline, PipelineConfig, Schedule, balance_exact, profile_units};
+use burn_pipe::{PipelineConfig, Schedule, balance_exact, profile_units};
 use models::synthetic::BandImages;
 use models::vit::{Vit, VitConfig, VitTypes};
 use serde::Serialize;
@@ -201,14 +201,12 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
                 let config = PipelineConfig::new()
                     .with_schedule(schedule)
                     .with_micro_batches(Some(m));
-                let mut pipeline = Pipeline::new(
-                    stack.clone(),
-                    &balance,
-                    vec![device.clone(); stages],
-                    config,
-                    || SgdConfig::new().init(),
-                )
-                .map_err(|e| BenchError::Run(e.to_string()))?;
+                let mut pipeline = config
+                    .with_balance(Some(balance.to_vec()))
+                    .init(stack.clone(), vec![device.clone(); stages], || {
+                        SgdConfig::new().init()
+                    })
+                    .map_err(|e| BenchError::Run(e.to_string()))?;
                 let mut walls = Vec::new();
                 let mut sequential_walls = Vec::new();
                 let mut bubbles = Vec::new();

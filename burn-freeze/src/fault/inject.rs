@@ -1,63 +1,12 @@
-//! Fault injection for reliability tests: one fault armed at a time, at a
-//! chosen phase (and stage and micro-batch where they apply), fired once as
-//! an error or a panic where the code reaches it. Disarmed, each check is
-//! one relaxed atomic load.
-//!
-//! Hidden from the documentation: a testing aid of this workspace's crates,
-//! not an API. Tests that arm faults must not run concurrently with others
-//! that could reach the same points (hold a lock).
+//! The fault registry, compiled only with the `fault-injection` feature:
+//! one fault armed at a time, at a chosen phase (and stage and micro-batch
+//! where they apply), fired once as an error, a panic or a stall where the
+//! code reaches it. Disarmed, each check is one relaxed atomic load.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Where a fault fires.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Phase {
-    /// A stage's forward pass of a micro-batch.
-    Forward,
-    /// A stage's backward pass of a micro-batch.
-    Backward,
-    /// A pipeline's optimizer step.
-    Step,
-    /// A replica's all-reduce of a stage's gradients.
-    AllReduce,
-    /// Reading the frozen prefix from the activation cache.
-    CacheRead,
-    /// Writing the frozen prefix to the activation cache.
-    CacheWrite,
-    /// Moving units between stages.
-    Repartition,
-    /// Building a new replica (a copy of a live one).
-    Spawn,
-}
-
-impl Phase {
-    /// Every phase.
-    pub const ALL: [Phase; 8] = [
-        Phase::Forward,
-        Phase::Backward,
-        Phase::Step,
-        Phase::AllReduce,
-        Phase::CacheRead,
-        Phase::CacheWrite,
-        Phase::Repartition,
-        Phase::Spawn,
-    ];
-
-    /// Lower-case name, as error messages give it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Forward => "forward",
-            Phase::Backward => "backward",
-            Phase::Step => "optimizer step",
-            Phase::AllReduce => "all-reduce",
-            Phase::CacheRead => "cache read",
-            Phase::CacheWrite => "cache write",
-            Phase::Repartition => "repartition",
-            Phase::Spawn => "replica spawn",
-        }
-    }
-}
+use super::Phase;
 
 /// A fault to inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,4 +104,41 @@ pub fn check(
         panic!("{injected} (a panic)");
     }
     Err(injected)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Only phases that no code of this crate reaches (burn-pipe's), so no
+    // other unit test can trip over the armed fault.
+    fn spawn_at(stage: usize, panic: bool) -> Fault {
+        Fault {
+            phase: Phase::Spawn,
+            stage: Some(stage),
+            micro_batch: None,
+            panic,
+            stall: None,
+        }
+    }
+
+    #[test]
+    fn an_armed_fault_fires_once_where_it_matches() {
+        arm(spawn_at(1, false));
+        assert!(check(Phase::Repartition, Some(1), None).is_ok());
+        assert!(check(Phase::Spawn, Some(0), None).is_ok());
+        let injected = check(Phase::Spawn, Some(1), None).unwrap_err();
+        assert_eq!(injected.to_string(), "injected fault in replica spawn at stage 1");
+        assert!(check(Phase::Spawn, Some(1), None).is_ok(), "fires once");
+        assert!(!disarm(), "it had fired");
+
+        arm(spawn_at(2, true));
+        let panic = std::panic::catch_unwind(|| check(Phase::Spawn, Some(2), None)).unwrap_err();
+        let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(message.contains("replica spawn at stage 2"), "{message}");
+
+        arm(spawn_at(3, false));
+        assert!(disarm(), "still armed");
+        assert!(check(Phase::Spawn, Some(3), None).is_ok());
+    }
 }

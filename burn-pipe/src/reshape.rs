@@ -1,0 +1,163 @@
+//! Moving units: between stages (repartition), to the inner backend
+//! (freezing), onto other devices (a replica); and the optimizer state that
+//! follows them, saved and loaded by parameter id.
+
+use burn::optim::Optimizer;
+use burn::prelude::*;
+use burn_freeze::fault::{self, Phase};
+use burn_freeze::plumbing::{StatePool, optimizer_for, pool_optimizer_state};
+use burn_freeze::{ParamStates, StackTypes, TrainableUnits, UnitRange, check_freeze};
+
+use crate::error::PipeError;
+use crate::pipeline::Pipeline;
+use crate::placement::{Stage, place, validate};
+
+impl<S, O> Pipeline<S, O>
+where
+    S: StackTypes,
+    O: Optimizer<TrainableUnits<S>, S::Backend>,
+{
+    /// Moves units between stages: afterwards stage `s` holds `balance[s]`
+    /// units on `devices[s]`, each unit with its weights and its optimizer
+    /// state. Training continues exactly as if the pipeline had always had
+    /// this shape.
+    ///
+    /// Optimizer state is keyed by parameter id (true of every Burn optimizer
+    /// through `OptimizerAdaptor`), so each unit's state follows it.
+    ///
+    /// Fails, changing nothing, on a bad balance or device list, or when
+    /// gradients are pending.
+    pub fn repartition(
+        &mut self,
+        balance: &[usize],
+        devices: Vec<Device<S::Backend>>,
+    ) -> Result<(), PipeError>
+    where
+        O::Record: ParamStates,
+    {
+        if self.stages.iter().any(|s| s.pending.is_some()) {
+            return Err(PipeError::GradientsPending("repartition"));
+        }
+        fault::check(Phase::Repartition, None, None)?;
+        validate(balance, self.num_units(), devices.len(), &self.config)?;
+        let mut pool = StatePool::<O, TrainableUnits<S>, S::Backend>::new();
+        let mut ranges = Vec::with_capacity(self.stages.len());
+        for stage in self.stages.drain(..) {
+            pool_optimizer_state(&stage.optimizer, &mut pool);
+            ranges.push(stage.units.expect("units present"));
+        }
+        let stack = UnitRange::join(ranges).expect("the stages cover the stack in order");
+        let make = &self.make_optimizer;
+        self.stages = place(stack, balance, self.front, devices, |trainable| {
+            optimizer_for(make(), trainable, &mut pool)
+        });
+        tracing::debug!(?balance, "pipeline repartitioned");
+        Ok(())
+    }
+
+    /// Freezes units `0..front`: they move to the inner backend on the stage
+    /// that holds them, run forward only, and lose their optimizer state. The
+    /// front only moves up, to at most every unit
+    /// ([`check_freeze`](burn_freeze::check_freeze), the rule
+    /// [`FreezableStack`](burn_freeze::FreezableStack) follows too); with
+    /// every unit frozen a training step fails with
+    /// [`PipeError::NothingToTrain`].
+    ///
+    /// Fails, changing nothing, when `front` is below the current front or
+    /// beyond the stack, or when gradients are pending.
+    pub fn freeze_to(&mut self, front: usize) -> Result<(), PipeError>
+    where
+        O::Record: ParamStates,
+    {
+        if self.stages.iter().any(|s| s.pending.is_some()) {
+            return Err(PipeError::GradientsPending("freeze_to"));
+        }
+        check_freeze(front, self.front, self.num_units())?;
+        for stage in &mut self.stages {
+            if stage.units_mut().freeze_to(front) == 0 {
+                continue;
+            }
+            let mut pool = StatePool::<O, TrainableUnits<S>, S::Backend>::new();
+            pool_optimizer_state(&stage.optimizer, &mut pool);
+            let fresh = (self.make_optimizer)();
+            let trainable = stage.units().trainable();
+            stage.optimizer = optimizer_for(fresh, trainable, &mut pool);
+        }
+        tracing::debug!(
+            from = self.front,
+            to = front,
+            "pipeline freeze front moved up"
+        );
+        self.front = front;
+        Ok(())
+    }
+
+    /// Every stage's optimizer state as one record keyed by parameter id,
+    /// to save in a checkpoint (Burn's recorders serialise it).
+    pub fn optimizer_record(&self) -> O::Record
+    where
+        O::Record: ParamStates,
+    {
+        let mut pool = StatePool::<O, TrainableUnits<S>, S::Backend>::new();
+        for stage in &self.stages {
+            pool_optimizer_state(&stage.optimizer, &mut pool);
+        }
+        O::Record::from_states(pool.into_iter().collect())
+    }
+
+    /// Loads a record of [`optimizer_record`](Self::optimizer_record): each
+    /// stage takes the states of its trainable units' parameters (by id);
+    /// the others are dropped.
+    pub fn load_optimizer_record(&mut self, record: O::Record)
+    where
+        O::Record: ParamStates,
+    {
+        let mut pool: StatePool<O, TrainableUnits<S>, S::Backend> =
+            record.into_states().into_iter().collect();
+        for stage in &mut self.stages {
+            let fresh = (self.make_optimizer)();
+            stage.optimizer = optimizer_for(fresh, stage.units().trainable(), &mut pool);
+        }
+    }
+
+    /// A copy of this pipeline on `devices` (one per stage): the same units
+    /// (weights and parameter ids), freeze front, balance, optimizer state
+    /// and configuration, as fresh parameter leaves on the new devices; the
+    /// copy has no cache and no gradient. This is how a data-parallel group
+    /// adds a replica.
+    ///
+    /// Fails, changing nothing, when gradients are pending or there is not
+    /// one device per stage.
+    pub fn replicate(&self, devices: Vec<Device<S::Backend>>) -> Result<Self, PipeError> {
+        if self.stages.iter().any(|s| s.pending.is_some()) {
+            return Err(PipeError::GradientsPending("replicate"));
+        }
+        fault::check(Phase::Spawn, None, None)?;
+        if devices.len() != self.stages.len() {
+            return Err(PipeError::DeviceCount {
+                devices: devices.len(),
+                stages: self.stages.len(),
+            });
+        }
+        let stages = self
+            .stages
+            .iter()
+            .zip(devices)
+            .map(|(stage, device)| Stage {
+                units: Some(stage.units().clone().fork(&device)),
+                optimizer: stage.optimizer.clone(),
+                device,
+                range: stage.range.clone(),
+                pending: None,
+            })
+            .collect();
+        Ok(Self {
+            stages,
+            front: self.front,
+            config: self.config.clone(),
+            make_optimizer: self.make_optimizer.clone(),
+            norms: self.norms.clone(),
+            cache: None,
+        })
+    }
+}
