@@ -32,7 +32,12 @@ enum Bench {
     /// Frozen prefixes and the activation cache: step time and peak memory.
     Freeze,
     /// Data-parallel replicas: step time, all-reduce cost, transitions.
-    Elastic,
+    Elastic {
+        /// Instead: the all-reduce between two processes of this machine
+        /// through the TCP hub (this process runs the other).
+        #[arg(long)]
+        tcp: bool,
+    },
     /// The fine-tuning job as plain Burn, the pipeline baseline and
     /// PipeTransformer, with the paper's ablations and alpha sweep; plots.
     Headline {
@@ -54,7 +59,8 @@ fn main() {
     let result = match args.bench {
         Bench::Pipe => examples::bench::pipe::run(args.quick),
         Bench::Freeze => examples::bench::freeze::run(args.quick),
-        Bench::Elastic => examples::bench::elastic::run(args.quick),
+        Bench::Elastic { tcp: true } => examples::bench::elastic_nodes::run_tcp(args.quick),
+        Bench::Elastic { tcp: false } => examples::bench::elastic::run(args.quick),
         Bench::Headline { replot: true, .. } if args.quick => {
             eprintln!("error: --replot redraws a finished run's plots; it takes no --quick");
             std::process::exit(2);
