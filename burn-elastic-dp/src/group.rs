@@ -412,7 +412,7 @@ where
         // all had arrived, every replica: the all-reduce itself stalled).
         let mut missing: Option<Vec<usize>> = None;
         // The process an exchange between processes waited for at the deadline.
-        let mut missing_node: Option<usize> = None;
+        let mut missing_node: Option<ElasticError> = None;
         // Each replica's pipeline moves to a thread of its own for the
         // step and comes back with its result: a replica stuck in its own
         // computation is then left behind at the deadline (the group goes on
@@ -606,11 +606,8 @@ where
                 }
             }
         }
-        if let Some(node) = missing_node {
-            failure = Some(ElasticError::NodesMissing {
-                missing: vec![node],
-                waited: timeout,
-            });
+        if let Some(error) = missing_node {
+            failure = Some(error);
         } else if let Some(missing) = missing
             && !matches!(
                 failure,
