@@ -48,7 +48,7 @@ pub use config::{AllReduce, ReplicaConfig};
 pub use error::ElasticError;
 pub use group::{GroupReport, ReplicaGroup};
 #[cfg(feature = "mpi")]
-pub use mpi::Mpi;
+pub use mpi::{BUCKET_VALUES as MPI_BUCKET_VALUES, Mpi};
 pub use node::NodeConfig;
 pub use sampler::{BatchPolicy, ElasticSampler};
 pub use trainer::{

@@ -43,7 +43,8 @@ use mpi::traits::*;
 
 use crate::error::ElasticError;
 
-/// Values per `MPI_Allreduce` (64 MiB of f32; MPI counts are 32-bit).
+/// Values per `MPI_Allreduce` of a group's exchange (64 MiB of f32; MPI
+/// counts are 32-bit).
 pub const BUCKET_VALUES: usize = 16 << 20;
 /// The tag of arrival messages.
 const ARRIVED: i32 = 7;

@@ -241,6 +241,22 @@ pub fn run_mpi(quick: bool) -> Result<(), BenchError> {
     drop(buffer);
     let tcp = if rank == 0 { loopback_bandwidth()? } else { 0.0 };
     let (gradient_bytes, mine) = rank_steps(rank, NodeConfig::new(), steps)?;
+    // MPI's own share: one MPI_Allreduce of as many f32 values, alone.
+    let values = vec![1.0f32; gradient_bytes / 4];
+    let mut total = vec![0.0f32; values.len()];
+    let mut raw = Vec::new();
+    for _ in 0..=steps {
+        world.barrier();
+        let start = Instant::now();
+        for (send, receive) in values
+            .chunks(burn_elastic_dp::MPI_BUCKET_VALUES)
+            .zip(total.chunks_mut(burn_elastic_dp::MPI_BUCKET_VALUES))
+        {
+            world.all_reduce_into(send, receive, mpi::collective::SystemOperation::sum());
+        }
+        raw.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    let raw_ms = median(raw[1..].to_vec());
     let mut step_ms = vec![0.0f64; steps * size];
     let mut all_reduce_ms = vec![0.0f64; steps * size];
     world.all_gather_into(&mine.step_ms[..], &mut step_ms[..]);
@@ -258,6 +274,12 @@ pub fn run_mpi(quick: bool) -> Result<(), BenchError> {
             tcp / 1e9
         );
         summarize("mpi", gradient_bytes, ranks, &name, link)?;
+        let n = size as f64;
+        println!(
+            "  MPI_Allreduce alone of the same {:.1} MB (buckets as the group's): {raw_ms:.1} ms, bus bandwidth {:.2} GB/s; the rest of the group's all-reduce is reading the gradients out of their tensors and back",
+            gradient_bytes as f64 / 1e6,
+            gradient_bytes as f64 / (raw_ms * 1e-3) / 1e9 * 2.0 * (n - 1.0) / n
+        );
     }
     drop(mpi);
     Ok(())
