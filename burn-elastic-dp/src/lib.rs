@@ -13,7 +13,7 @@
 //! Files, one concern each: `config.rs` (the configuration and `init`),
 //! `group.rs` (the replicas and their threads), `collective.rs` (the
 //! burn-collective glue: forming, all-reducing, dissolving and resetting a
-//! group with bounded waits), `node.rs` (groups across processes), `mpi.rs` (their exchange over MPI,
+//! group with bounded waits), `node.rs` (groups across processes), `mpi/` (their exchange over MPI,
 //! cargo feature `mpi`), `shards.rs` (the global batch among every replica), `sampler.rs` (every sample once per epoch
 //! whatever the replica count), `error.rs`.
 //!

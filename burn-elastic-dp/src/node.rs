@@ -6,7 +6,7 @@
 //! before; between processes, each process's first replica (its *leader*)
 //! all-reduces the process's summed gradients (every replica's loss is
 //! scaled by its share of the global batch) with the other processes'
-//! through MPI (`mpi.rs`, the cargo feature `mpi`), so every replica of
+//! through MPI (`mpi/`, the cargo feature `mpi`), so every replica of
 //! every process steps with the same bits. Rank, world size and every
 //! rank's replica count come from the MPI job: there is no address or port
 //! to configure. Without the feature, asking for a group across processes

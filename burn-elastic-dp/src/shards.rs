@@ -97,7 +97,10 @@ mod tests {
         ));
         assert!(matches!(
             shards(Some((0, &[2, 1])), 2, 2),
-            Err(ElasticError::BatchTooSmall { batch: 2, replicas: 3 })
+            Err(ElasticError::BatchTooSmall {
+                batch: 2,
+                replicas: 3
+            })
         ));
     }
 }

@@ -126,9 +126,7 @@ fn child() {
     let config = ReplicaConfig::new()
         .with_timeout_ms(5_000)
         .with_pipeline(PipelineConfig::new().with_micro_batches(Some(2)))
-        .with_nodes(Some(
-            NodeConfig::new().with_join_timeout_ms(Some(60_000)),
-        ));
+        .with_nodes(Some(NodeConfig::new().with_join_timeout_ms(Some(60_000))));
     let mut group = config
         .init(stack, vec![vec![device]], || AdamConfig::new().init())
         .unwrap();
@@ -215,10 +213,7 @@ fn a_killed_process_fails_the_step_and_the_run_resumes_to_the_same_result() {
     );
     let error = std::fs::read_to_string(dir.join("error-0"))
         .unwrap_or_else(|_| panic!("rank 0 ends with an error:\n{stderr}"));
-    assert!(
-        error.contains("ranks that did not arrive: [1]"),
-        "{error}"
-    );
+    assert!(error.contains("ranks that did not arrive: [1]"), "{error}");
     println!("the survivor's error: {error}");
     assert_eq!(
         std::fs::read_to_string(dir.join("checkpoint-0/step")).unwrap(),

@@ -307,7 +307,10 @@ fn two_processes_train_as_one_pipeline_on_the_whole_batches() {
             false,
             &[
                 (ROLE, "train".into()),
-                ("ELASTIC_DP_NODE_LAYOUT", format!("{},{}", layout[0], layout[1])),
+                (
+                    "ELASTIC_DP_NODE_LAYOUT",
+                    format!("{},{}", layout[0], layout[1]),
+                ),
                 ("ELASTIC_DP_NODE_OUT", out.display().to_string()),
             ],
         );
@@ -335,7 +338,11 @@ fn two_processes_train_as_one_pipeline_on_the_whole_batches() {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
             .collect();
-        assert_close(&actual, &expected, &format!("{layout:?} against one pipeline"));
+        assert_close(
+            &actual,
+            &expected,
+            &format!("{layout:?} against one pipeline"),
+        );
         assert_close(
             &actual,
             &one_process,
@@ -356,10 +363,19 @@ fn fault(role: &str, bound: Duration) -> (String, Duration) {
     let took = started.elapsed();
     assert!(status.is_some(), "{role}: the MPI job hung:\n{stderr}");
     if role != "exit" {
-        assert!(!status.unwrap().success(), "{role}: the job succeeded:\n{stderr}");
+        assert!(
+            !status.unwrap().success(),
+            "{role}: the job succeeded:\n{stderr}"
+        );
     }
-    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("RANK 0 ")).collect();
-    assert!(!lines.is_empty(), "{role}: rank 0 reported no error:\n{stderr}");
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("RANK 0 "))
+        .collect();
+    assert!(
+        !lines.is_empty(),
+        "{role}: rank 0 reported no error:\n{stderr}"
+    );
     (lines.join("\n"), took)
 }
 
@@ -386,6 +402,9 @@ fn a_rank_that_never_joins_exits_or_stalls_ends_every_rank_with_an_error() {
             error.contains("step 1: the cross-process all-reduce did not complete within 1.5s; ranks that did not arrive: [1]"),
             "{role}: {error}"
         );
-        assert!(error.contains("start every process again"), "{role}: {error}");
+        assert!(
+            error.contains("start every process again"),
+            "{role}: {error}"
+        );
     }
 }

@@ -67,7 +67,11 @@ fn run_err<E: std::fmt::Display>(error: E) -> BenchError {
 }
 
 /// MiniLM's parameter count in f32 bytes, and one rank's timed steps.
-fn rank_steps(rank: usize, nodes: NodeConfig, steps: usize) -> Result<(usize, RankTimes), BenchError> {
+fn rank_steps(
+    rank: usize,
+    nodes: NodeConfig,
+    steps: usize,
+) -> Result<(usize, RankTimes), BenchError> {
     let device = backend::device(0);
     let config = BertConfig::minilm_l6_h384(2).with_dropout(0.0);
     let task = MajorityTokens::new(64, 12, 24, 5);
@@ -79,7 +83,9 @@ fn rank_steps(rank: usize, nodes: NodeConfig, steps: usize) -> Result<(usize, Ra
         .with_pipeline(PipelineConfig::new().with_micro_batches(Some(2)))
         .with_timeout_ms(600_000)
         .with_nodes(Some(nodes))
-        .init(stack, vec![vec![device.clone()]], || AdamConfig::new().init())
+        .init(stack, vec![vec![device.clone()]], || {
+            AdamConfig::new().init()
+        })
         .map_err(run_err)?;
     let mut times = RankTimes {
         rank,
@@ -169,7 +175,10 @@ fn summarize(
             "  rank {}: step ms {:?}, all-reduce ms {:?}",
             rank.rank,
             rank.step_ms.iter().map(|v| v.round()).collect::<Vec<_>>(),
-            rank.all_reduce_ms.iter().map(|v| v.round()).collect::<Vec<_>>()
+            rank.all_reduce_ms
+                .iter()
+                .map(|v| v.round())
+                .collect::<Vec<_>>()
         );
     }
     println!(
@@ -239,7 +248,11 @@ pub fn run_mpi(quick: bool) -> Result<(), BenchError> {
     }
     let link = (2 * reps * bytes) as f64 / start.elapsed().as_secs_f64();
     drop(buffer);
-    let tcp = if rank == 0 { loopback_bandwidth()? } else { 0.0 };
+    let tcp = if rank == 0 {
+        loopback_bandwidth()?
+    } else {
+        0.0
+    };
     let (gradient_bytes, mine) = rank_steps(rank, NodeConfig::new(), steps)?;
     // MPI's own share: one MPI_Allreduce of as many f32 values, alone.
     let values = vec![1.0f32; gradient_bytes / 4];
