@@ -170,8 +170,9 @@ fn var(name: &str) -> String {
 ///   (comma-separated, by rank) gives its rank, trains `STEPS` steps and
 ///   writes its weights (little-endian f32) to `ELASTIC_DP_NODE_OUT-<rank>`;
 /// - `absent`: rank 1 never joins the group (rank 0 builds it, 1 s to join);
-/// - `exit`: rank 1 joins, then exits before the first step;
-/// - `stall`: rank 1 joins, then never steps.
+/// - `exit`: rank 1 joins and takes one step, then exits;
+/// - `stall`: rank 1 joins and takes one step, then never steps again;
+/// - `hold`: as `stall`, and rank 0, after its failed steps, does not end.
 ///
 /// A rank 0 whose group fails prints `RANK 0 ERROR: <error>` (and, after a
 /// failed step, `RANK 0 NEXT: <the next step's error>`) and exits with 3.
@@ -226,6 +227,9 @@ fn child(role: &str) {
     let mut group = config
         .init(stack(), vec![vec![device; 2]], || AdamConfig::new().init())
         .unwrap();
+    // One step together, then rank 1 leaves (mid-epoch).
+    let (x, y) = batch(1);
+    group.train_step(x, y, loss, 1e-2).unwrap();
     if rank == 1 {
         if role == "exit" {
             std::process::exit(0);
@@ -235,12 +239,19 @@ fn child(role: &str) {
             std::thread::park();
         }
     }
-    let (x, y) = batch(1);
+    let (x, y) = batch(2);
     let first = group
         .train_step(x.clone(), y.clone(), loss, 1e-2)
         .unwrap_err();
     let second = group.train_step(x, y, loss, 1e-2).unwrap_err();
     eprintln!("RANK 0 NEXT: {second}");
+    if role == "hold" {
+        // Rank 0 does not end either: the watchdog ends the job.
+        eprintln!("RANK 0 ERROR: {first}");
+        loop {
+            std::thread::park();
+        }
+    }
     fail(first)
 }
 
@@ -392,14 +403,15 @@ fn a_rank_that_never_joins_exits_or_stalls_ends_every_rank_with_an_error() {
         error.contains("nodes [1] did not answer within 1s"),
         "{error}"
     );
-    // Rank 1 joins, then exits, or never steps: rank 0's first step ends
-    // at its 1.5 s bound naming step 1 and rank 1, the next fails at once
-    // (the link stays failed), and the whole job ends.
+    // Rank 1 joins and takes a step, then exits, or never steps again:
+    // rank 0's second step ends at its 1.5 s bound naming step 2 and rank
+    // 1, the next fails at once (the link stays failed), and the whole job
+    // ends.
     for role in ["exit", "stall"] {
         let (error, took) = fault(role, bound);
         println!("{role}: {error} (the job ended after {took:?})");
         assert!(
-            error.contains("step 1: the cross-process all-reduce did not complete within 1.5s; ranks that did not arrive: [1]"),
+            error.contains("step 2: the cross-process all-reduce did not complete within 1.5s; ranks that did not arrive: [1]"),
             "{role}: {error}"
         );
         assert!(
@@ -407,4 +419,24 @@ fn a_rank_that_never_joins_exits_or_stalls_ends_every_rank_with_an_error() {
             "{role}: {error}"
         );
     }
+}
+
+#[test]
+fn the_watchdog_ends_the_job_when_no_rank_ends_by_itself() {
+    const TEST: &str = "the_watchdog_ends_the_job_when_no_rank_ends_by_itself";
+    if let Ok(role) = std::env::var(ROLE) {
+        return child(&role);
+    }
+    // Rank 1 stalls and rank 0 holds on after its failed step: the
+    // watchdog's MPI_Abort, one step timeout (1.5 s) later, ends both.
+    let started = Instant::now();
+    let job = mpirun(TEST, 2, false, &[(ROLE, "hold".into())]);
+    let (status, stderr) = finish(job, Duration::from_secs(120));
+    assert!(status.is_some(), "the MPI job hung:\n{stderr}");
+    assert!(!status.unwrap().success(), "{stderr}");
+    assert!(
+        stderr.contains("ending the MPI job (MPI_Abort)"),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(60));
 }
