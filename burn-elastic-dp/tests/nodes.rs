@@ -1,5 +1,6 @@
 //! A replica group across the processes of an MPI job: two ranks on this
-//! machine, with one replica each or two each, train as one pipeline on the
+//! machine, with one replica each or two each (and three ranks of one),
+//! train as one pipeline on the
 //! whole batches (and as one process with as many replicas), and stay bit
 //! for bit identical; a rank that never joins, exits or stalls ends every
 //! rank within the bound with an error naming it, never a hang.
@@ -179,13 +180,13 @@ fn var(name: &str) -> String {
 fn child(role: &str) {
     let mpi = Mpi::init().unwrap();
     let rank = mpi.rank();
-    assert_eq!(mpi.size(), 2);
     let device = Default::default();
     if role == "train" {
         let layout: Vec<usize> = var("ELASTIC_DP_NODE_LAYOUT")
             .split(',')
             .map(|n| n.parse().unwrap())
             .collect();
+        assert_eq!(mpi.size(), layout.len());
         let replicas = layout[rank];
         // SGD: a gradient off by any factor shows in the weights.
         let mut group = group_config(60_000)
@@ -205,6 +206,7 @@ fn child(role: &str) {
         std::fs::write(format!("{}-{rank}", var("ELASTIC_DP_NODE_OUT")), bytes).unwrap();
         return;
     }
+    assert_eq!(mpi.size(), 2);
     let fail = |error: ElasticError| -> ! {
         eprintln!("RANK 0 ERROR: {error}");
         std::process::exit(3)
@@ -303,25 +305,29 @@ fn two_processes_train_as_one_pipeline_on_the_whole_batches() {
         return child(&role);
     }
     // One replica per rank (shards of 5 and 4), then two per rank (shards
-    // 3 + 2 and 2 + 2: burn-collective inside each rank, MPI between them).
-    for layout in [[1, 1], [2, 2]] {
-        let total = layout.iter().sum();
+    // 3 + 2 and 2 + 2: burn-collective inside each rank, MPI between them),
+    // then three ranks of one (where MPI does not promise the same bits on
+    // every rank: the ranks compare theirs).
+    for layout in [vec![1, 1], vec![2, 2], vec![1, 1, 1]] {
+        let (total, ranks) = (layout.iter().sum(), layout.len());
         let (expected, one_process) = in_one_process(total);
         let out = std::env::temp_dir().join(format!(
             "burn-elastic-dp-nodes-{}-{total}",
             std::process::id()
         ));
         let out_of = |rank: usize| PathBuf::from(format!("{}-{rank}", out.display()));
+        let layout_var = layout
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
         let job = mpirun(
             TEST,
-            2,
+            ranks,
             false,
             &[
                 (ROLE, "train".into()),
-                (
-                    "ELASTIC_DP_NODE_LAYOUT",
-                    format!("{},{}", layout[0], layout[1]),
-                ),
+                ("ELASTIC_DP_NODE_LAYOUT", layout_var),
                 ("ELASTIC_DP_NODE_OUT", out.display().to_string()),
             ],
         );
@@ -330,7 +336,7 @@ fn two_processes_train_as_one_pipeline_on_the_whole_batches() {
             status.is_some_and(|s| s.success()),
             "{layout:?}: the MPI job failed ({status:?}):\n{stderr}"
         );
-        let trained: Vec<Vec<u8>> = (0..2)
+        let trained: Vec<Vec<u8>> = (0..ranks)
             .map(|rank| {
                 let bytes = std::fs::read(out_of(rank)).unwrap();
                 let _ = std::fs::remove_file(out_of(rank));
@@ -338,10 +344,12 @@ fn two_processes_train_as_one_pipeline_on_the_whole_batches() {
             })
             .collect();
         assert!(!trained[0].is_empty());
-        assert_eq!(
-            trained[0], trained[1],
-            "{layout:?}: the two ranks' weights differ"
-        );
+        for rank in 1..ranks {
+            assert_eq!(
+                trained[0], trained[rank],
+                "{layout:?}: the weights of ranks 0 and {rank} differ"
+            );
+        }
         // The ranks trained as the single pipeline did, and as one process
         // with as many replicas (the same maths; rounding differs with the
         // summation order).
