@@ -289,6 +289,7 @@ fn split_bucket<B: Backend>(
 
 /// Puts `flat` (the gradients of `slots`, one after another) back into
 /// `grads` under `module`'s parameters.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))] // the exchange between processes
 pub(crate) fn unflatten<AB, M>(
     module: &M,
     grads: &mut GradientsParams,

@@ -154,6 +154,21 @@ pub enum ElasticError {
         /// The bound.
         waited: Duration,
     },
+    /// A cross-process all-reduce that did not complete within the bound:
+    /// the step (counted since the group joined) and the ranks that had not
+    /// arrived at it (empty: all had, the exchange itself was too slow). The
+    /// link stays failed and the MPI job ends.
+    #[error(
+        "step {step}: the cross-process all-reduce did not complete within {waited:?}; ranks that did not arrive: {missing:?} (the MPI job ends; resume every process from its checkpoint)"
+    )]
+    NodesStalled {
+        /// The step, counted from 1 since the group joined.
+        step: u64,
+        /// The ranks that did not arrive.
+        missing: Vec<usize>,
+        /// The bound.
+        waited: Duration,
+    },
     /// Resizing a group that spans processes, or stepping one that lost a
     /// replica of this process in a failed step.
     #[error(

@@ -13,7 +13,8 @@
 //! Files, one concern each: `config.rs` (the configuration and `init`),
 //! `group.rs` (the replicas and their threads), `collective.rs` (the
 //! burn-collective glue: forming, all-reducing, dissolving and resetting a
-//! group with bounded waits), `node.rs` (groups across processes), `sampler.rs` (every sample once per epoch
+//! group with bounded waits), `node.rs` (groups across processes), `mpi/` (their exchange over MPI,
+//! cargo feature `mpi`), `shards.rs` (the global batch among every replica), `sampler.rs` (every sample once per epoch
 //! whatever the replica count), `error.rs`.
 //!
 //! The group resizes at a step boundary ([`ReplicaGroup::resize`]): a new
@@ -22,8 +23,9 @@
 //! Gradients are all-reduced per tensor or in buckets ([`AllReduce`]).
 //!
 //! A group can span several processes, on one machine or several
-//! ([`NodeConfig`], `node.rs`): each process holds its own replicas, and the
-//! processes exchange their gradients over TCP through rank 0.
+//! ([`NodeConfig`], `node.rs`): the processes of one MPI job (`mpirun`,
+//! cargo feature `mpi`, `Mpi`); each holds its own replicas, and the
+//! processes all-reduce their gradients through MPI.
 //!
 //! A replica stuck in its own computation is left behind once the step's
 //! bound passes, and the group goes on with the others.
@@ -43,14 +45,19 @@ mod collective;
 mod config;
 mod error;
 mod group;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod node;
 pub mod plan;
 mod sampler;
+mod shards;
 pub mod trainer;
 
 pub use config::{AllReduce, ReplicaConfig};
 pub use error::ElasticError;
 pub use group::{GroupReport, ReplicaGroup, ReplicaLoss};
+#[cfg(feature = "mpi")]
+pub use mpi::{BUCKET_VALUES as MPI_BUCKET_VALUES, Mpi};
 pub use node::NodeConfig;
 pub use sampler::{BatchPolicy, ElasticSampler};
 pub use trainer::{

@@ -35,9 +35,9 @@ pub(super) struct Overdue {
     /// Replicas still in their own pass at the deadline; every unfinished
     /// replica when all had reached the all-reduce (it stalled).
     pub replicas: Vec<usize>,
-    /// The process an exchange between processes waited for, when every
-    /// replica had reached the all-reduce.
-    pub node: Option<usize>,
+    /// The error naming the step and the processes an exchange between
+    /// processes waited for, when every replica had reached the all-reduce.
+    pub node: Option<ElasticError>,
 }
 
 /// What the replicas left when the wait ended.

@@ -45,10 +45,7 @@ pub(super) fn outcome(
         Some(Overdue {
             node: Some(node), ..
         }) => {
-            failure = Some(ElasticError::NodesMissing {
-                missing: vec![node],
-                waited: timeout,
-            });
+            failure = Some(node);
         }
         Some(Overdue { replicas, .. }) if !failure.as_ref().is_some_and(is_own_failure) => {
             failure = Some(ElasticError::Timeout {
@@ -167,7 +164,10 @@ mod tests {
     fn a_process_waited_for_at_the_deadline_wins_over_everything() {
         let overdue = Overdue {
             replicas: vec![0],
-            node: Some(2),
+            node: Some(ElasticError::NodesMissing {
+                missing: vec![2],
+                waited: BOUND,
+            }),
         };
         let results = vec![Some(Err(panicked(0)))];
         let error = outcome(results, Some(overdue), BOUND, &[]).unwrap_err();

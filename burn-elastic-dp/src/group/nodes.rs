@@ -13,7 +13,8 @@ use burn::tensor::backend::AutodiffBackend;
 
 use crate::config::ReplicaConfig;
 use crate::error::ElasticError;
-use crate::node::{self, NodeLink, Shards};
+use crate::node::{self, NodeLink};
+use crate::shards::Shards;
 
 /// This process's link to the group's other processes; none when every
 /// replica is in this process.
@@ -67,8 +68,9 @@ impl OtherNodes {
         }
     }
 
-    /// The process an exchange is waiting for now, if one is under way.
-    pub fn waiting_on(&self) -> Option<usize> {
+    /// The error naming the step and the processes an exchange is waiting
+    /// for now, if one is under way.
+    pub fn waiting_on(&self) -> Option<ElasticError> {
         self.0.as_ref().and_then(|link| link.waiting_on())
     }
 

@@ -99,3 +99,54 @@ pub fn finish(
     let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
     (status, stderr)
 }
+
+/// What installs `mpirun` (the MPI tests fail, not skip, without it).
+pub const INSTALL_MPI: &str = "apt-get install -y libopenmpi-dev openmpi-bin libclang-dev";
+
+/// Fails the test, naming the install line, when `mpirun` is not on PATH.
+pub fn require_mpirun() {
+    let found = std::process::Command::new("mpirun")
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        found,
+        "this test runs its processes under mpirun, which is not on PATH: install OpenMPI ({INSTALL_MPI})"
+    );
+}
+
+/// Runs this test binary's test `test` as `processes` MPI ranks on this
+/// machine (`mpirun --oversubscribe`, allowed as root), each with `vars`
+/// set; stdout discarded, stderr piped (read it with [`finish`]).
+///
+/// With `recovery` (`--enable-recovery`), a rank that exits does not take
+/// the others down at once: they report it (the watchdog) and end the job
+/// themselves; mpirun's exit status then says nothing of theirs.
+pub fn mpirun(
+    test: &str,
+    processes: usize,
+    recovery: bool,
+    vars: &[(&str, String)],
+) -> std::process::Child {
+    require_mpirun();
+    let mut command = std::process::Command::new("mpirun");
+    command.args(["-np", &processes.to_string(), "--oversubscribe"]);
+    if recovery {
+        command.arg("--enable-recovery");
+    }
+    command
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    for (name, value) in vars {
+        command.args(["-x", name]).env(name, value);
+    }
+    command
+        .arg(std::env::current_exe().expect("the test binary"))
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawning mpirun")
+}

@@ -2,6 +2,7 @@
 
 pub mod alloc;
 pub mod elastic;
+pub mod elastic_nodes;
 pub mod freeze;
 pub mod headline;
 pub mod pipe;

@@ -5,6 +5,7 @@
 //! cargo run --release -p examples --bin bench -- pipe [--quick]
 //! cargo run --release -p examples --bin bench -- freeze [--quick]
 //! cargo run --release -p examples --bin bench -- elastic [--quick]
+//! mpirun -np 2 target/release/bench elastic --mpi [--quick]   (built with --features mpi)
 //! cargo run --release -p examples --bin bench -- headline [--quick] [--model bert|vit] | headline --replot
 //! ```
 
@@ -32,7 +33,12 @@ enum Bench {
     /// Frozen prefixes and the activation cache: step time and peak memory.
     Freeze,
     /// Data-parallel replicas: step time, all-reduce cost, transitions.
-    Elastic,
+    Elastic {
+        /// Instead: the all-reduce between the processes of an MPI job
+        /// (run under mpirun; cargo feature `mpi`).
+        #[arg(long)]
+        mpi: bool,
+    },
     /// The fine-tuning job as plain Burn, the pipeline baseline and
     /// PipeTransformer, with the paper's ablations and alpha sweep; plots.
     Headline {
@@ -54,7 +60,8 @@ fn main() {
     let result = match args.bench {
         Bench::Pipe => examples::bench::pipe::run(args.quick),
         Bench::Freeze => examples::bench::freeze::run(args.quick),
-        Bench::Elastic => examples::bench::elastic::run(args.quick),
+        Bench::Elastic { mpi: true } => examples::bench::elastic_nodes::run_mpi(args.quick),
+        Bench::Elastic { mpi: false } => examples::bench::elastic::run(args.quick),
         Bench::Headline { replot: true, .. } if args.quick => {
             eprintln!("error: --replot redraws a finished run's plots; it takes no --quick");
             std::process::exit(2);

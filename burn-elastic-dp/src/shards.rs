@@ -1,0 +1,106 @@
+//! How a global batch is shared among every replica of a group, in this
+//! process and in the others (when the group spans several, `node.rs`):
+//! one shard per replica, the replicas of rank 0 first, then rank 1's, and
+//! so on; each process runs the shards of its own replicas.
+
+use crate::error::ElasticError;
+
+/// How the global batch is shared: one shard per replica of the whole group.
+#[derive(Debug, Clone)]
+pub(crate) struct Shards {
+    /// Every replica's shard, ranks in order.
+    pub all: Vec<usize>,
+    /// The index in `all` of this process's first replica.
+    pub first: usize,
+    /// This process's replicas.
+    pub local: usize,
+    /// Samples in the global batch.
+    pub batch: usize,
+}
+
+impl Shards {
+    /// This process's replicas' shards.
+    pub fn mine(&self) -> Vec<usize> {
+        self.all[self.first..self.first + self.local].to_vec()
+    }
+
+    /// Keeps this process's parts of a batch split by `all`.
+    pub fn take<T>(&self, parts: Vec<T>) -> Vec<T> {
+        parts
+            .into_iter()
+            .skip(self.first)
+            .take(self.local)
+            .collect()
+    }
+
+    /// The factor on local replica `replica`'s mean loss (its share of the
+    /// global batch) so that the sum of the gradients over every replica of
+    /// the group is the global batch's.
+    pub fn scale(&self, replica: usize) -> f32 {
+        self.all[self.first + replica] as f32 / self.batch as f32
+    }
+
+    /// The mean loss over this process's samples from its replicas' scaled losses.
+    pub fn loss(&self, scaled: impl Iterator<Item = f32>) -> f32 {
+        let samples: usize = self.mine().iter().sum();
+        scaled.sum::<f32>() * self.batch as f32 / samples as f32
+    }
+}
+
+/// Shares a batch of `batch` samples between the `local` replicas of this
+/// process and those of the other processes: `nodes` is this process's rank
+/// and every rank's replica count, when the group spans several processes.
+pub(crate) fn shards(
+    nodes: Option<(usize, &[usize])>,
+    batch: usize,
+    local: usize,
+) -> Result<Shards, ElasticError> {
+    let (replicas, first) = match nodes {
+        // A replica of this process left behind by a failed step: the
+        // other processes still count it, and cannot be told.
+        Some((rank, counts)) if counts[rank] != local => return Err(ElasticError::NodesFixed),
+        Some((rank, counts)) => (counts.iter().sum(), counts[..rank].iter().sum()),
+        None => (local, 0),
+    };
+    let all = burn_pipe::micro_batch_sizes(batch, replicas)
+        .map_err(|_| ElasticError::BatchTooSmall { batch, replicas })?;
+    Ok(Shards {
+        all,
+        first,
+        local,
+        batch,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_runs_the_shards_of_its_replicas_after_those_of_lower_ranks() {
+        // Ranks with 2, 1 and 1 replicas; 9 samples: shards 3, 2, 2, 2.
+        let plan = shards(Some((1, &[2, 1, 1])), 9, 1).unwrap();
+        assert_eq!(plan.all, vec![3, 2, 2, 2]);
+        assert_eq!(plan.mine(), vec![2]);
+        assert_eq!(plan.take(vec!['a', 'b', 'c', 'd']), vec!['c']);
+        assert!((plan.scale(0) - 2.0 / 9.0).abs() < 1e-7);
+        let single = shards(None, 7, 2).unwrap();
+        assert_eq!(single.all, vec![4, 3]);
+        assert_eq!(single.first, 0);
+    }
+
+    #[test]
+    fn a_process_that_lost_a_replica_or_a_batch_too_small_is_refused() {
+        assert!(matches!(
+            shards(Some((0, &[2, 1])), 9, 1),
+            Err(ElasticError::NodesFixed)
+        ));
+        assert!(matches!(
+            shards(Some((0, &[2, 1])), 2, 2),
+            Err(ElasticError::BatchTooSmall {
+                batch: 2,
+                replicas: 3
+            })
+        ));
+    }
+}
