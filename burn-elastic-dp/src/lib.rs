@@ -37,6 +37,7 @@ mod group;
 mod node;
 pub mod plan;
 mod sampler;
+pub mod shape;
 pub mod trainer;
 
 pub use config::{AllReduce, ReplicaConfig};

@@ -12,7 +12,7 @@ use burn_freeze::{FreezeState, PolicyState};
 use serde::{Deserialize, Serialize};
 
 use super::error::TrainerError;
-use super::shape::{Shape, UnitCosts};
+use crate::shape::{Shape, UnitCosts};
 
 /// When and where a [`Trainer`](super::Trainer) writes checkpoints.
 ///

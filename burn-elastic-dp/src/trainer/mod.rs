@@ -9,7 +9,6 @@ mod checkpoint;
 mod config;
 mod error;
 mod log;
-mod shape;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,17 +24,17 @@ use burn_freeze::{
     InnerBackendOf, InnerHidden, InnerInput, InnerOutput, LayerStack, ParamStates, StackTypes,
     TrainableUnits,
 };
-use burn_pipe::profile_units;
+use burn_pipe::{UnitCosts, profile_units};
 
 pub use checkpoint::CheckpointConfig;
 pub use config::{CostModel, FreezeRule, LayerSpec, Parts, TrainerConfig};
 pub use error::TrainerError;
 pub use log::{EpochReport, Transition};
-pub use shape::{Reshaping, Shape, UnitCosts, initial_shape, reshape};
 
 use crate::error::ElasticError;
 use crate::group::ReplicaGroup;
 use crate::sampler::ElasticSampler;
+use crate::shape::{Reshaping, Shape, initial_shape, reshape};
 use log::JsonLog;
 
 /// What [`Trainer::fit_epoch_observed`] reports after each step.
@@ -323,13 +322,7 @@ where
         let devices = self.devices.len();
         let parts = self.config.parts;
         let front = self.group.front();
-        let rules = Reshaping {
-            pipe: parts.pipe,
-            dp: parts.dp,
-            cache: parts.cache,
-            devices,
-            initial_largest: self.initial_largest,
-        };
+        let rules = Reshaping::for_parts(parts, devices, self.initial_largest);
         let before = self.shape.clone();
         let after = reshape(&self.costs, front, &before, &rules);
         if after.stages() == before.stages() && after.replicas == before.replicas {

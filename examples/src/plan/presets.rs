@@ -2,10 +2,37 @@
 //! and forward FLOPs, worked out from the model's configuration (the same
 //! units `models` builds), and costs from FLOPs at an assumed throughput.
 
-use burn_elastic_dp::plan::{ModelCosts, UnitCost};
+use burn::tensor::Device;
+use burn_elastic_dp::LayerSpec;
+use burn_elastic_dp::plan::{ModelSpec, UnitSpec};
+use burn_freeze::{Differentiable, IntoLayerStack, LayerStack, StackTypes};
 use clap::ValueEnum;
 use models::bert::BertConfig;
+use models::synthetic::{BandImages, MajorityTokens};
 use models::vit::VitConfig;
+
+use crate::backend::{self, Train};
+
+/// Work on a model's layer stack with one batch of its task's inputs (see
+/// [`Shape::on_each_batch`]).
+pub trait OnStack {
+    /// What the work gives for one batch.
+    type Out;
+    /// Runs on `stack` (on `device`) with `input`, a batch of `batch`
+    /// samples.
+    fn run<S>(
+        &mut self,
+        stack: &LayerStack<S>,
+        input: S::Input,
+        device: &Device<Train>,
+        batch: usize,
+    ) -> Self::Out
+    where
+        S: StackTypes<Backend = Train>,
+        S::Output: Differentiable<Train>,
+        LayerStack<S>: Send,
+        S::Input: Send;
+}
 
 /// The models `plan` knows by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -93,6 +120,41 @@ impl Shape {
         }
     }
 
+    /// How the units make the layers the freeze rule counts: the embedding
+    /// first, then two units (attention, MLP) per block, as the main job
+    /// configures the trainer.
+    pub fn layer_spec(&self) -> LayerSpec {
+        LayerSpec::Uniform {
+            offset: 1,
+            per_layer: 2,
+            layers: self.layers(),
+        }
+    }
+
+    /// `work` on this model's layer stack (fresh weights, on the first
+    /// device) at each of `batches`, with a batch of its synthetic task
+    /// (ViT: band images, BERT: majority tokens; seed 7).
+    pub fn on_each_batch<W: OnStack>(&self, batches: &[usize], work: &mut W) -> Vec<W::Out> {
+        let device = backend::device(0);
+        match self {
+            Shape::Vit(config) => {
+                let stack = config.init::<Train>(&device).into_layer_stack();
+                let task =
+                    BandImages::new(config.num_classes, config.channels, config.image_size, 7);
+                let input = |b| task.batch::<Train>(0, b, &device).0;
+                let run = |&b: &usize| work.run(&stack, input(b), &device, b);
+                batches.iter().map(run).collect()
+            }
+            Shape::Bert(config, seq) => {
+                let stack = config.init::<Train>(&device).into_layer_stack();
+                let task = MajorityTokens::new(config.vocab_size, *seq, *seq, 7);
+                let input = |b| task.batch::<Train>(0, b, &device).0;
+                let run = |&b: &usize| work.run(&stack, input(b), &device, b);
+                batches.iter().map(run).collect()
+            }
+        }
+    }
+
     /// A one-line description.
     pub fn describe(&self) -> String {
         match self {
@@ -126,13 +188,13 @@ impl Shape {
 
     /// Costs from FLOPs at `flops_per_second` (backward twice the forward),
     /// activations of `bytes_per_elem` bytes.
-    pub fn analytic_costs(&self, flops_per_second: f64, bytes_per_elem: usize) -> ModelCosts {
+    pub fn analytic_costs(&self, flops_per_second: f64, bytes_per_elem: usize) -> ModelSpec {
         let units = self
             .units()
             .into_iter()
             .map(|u| {
                 let forward = u.forward_flops / flops_per_second;
-                UnitCost {
+                UnitSpec {
                     name: u.name,
                     forward,
                     backward: 2.0 * forward,
@@ -144,15 +206,13 @@ impl Shape {
                 }
             })
             .collect();
-        ModelCosts {
+        ModelSpec {
             model: self.describe(),
             source: format!(
                 "analytic: forward FLOPs at {:.2} TFLOP/s, backward = 2 x forward, {bytes_per_elem}-byte values",
                 flops_per_second / 1e12
             ),
-            layers: self.layers(),
-            first_layer_unit: 1,
-            units_per_layer: 2,
+            layers: self.layer_spec(),
             units,
         }
     }
