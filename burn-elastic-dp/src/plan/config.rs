@@ -87,7 +87,7 @@ impl ClusterConfig {
     }
 }
 
-/// How PipeTransformer runs, for [`plan`].
+/// How PipeTransformer runs, for [`plan`](crate::plan::plan).
 #[derive(Config, Debug)]
 pub struct PlanConfig {
     /// The devices.
@@ -168,7 +168,7 @@ pub struct PlanConfig {
 }
 
 impl PlanConfig {
-    /// Checks every value against `costs`; the error names the value and
+    /// Checks every value against `model`; the error names the value and
     /// its range.
     pub fn validate(&self, model: &ModelSpec) -> Result<(), PlanError> {
         model.validate()?;

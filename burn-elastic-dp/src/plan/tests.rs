@@ -1,8 +1,6 @@
 //! The planner's tests: the paper's setting, the parts, transitions, the
 //! shared CPU, bad values.
 
-use burn_pipe::Schedule;
-
 use crate::plan::{
     ClusterConfig, Link, MeasuredPass, ModelSpec, PlanConfig, TransitionCost, UnitSpec, plan,
 };
