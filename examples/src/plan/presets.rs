@@ -2,37 +2,51 @@
 //! and forward FLOPs, worked out from the model's configuration (the same
 //! units `models` builds), and costs from FLOPs at an assumed throughput.
 
-use burn::tensor::Device;
 use burn_elastic_dp::LayerSpec;
 use burn_elastic_dp::plan::{ModelSpec, UnitSpec};
-use burn_freeze::{Differentiable, IntoLayerStack, LayerStack, StackTypes};
 use clap::ValueEnum;
 use models::bert::BertConfig;
-use models::synthetic::{BandImages, MajorityTokens};
 use models::vit::VitConfig;
 
-use crate::backend::{self, Train};
-
-/// Work on a model's layer stack with one batch of its task's inputs (see
-/// [`Shape::on_each_batch`]).
-pub trait OnStack {
-    /// What the work gives for one batch.
-    type Out;
-    /// Runs on `stack` (on `device`) with `input`, a batch of `batch`
-    /// samples.
-    fn run<S>(
-        &mut self,
-        stack: &LayerStack<S>,
-        input: S::Input,
-        device: &Device<Train>,
-        batch: usize,
-    ) -> Self::Out
-    where
-        S: StackTypes<Backend = Train>,
-        S::Output: Differentiable<Train>,
-        LayerStack<S>: Send,
-        S::Input: Send;
+/// For each of `$batches`, `$body` with `$stack` the layer stack of the
+/// model of `$shape` (a [`Shape`]; fresh weights), `$input` a batch of
+/// `$batch` samples of its synthetic task (ViT: band images, BERT:
+/// majority tokens; seed 7) and `$device` the first device; the results in
+/// a `Vec`. A macro: the two models' stacks are of different types.
+macro_rules! on_each_batch {
+    ($shape:expr, $batches:expr, |$stack:ident, $input:ident, $device:ident, $batch:ident| $body:expr) => {{
+        use burn_freeze::IntoLayerStack as _;
+        let $device = $crate::backend::device(0);
+        match $shape {
+            $crate::plan::presets::Shape::Vit(config) => {
+                let $stack = config.init::<$crate::backend::Train>(&$device).into_layer_stack();
+                let task = models::synthetic::BandImages::new(
+                    config.num_classes,
+                    config.channels,
+                    config.image_size,
+                    7,
+                );
+                let input = |b| task.batch::<$crate::backend::Train>(0, b, &$device).0;
+                let run = |$batch: usize| {
+                    let $input = input($batch);
+                    $body
+                };
+                $batches.iter().map(|&b| run(b)).collect::<Vec<_>>()
+            }
+            $crate::plan::presets::Shape::Bert(config, seq) => {
+                let $stack = config.init::<$crate::backend::Train>(&$device).into_layer_stack();
+                let task = models::synthetic::MajorityTokens::new(config.vocab_size, *seq, *seq, 7);
+                let input = |b| task.batch::<$crate::backend::Train>(0, b, &$device).0;
+                let run = |$batch: usize| {
+                    let $input = input($batch);
+                    $body
+                };
+                $batches.iter().map(|&b| run(b)).collect::<Vec<_>>()
+            }
+        }
+    }};
 }
+pub(crate) use on_each_batch;
 
 /// The models `plan` knows by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -128,30 +142,6 @@ impl Shape {
             offset: 1,
             per_layer: 2,
             layers: self.layers(),
-        }
-    }
-
-    /// `work` on this model's layer stack (fresh weights, on the first
-    /// device) at each of `batches`, with a batch of its synthetic task
-    /// (ViT: band images, BERT: majority tokens; seed 7).
-    pub fn on_each_batch<W: OnStack>(&self, batches: &[usize], work: &mut W) -> Vec<W::Out> {
-        let device = backend::device(0);
-        match self {
-            Shape::Vit(config) => {
-                let stack = config.init::<Train>(&device).into_layer_stack();
-                let task =
-                    BandImages::new(config.num_classes, config.channels, config.image_size, 7);
-                let input = |b| task.batch::<Train>(0, b, &device).0;
-                let run = |&b: &usize| work.run(&stack, input(b), &device, b);
-                batches.iter().map(run).collect()
-            }
-            Shape::Bert(config, seq) => {
-                let stack = config.init::<Train>(&device).into_layer_stack();
-                let task = MajorityTokens::new(config.vocab_size, *seq, *seq, 7);
-                let input = |b| task.batch::<Train>(0, b, &device).0;
-                let run = |&b: &usize| work.run(&stack, input(b), &device, b);
-                batches.iter().map(run).collect()
-            }
         }
     }
 

@@ -7,11 +7,11 @@ use burn_elastic_dp::plan::{MeasuredPass, ModelSpec, UnitSpec};
 use std::time::Instant;
 
 use burn::tensor::Device;
-use burn_freeze::{Differentiable, LayerStack, StackTypes};
+use burn_freeze::{LayerStack, StackTypes};
 use burn_pipe::{UnitProfile, profile_units};
 use models::synthetic::{BandImages, MajorityTokens};
 
-use super::presets::{OnStack, Shape};
+use super::presets::{Shape, on_each_batch};
 use crate::backend::{self, Train};
 
 /// Least-squares `fixed + per_sample * b` through `(b, seconds)` points,
@@ -119,38 +119,14 @@ pub fn profile(shape: &Shape, batches: &[usize], repeats: usize) -> ModelSpec {
     batches.sort_unstable();
     batches.dedup();
     let batches = &batches[..];
-    /// A batch's profile: its size, each unit's times, each unit's frozen
-    /// forward.
-    struct Profile {
-        repeats: usize,
-    }
-    impl OnStack for Profile {
-        type Out = (usize, Vec<UnitProfile>, Vec<f64>);
-        fn run<S>(
-            &mut self,
-            stack: &LayerStack<S>,
-            input: S::Input,
-            device: &Device<Train>,
-            batch: usize,
-        ) -> Self::Out
-        where
-            S: StackTypes<Backend = Train>,
-            S::Output: Differentiable<Train>,
-            LayerStack<S>: Send,
-            S::Input: Send,
-        {
-            let repeats = self.repeats;
-            (
-                batch,
-                median_profile(
-                    || profile_units(stack, input.clone(), device, 1),
-                    repeats,
-                ),
-                frozen_forwards(stack, input, device, repeats),
-            )
-        }
-    }
-    let profiles = shape.on_each_batch(batches, &mut Profile { repeats });
+    let profiles = on_each_batch!(shape, batches, |stack, input, device, batch| (
+        batch,
+        median_profile(
+            || profile_units(&stack, input.clone(), &device, 1),
+            repeats
+        ),
+        frozen_forwards(&stack, input, &device, repeats),
+    ));
     let units = shape
         .units()
         .into_iter()
@@ -269,29 +245,30 @@ pub fn step_costs(shape: &Shape, batch: usize, repeats: usize) -> StepCosts {
                 .collect(),
         )
     };
+    // The optimizer step and data of one model and its task (a macro: the
+    // models and tasks are of different types).
+    macro_rules! timed {
+        ($task:expr, $model:expr) => {{
+            let task = $task;
+            let (x, y) = task.batch::<Train>(0, batch, &device);
+            let step = time_steps(
+                $model,
+                |m| loss.forward(m.forward(x.clone()), y.clone()).backward(),
+                repeats,
+                &device,
+            );
+            (step, data_time(&|i| drop(task.batch::<Train>(i, batch, &device))))
+        }};
+    }
     let ((step, accumulate), data) = match shape {
-        Shape::Vit(config) => {
-            let task = BandImages::new(config.num_classes, config.channels, config.image_size, 7);
-            let (x, y) = task.batch::<Train>(0, batch, &device);
-            let step = time_steps(
-                config.init::<Train>(&device),
-                |m| loss.forward(m.forward(x.clone()), y.clone()).backward(),
-                repeats,
-                &device,
-            );
-            (step, data_time(&|i| drop(task.batch::<Train>(i, batch, &device))))
-        }
-        Shape::Bert(config, seq) => {
-            let task = MajorityTokens::new(config.vocab_size, *seq, *seq, 7);
-            let (x, y) = task.batch::<Train>(0, batch, &device);
-            let step = time_steps(
-                config.init::<Train>(&device),
-                |m| loss.forward(m.forward(x.clone()), y.clone()).backward(),
-                repeats,
-                &device,
-            );
-            (step, data_time(&|i| drop(task.batch::<Train>(i, batch, &device))))
-        }
+        Shape::Vit(c) => timed!(
+            BandImages::new(c.num_classes, c.channels, c.image_size, 7),
+            c.init::<Train>(&device)
+        ),
+        Shape::Bert(c, seq) => timed!(
+            MajorityTokens::new(c.vocab_size, *seq, *seq, 7),
+            c.init::<Train>(&device)
+        ),
     };
     StepCosts {
         optimizer_per_tensor: step / tensors as f64,

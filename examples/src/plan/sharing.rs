@@ -15,8 +15,7 @@ use burn::tensor::Device;
 use burn_freeze::{Differentiable, LayerStack, StackTypes};
 use burn_pipe::profile_units;
 
-use super::presets::{OnStack, Shape};
-use crate::backend::Train;
+use super::presets::{Shape, on_each_batch};
 
 /// Seconds per pass of one model at one batch size, run several ways.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -190,24 +189,7 @@ where
 /// [`Sharing`] of the whole model of `shape` at each of `batches` on this
 /// backend (5 rounds, about 0.25 s per way and round).
 pub fn probe(shape: &Shape, batches: &[usize]) -> Vec<Sharing> {
-    struct Probe;
-    impl OnStack for Probe {
-        type Out = Sharing;
-        fn run<S>(
-            &mut self,
-            stack: &LayerStack<S>,
-            input: S::Input,
-            device: &Device<Train>,
-            batch: usize,
-        ) -> Sharing
-        where
-            S: StackTypes<Backend = Train>,
-            S::Output: Differentiable<Train>,
-            LayerStack<S>: Send,
-            S::Input: Send,
-        {
-            measure(stack, input, device, batch, 5, 0.25)
-        }
-    }
-    shape.on_each_batch(batches, &mut Probe)
+    on_each_batch!(shape, batches, |stack, input, device, batch| measure(
+        &stack, input, &device, batch, 5, 0.25
+    ))
 }
