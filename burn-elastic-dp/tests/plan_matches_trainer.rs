@@ -157,8 +157,7 @@ impl Batcher<B, ([f32; WIDTH], i64), (Tensor<B, 2>, Tensor<B, 1, Int>)> for Poin
         let x: Vec<f32> = items.iter().flat_map(|(x, _)| *x).collect();
         let y: Vec<i64> = items.iter().map(|(_, y)| *y).collect();
         (
-            Tensor::<B, 1>::from_data(TensorData::new(x, [n * WIDTH]), device)
-                .reshape([n, WIDTH]),
+            Tensor::<B, 1>::from_data(TensorData::new(x, [n * WIDTH]), device).reshape([n, WIDTH]),
             Tensor::from_data(TensorData::new(y, [n]), device),
         )
     }
@@ -189,10 +188,7 @@ fn trained(config: &TrainerConfig) -> (Vec<EpochShape>, Vec<usize>) {
         front: trainer.front(),
         stages: shape.stages(),
         replicas: shape.replicas,
-        micro_batches: config
-            .replicas
-            .pipeline
-            .micro_batches_for(shape.stages()),
+        micro_batches: config.replicas.pipeline.micro_batches_for(shape.stages()),
         balance: shape.balance.clone(),
     };
     let mut epochs = Vec::new();
@@ -222,6 +218,9 @@ fn the_planner_decides_every_epoch_as_the_trainer_does() {
     // The run does reshape: the front moves, the pipeline compresses and
     // replicas grow.
     let last = trained.last().unwrap();
-    assert!(last.front > 0 && last.stages < trained[0].stages, "{trained:?}");
+    assert!(
+        last.front > 0 && last.stages < trained[0].stages,
+        "{trained:?}"
+    );
     assert!(last.replicas > trained[0].replicas, "{trained:?}");
 }

@@ -149,7 +149,11 @@ pub fn plan(config: &PlanConfig, model: &ModelSpec) -> Result<Plan, PlanError> {
 }
 
 /// The epochs of PipeTransformer, or of the baseline (nothing frozen).
-fn run(config: &PlanConfig, model: &ModelSpec, baseline: bool) -> Result<Vec<EpochPlan>, PlanError> {
+fn run(
+    config: &PlanConfig,
+    model: &ModelSpec,
+    baseline: bool,
+) -> Result<Vec<EpochPlan>, PlanError> {
     let map = model.layer_map()?;
     let devices = config.cluster.devices();
     let costs = model.unit_costs(config.costs);

@@ -249,4 +249,3 @@ fn cache_traffic(config: &PlanConfig, model: &ModelSpec, layout: &Layout) -> f64
     };
     (read + write) / bandwidth
 }
-

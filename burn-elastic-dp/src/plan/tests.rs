@@ -103,8 +103,8 @@ fn freezing_without_autodp_or_cache_gains_less() {
         &paper(10).with_parts(Parts::new().with_dp(false).with_cache(false)),
         &costs,
     )
-        .unwrap()
-        .speedup();
+    .unwrap()
+    .speedup();
     assert!(full > no_dp, "{full} vs {no_dp}");
     assert!(no_dp >= no_dp_no_cache, "{no_dp} vs {no_dp_no_cache}");
 }

@@ -46,10 +46,7 @@ pub(crate) fn transition_cost(
         cost += t.group_rebuild;
         if replicas > previous.replicas {
             let weights: usize = model.units.iter().map(|u| u.param_bytes()).sum();
-            let active: usize = model.units[front..]
-                .iter()
-                .map(|u| u.param_bytes())
-                .sum();
+            let active: usize = model.units[front..].iter().map(|u| u.param_bytes()).sum();
             let bytes = weights as f64 + t.optimizer_state_factor * active as f64;
             let link = if config.cluster.nodes > 1 {
                 config.cluster.inter
@@ -62,4 +59,3 @@ pub(crate) fn transition_cost(
     }
     cost
 }
-

@@ -19,7 +19,9 @@ macro_rules! on_each_batch {
         let $device = $crate::backend::device(0);
         match $shape {
             $crate::plan::presets::Shape::Vit(config) => {
-                let $stack = config.init::<$crate::backend::Train>(&$device).into_layer_stack();
+                let $stack = config
+                    .init::<$crate::backend::Train>(&$device)
+                    .into_layer_stack();
                 let task = models::synthetic::BandImages::new(
                     config.num_classes,
                     config.channels,
@@ -34,7 +36,9 @@ macro_rules! on_each_batch {
                 $batches.iter().map(|&b| run(b)).collect::<Vec<_>>()
             }
             $crate::plan::presets::Shape::Bert(config, seq) => {
-                let $stack = config.init::<$crate::backend::Train>(&$device).into_layer_stack();
+                let $stack = config
+                    .init::<$crate::backend::Train>(&$device)
+                    .into_layer_stack();
                 let task = models::synthetic::MajorityTokens::new(config.vocab_size, *seq, *seq, 7);
                 let input = |b| task.batch::<$crate::backend::Train>(0, b, &$device).0;
                 let run = |$batch: usize| {

@@ -121,10 +121,7 @@ pub fn profile(shape: &Shape, batches: &[usize], repeats: usize) -> ModelSpec {
     let batches = &batches[..];
     let profiles = on_each_batch!(shape, batches, |stack, input, device, batch| (
         batch,
-        median_profile(
-            || profile_units(&stack, input.clone(), &device, 1),
-            repeats
-        ),
+        median_profile(|| profile_units(&stack, input.clone(), &device, 1), repeats),
         frozen_forwards(&stack, input, &device, repeats),
     ));
     let units = shape
@@ -257,7 +254,10 @@ pub fn step_costs(shape: &Shape, batch: usize, repeats: usize) -> StepCosts {
                 repeats,
                 &device,
             );
-            (step, data_time(&|i| drop(task.batch::<Train>(i, batch, &device))))
+            (
+                step,
+                data_time(&|i| drop(task.batch::<Train>(i, batch, &device))),
+            )
         }};
     }
     let ((step, accumulate), data) = match shape {

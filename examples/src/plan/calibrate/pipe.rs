@@ -162,4 +162,3 @@ fn check_balance(balance: &[usize], costs: &ModelSpec) -> Result<(), PlanCliErro
     }
     Ok(())
 }
-

@@ -226,7 +226,13 @@ fn calibrate_train(
     let batch = log.batch;
     let mut run = Measured::new(log, measure(&shape, batch, sizes, cores, options));
     let c = &run.calibration;
-    let rows = predict_train(&run.input, &c.costs, &c.step, &run.cpu, options.pass_overhead)?;
+    let rows = predict_train(
+        &run.input,
+        &c.costs,
+        &c.step,
+        &run.cpu,
+        options.pass_overhead,
+    )?;
     run.calibration.rows = rows;
     report::print_calibration(
         &format!(

@@ -60,7 +60,9 @@ impl TrainLog {
         };
         match (preset.shape(Some(layers)), self.hidden) {
             (Shape::Vit(c), Some(h)) => Shape::Vit(c.with_hidden(h).with_mlp_dim(2 * h)),
-            (Shape::Bert(c, s), Some(h)) => Shape::Bert(c.with_hidden(h).with_intermediate(2 * h), s),
+            (Shape::Bert(c, s), Some(h)) => {
+                Shape::Bert(c.with_hidden(h).with_intermediate(2 * h), s)
+            }
             (shape, None) => shape,
         }
     }
@@ -292,4 +294,3 @@ pub fn predict_train(
         })
         .collect())
 }
-
