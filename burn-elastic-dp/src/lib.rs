@@ -50,6 +50,7 @@ mod mpi;
 mod node;
 pub mod plan;
 mod sampler;
+pub mod shape;
 mod shards;
 pub mod trainer;
 

@@ -12,7 +12,7 @@
 //!
 //! AutoPipe lives in [`partition`]: the exact partitioner
 //! ([`balance_exact`]), the paper's greedy rule for comparison, freeze-aware
-//! costs, pipeline compression ([`compress`]) and the default micro-batch
+//! costs ([`UnitCosts`]), pipeline compression ([`compress`]) and the default micro-batch
 //! count; [`profile_units`] measures per-unit forward and backward time on
 //! the real backend.
 //!
@@ -46,7 +46,7 @@ pub use error::{PipeError, panic_message};
 pub use loss::MicroBatchLoss;
 pub use microbatch::micro_batch_sizes;
 pub use partition::{
-    balance_exact, balance_greedy, compress, default_micro_batches, freeze_aware_costs,
+    UnitCosts, UnitState, balance_exact, balance_greedy, compress, default_micro_batches,
     largest_stage, unit_param_costs,
 };
 pub use pipeline::Pipeline;

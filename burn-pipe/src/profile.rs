@@ -6,6 +6,8 @@ use burn::tensor::Device;
 use burn::tensor::backend::AutodiffBackend;
 use burn_freeze::{AutodiffActivation, Differentiable, LayerStack, StackTypes, Unit};
 
+use crate::partition::{UnitCosts, UnitState};
+
 /// Measured time of one unit for one batch.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct UnitProfile {
@@ -17,13 +19,25 @@ pub struct UnitProfile {
 
 impl UnitProfile {
     /// Cost of the unit in seconds: forward plus backward while it trains,
-    /// forward only once frozen, nothing once its output is cached.
+    /// forward only once frozen, nothing once its output is cached (the rule
+    /// of [`UnitCosts`], which holds it for every unit).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use burn_pipe::UnitProfile;
+    ///
+    /// let unit = UnitProfile { forward: Duration::from_millis(1), backward: Duration::from_millis(2) };
+    /// assert_eq!(unit.cost(false, false), 0.003);
+    /// assert_eq!(unit.cost(true, false), 0.001);
+    /// assert_eq!(unit.cost(true, true), 0.0);
+    /// ```
     pub fn cost(&self, frozen: bool, cached: bool) -> f64 {
-        match (frozen, cached) {
-            (false, _) => (self.forward + self.backward).as_secs_f64(),
-            (true, false) => self.forward.as_secs_f64(),
-            (true, true) => 0.0,
-        }
+        let state = match (frozen, cached) {
+            (false, _) => UnitState::Training,
+            (true, false) => UnitState::Frozen,
+            (true, true) => UnitState::Cached,
+        };
+        UnitCosts::from_profile(std::slice::from_ref(self)).cost(0, state)
     }
 }
 

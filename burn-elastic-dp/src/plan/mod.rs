@@ -4,33 +4,42 @@
 //! into compute, bubble, all-reduce and transitions, against the baseline
 //! (pipeline plus data parallel, nothing frozen).
 //!
-//! It uses the rules the real code uses: burn-freeze's alpha schedule and
-//! layer map, burn-pipe's partitioner (`freeze_aware_costs`, `compress`,
-//! `balance_exact`, `default_micro_batches`) and schedule (`stage_ops`), and
-//! the replica group's all-reduce (per tensor or bucketed, burn-collective's
-//! ring, tree and centralized strategies, locally then across nodes).
+//! It uses the rules the real code uses, in the trainer's vocabulary
+//! ([`FreezeRule`](crate::FreezeRule), [`Parts`](crate::Parts),
+//! [`LayerSpec`](crate::LayerSpec), [`CostModel`](crate::CostModel)):
+//! burn-freeze's freeze schedule and layer map, the trainer's shape rule
+//! ([`crate::shape`]: [`initial_shape`](crate::shape::initial_shape),
+//! [`reshape`](crate::shape::reshape)) on burn-pipe's one cost rule
+//! ([`burn_pipe::UnitCosts`]), burn-pipe's micro-batch count and schedule
+//! (`stage_ops`), and the replica group's all-reduce (per tensor or
+//! bucketed, burn-collective's ring, tree and centralized strategies,
+//! locally then across nodes).
 //!
-//! Files, one concern each: `costs.rs` (what a model costs, per unit),
-//! `sim.rs` (a discrete-event simulation of one pipeline step),
-//! `collective_model.rs` (all-reduce costs), `planner.rs` (the epochs),
-//! `error.rs`.
+//! Files, one concern each: `config.rs` (what is asked, and its checks),
+//! `model.rs` (what a model costs, per unit), `planner.rs` (the epochs),
+//! `step.rs` (one step of one replica), `sim/` (a discrete-event
+//! simulation of one pipeline step), `collective_model.rs` (all-reduce
+//! costs), `transition.rs` (what a transition costs), `error.rs`.
 
 mod collective_model;
-mod costs;
+mod config;
 mod error;
+mod model;
 mod planner;
 mod sim;
+mod step;
+#[cfg(test)]
+mod tests;
+mod transition;
 
 pub use collective_model::{
     Link, ReduceGroup, all_reduce_cost, buckets, centralized_all_reduce, centralized_reduce,
     ring_all_reduce, tree_all_reduce, tree_reduce,
 };
-pub use costs::{MeasuredPass, ModelCosts, UnitCost};
+pub use config::{ClusterConfig, PlanConfig};
 pub use error::PlanError;
-pub use planner::{
-    ClusterConfig, CostBasis, EpochPlan, EpochTime, Plan, PlanConfig, TransitionCost, plan,
-};
-pub use sim::{
-    OpSpan, PipelineSim, PipelineTrace, ReduceTiming, StageWork, StepTime, parallelism_at, shares,
-    step_time,
-};
+pub use model::{MeasuredPass, ModelSpec, UnitSpec};
+pub use planner::{EpochPlan, EpochTime, Plan, plan};
+pub use sim::{OpSpan, PipelineSim, PipelineTrace, StageWork, parallelism_at, shares};
+pub use step::{ReduceTiming, StepTime, step_time};
+pub use transition::TransitionCost;

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::TrainerConfig;
 use super::error::{TrainerError, io};
-use super::shape::{Shape, UnitCosts};
+use crate::shape::{Shape, UnitCosts};
 use super::{StackOptimizer, Trainer};
 use crate::sampler::ElasticSampler;
 

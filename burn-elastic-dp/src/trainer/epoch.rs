@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::StepProgress;
 use super::log::{EpochReport, Transition};
-use super::shape::Shape;
+use crate::shape::Shape;
 use crate::group::GroupReport;
 
 /// The running figures of the epoch under way.

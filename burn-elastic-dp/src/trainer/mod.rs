@@ -10,7 +10,7 @@
 //! (save and resume), `epoch.rs` (an epoch's running figures), `config.rs`
 //! (the one `Config` and its checks), `build.rs` (a trainer made from
 //! it), `bounds.rs` (the optimizer and stack
-//! bounds, named once), `shape.rs` (the shape rule), `log.rs` (transition
+//! bounds, named once), `log.rs` (transition
 //! and epoch records, JSON lines), `error.rs`.
 
 mod bounds;
@@ -21,7 +21,6 @@ mod epoch;
 mod error;
 mod log;
 mod recovery;
-mod shape;
 mod transition;
 
 use std::sync::Arc;
@@ -38,11 +37,11 @@ pub use checkpoint::CheckpointConfig;
 pub use config::{CostModel, FreezeRule, LayerSpec, Parts, TrainerConfig};
 pub use error::TrainerError;
 pub use log::{EpochReport, Transition};
-pub use shape::{Reshaping, Shape, UnitCosts, initial_shape, reshape};
 
 use crate::error::ElasticError;
 use crate::group::{GroupReport, ReplicaGroup};
 use crate::sampler::ElasticSampler;
+use crate::shape::UnitCosts;
 use epoch::{EpochEnd, EpochTally};
 use log::JsonLog;
 

@@ -11,7 +11,7 @@ use burn_pipe::profile_units;
 use super::config::{CostModel, Parts};
 use super::error::TrainerError;
 use super::log::Transition;
-use super::shape::{Reshaping, Shape, UnitCosts, initial_shape, reshape};
+use crate::shape::{Reshaping, Shape, UnitCosts, initial_shape, reshape};
 use super::{StackOptimizer, Trainer};
 use crate::error::ElasticError;
 use crate::group::ReplicaGroup;
@@ -47,13 +47,7 @@ pub(super) fn shape_rule(costs: &UnitCosts, query: ShapeQuery<'_>) -> (Shape, f6
             devices,
             initial_largest,
         } => {
-            let rules = Reshaping {
-                pipe: parts.pipe,
-                dp: parts.dp,
-                cache: parts.cache,
-                devices,
-                initial_largest,
-            };
+            let rules = Reshaping::for_parts(parts, devices, initial_largest);
             (reshape(costs, front, current, &rules), initial_largest)
         }
     }

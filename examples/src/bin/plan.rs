@@ -20,16 +20,15 @@ use std::path::PathBuf;
 
 use burn::collective::AllReduceStrategy;
 use burn_elastic_dp::plan::{
-    ClusterConfig, CostBasis, Link, ModelCosts, Plan, PlanConfig, ReduceTiming, TransitionCost,
-    plan,
+    ClusterConfig, Link, ModelSpec, Plan, PlanConfig, ReduceTiming, TransitionCost, plan,
 };
-use burn_elastic_dp::{AllReduce, BatchPolicy};
+use burn_elastic_dp::{AllReduce, BatchPolicy, CostModel, FreezeRule, Parts};
 use burn_pipe::Schedule;
 use clap::{Parser, ValueEnum};
-use examples::plan::calibrate::{self, Calibrated};
-use examples::plan::presets::{Preset, Shape};
+use examples::plan::calibrate::{self, CalibrationOptions};
+use examples::plan::presets::Preset;
 use examples::plan::report::{self, human};
-use examples::plan::{PlanCliError, plot, profile, sharing};
+use examples::plan::{PlanCliError, plot, profile};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum ScheduleArg {
@@ -130,16 +129,16 @@ struct Args {
     /// Pass order.
     #[arg(long, value_enum, default_value = "1f1b")]
     schedule: ScheduleArg,
-    /// What AutoPipe balances (parameters as burn-pipe's default, or time).
+    /// What AutoPipe balances, as the trainer's --costs: parameter counts
+    /// (a frozen unit a third of an active one), or the units' times (a
+    /// frozen unit its forward time).
     #[arg(long, value_enum, default_value = "params")]
     balance_by: BasisArg,
-    /// Cache the frozen prefix once this many layers are frozen (paper: 3 for ViT).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=256))]
-    cache_from: u32,
     /// Host-to-device bandwidth of the activation cache, GB/s, in (0, 100000].
     #[arg(long, default_value_t = 12.0, value_parser = positive("GB/s", 100_000.0))]
     cache_gbs: f64,
-    /// Never cache the frozen prefix.
+    /// Never cache the frozen prefix (else cached once anything is frozen,
+    /// as the trainer's AutoCache).
     #[arg(long)]
     no_cache: bool,
     /// Keep the starting replica count (no AutoDP).
@@ -225,11 +224,11 @@ fn strategy(arg: StrategyArg, arity: u32) -> AllReduceStrategy {
     }
 }
 
-fn costs(args: &Args) -> Result<ModelCosts, PlanCliError> {
+fn costs(args: &Args) -> Result<ModelSpec, PlanCliError> {
     let costs = if let Some(path) = &args.costs {
         let text = std::fs::read_to_string(path)
             .map_err(|e| PlanCliError::Input(format!("cannot read {}: {e}", path.display())))?;
-        let costs: ModelCosts = serde_json::from_str(&text).map_err(|e| {
+        let costs: ModelSpec = serde_json::from_str(&text).map_err(|e| {
             PlanCliError::Input(format!("{} is not a cost file: {e}", path.display()))
         })?;
         costs.validate()?;
@@ -266,7 +265,7 @@ fn config(args: &Args, nodes: usize) -> PlanConfig {
         },
         args.samples as usize,
         args.epochs as usize,
-        args.alpha,
+        FreezeRule::AlphaSchedule { alpha: args.alpha },
     )
     .with_stages(args.stages.map(|k| k as usize))
     .with_micro_batches(args.micro_batches.map(|m| m as usize))
@@ -274,13 +273,18 @@ fn config(args: &Args, nodes: usize) -> PlanConfig {
         ScheduleArg::Gpipe => Schedule::GPipe,
         ScheduleArg::OneFOneB => Schedule::OneFOneB,
     })
-    .with_balance_by(match args.balance_by {
-        BasisArg::Params => CostBasis::Params,
-        BasisArg::Time => CostBasis::Time,
+    .with_costs(match args.balance_by {
+        BasisArg::Params => CostModel::Parameters {
+            frozen_factor: 1.0 / 3.0,
+        },
+        BasisArg::Time => CostModel::Profiled { repeats: 1 },
     })
-    .with_cache_from((!args.no_cache).then_some(args.cache_from as usize))
+    .with_parts(
+        Parts::new()
+            .with_cache(!args.no_cache)
+            .with_dp(!args.no_auto_dp),
+    )
     .with_cache_bandwidth(Some(args.cache_gbs * 1e9))
-    .with_auto_dp(!args.no_auto_dp)
     .with_local_strategy(strategy(args.strategy, args.tree_arity))
     .with_global_strategy(strategy(args.global_strategy, args.tree_arity))
     .with_all_reduce(if args.bucket_mib == 0.0 {
@@ -313,7 +317,7 @@ fn k_sequence(plan: &Plan) -> String {
     ks.join(" -> ")
 }
 
-fn run_plan(args: &Args, costs: &ModelCosts) -> Result<(), PlanCliError> {
+fn run_plan(args: &Args, costs: &ModelSpec) -> Result<(), PlanCliError> {
     if let Some(gpus) = args
         .scaling
         .iter()
@@ -363,7 +367,7 @@ fn run_plan(args: &Args, costs: &ModelCosts) -> Result<(), PlanCliError> {
     Ok(())
 }
 
-fn run_scaling(args: &Args, costs: &ModelCosts) -> Result<(), PlanCliError> {
+fn run_scaling(args: &Args, costs: &ModelSpec) -> Result<(), PlanCliError> {
     let per_node = args.devices_per_node;
     println!();
     println!(
@@ -450,335 +454,16 @@ fn run_scaling(args: &Args, costs: &ModelCosts) -> Result<(), PlanCliError> {
     Ok(())
 }
 
-/// The step costs as JSON, for calibration.json.
-fn step_json(step: &profile::StepCosts) -> serde_json::Value {
-    serde_json::json!({
-        "optimizer_per_tensor": step.optimizer_per_tensor,
-        "data": step.data,
-        "accumulate_per_tensor": step.accumulate_per_tensor,
-    })
-}
-
-/// Probes how passes of `shape` share this CPU at the distinct `sizes`
-/// (samples per pass), prints the probe, and records it with the profiled
-/// `costs` and `step` costs in `dumps` (`costs_<run>`, `step_<run>`,
-/// `sharing_<run>` of calibration.json).
-fn probe_and_record(
-    shape: &Shape,
-    mut sizes: Vec<usize>,
-    cores: f64,
-    run: &str,
-    costs: &impl serde::Serialize,
-    step: &profile::StepCosts,
-    dumps: &mut serde_json::Map<String, serde_json::Value>,
-) -> Vec<sharing::Sharing> {
-    sizes.sort_unstable();
-    sizes.dedup();
-    let sharing = sharing::probe(shape, &sizes);
-    report::print_sharing(&sharing, cores);
-    dumps.insert(
-        format!("costs_{run}"),
-        serde_json::to_value(costs).expect("costs serialise"),
-    );
-    dumps.insert(format!("step_{run}"), step_json(step));
-    dumps.insert(
-        format!("sharing_{run}"),
-        serde_json::to_value(&sharing).expect("serialise"),
-    );
-    sharing
-}
-
-fn run_calibration(args: &Args) -> Result<(), PlanCliError> {
-    let cores = args
-        .cpu_cores
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64));
-    println!(
-        "calibration on this machine: stages are threads sharing {cores} cores (--cpu-cores); a pass takes as many cores as it does alone ({}), running passes share the cores evenly; with 2 or more stages a pass runs on a spawned thread, as many times slower as the probe measured",
-        args.pass_parallelism
-            .map_or("measured below".to_string(), |p| format!(
-                "{p}, --pass-parallelism"
-            ))
-    );
-    let cpu_model = |sharing: &[sharing::Sharing]| calibrate::CpuModel {
-        cores,
-        parallelism: match args.pass_parallelism {
-            Some(p) => vec![[1.0, p]],
-            None => sharing::parallelism_points(sharing, cores),
-        },
-        extra: 0.0,
-        thread_factor: sharing::thread_factor_points(sharing),
-    };
-    let batches: Vec<usize> = args.profile_batches.iter().map(|&b| b as usize).collect();
-    let given = args.pass_overhead_us * 1e-6;
-    let mut dumps = serde_json::Map::new();
-    let pipe = match &args.calibrate {
-        None => None,
-        Some(path) => {
-            let report = calibrate::read_pipe_report(path)?;
-            let shape = Shape::Vit(examples::bench::pipe::model_config(report.quick).0);
-            println!(
-                "bench pipe report: {} on {}, batch {}; profiling {} at batches {batches:?}",
-                report.model,
-                report.backend,
-                report.batch,
-                shape.describe()
-            );
-            let costs = profile::profile(&shape, &batches, 5);
-            let step = profile::step_costs(&shape, report.batch, 9);
-            println!(
-                "measured outside the passes: gradient accumulation {:.1} us per parameter tensor and micro-batch",
-                step.accumulate_per_tensor * 1e6
-            );
-            let sizes: Vec<usize> = report
-                .rows
-                .iter()
-                .map(|r| report.batch.div_ceil(r.micro_batches))
-                .collect();
-            let sharing = probe_and_record(&shape, sizes, cores, "pipe", &costs, &step, &mut dumps);
-            let cpu = cpu_model(&sharing);
-            let rows = calibrate::predict_pipe(&report, &costs, &step, &cpu, given)?;
-            report::print_calibration(
-                &format!(
-                    "bench pipe step times, from the profile alone ({} us per pass):",
-                    args.pass_overhead_us
-                ),
-                &rows,
-            );
-            Some((report, costs, step, rows, cpu))
-        }
-    };
-    let train = match &args.calibrate_train {
-        None => None,
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| PlanCliError::Input(format!("cannot read {}: {e}", path.display())))?;
-            // `metrics.json` of today's main job, or the log of the loop before it.
-            let log = if text.trim_start().starts_with('{') {
-                calibrate::parse_train_metrics(&text)?
-            } else {
-                calibrate::parse_train_log(&text)?
-            };
-            let (preset, layers) = if log.model == "Bert" {
-                (Preset::BertTiny, log.units.saturating_sub(2) / 2)
-            } else {
-                (Preset::VitTiny, log.units.saturating_sub(3) / 2)
-            };
-            let shape = match (preset.shape(Some(layers)), log.hidden) {
-                (Shape::Vit(c), Some(h)) => Shape::Vit(c.with_hidden(h).with_mlp_dim(2 * h)),
-                (Shape::Bert(c, s), Some(h)) => {
-                    Shape::Bert(c.with_hidden(h).with_intermediate(2 * h), s)
-                }
-                (shape, None) => shape,
-            };
-            println!(
-                "main job log: {} {} units, {} epochs x {} steps x {}, {} stages, alpha {}; profiling {} at batches {batches:?}",
-                log.model,
-                log.units,
-                log.epochs,
-                log.steps,
-                log.batch,
-                log.stages,
-                log.alpha,
-                shape.describe()
-            );
-            let costs = profile::profile(&shape, &batches, 5);
-            let step = profile::step_costs(&shape, log.batch, 9);
-            println!(
-                "measured outside the passes: Adam {:.1} us and gradient accumulation {:.1} us per parameter tensor, data {:.2} ms per batch",
-                step.optimizer_per_tensor * 1e6,
-                step.accumulate_per_tensor * 1e6,
-                step.data * 1e3
-            );
-            let sizes: Vec<usize> = log
-                .epoch_rows
-                .iter()
-                .map(|r| log.batch.div_ceil(r.micro_batches))
-                .chain([log.batch])
-                .collect();
-            let sharing =
-                probe_and_record(&shape, sizes, cores, "train", &costs, &step, &mut dumps);
-            let cpu = cpu_model(&sharing);
-            let (rows, matches) = calibrate::predict_train(&log, &costs, &step, &cpu, given)?;
-            for (e, ok) in matches.iter().enumerate() {
-                let m = &log.epoch_rows[e];
-                println!(
-                    "epoch {e}: the job ran F units {} K={} {:?} M={}; the planner {}",
-                    m.frozen_units,
-                    m.stages,
-                    m.balance,
-                    m.micro_batches,
-                    if *ok {
-                        "agrees"
-                    } else {
-                        "DIFFERS (see the table)"
-                    }
-                );
-            }
-            report::print_calibration(
-                &format!(
-                    "main job epoch times (steps + the held-out forward pass), from the profile alone ({} us per pass):",
-                    args.pass_overhead_us
-                ),
-                &rows,
-            );
-            Some((log, costs, step, rows, cpu))
-        }
-    };
-    let mut plotted: Vec<(&str, Vec<Calibrated>)> = Vec::new();
-    let mut fitted = serde_json::Map::new();
-    if let (
-        Some((report, pipe_costs, pipe_step, _, pipe_cpu)),
-        Some((log, train_costs, step, _, train_cpu)),
-    ) = (&pipe, &train)
-    {
-        // Two parameters, each fitted on one set of rows and checked on
-        // the others. First the cores a pipeline stage's pass takes beyond
-        // the probe's p (the probe's copies are whole models on threads of
-        // their own; a stage's passes are short and handed between
-        // threads), on bench pipe's 1F1B rows with K >= 2, relative to the
-        // interleaved sequential run; checked on its GPipe rows.
-        let with_extra = |cpu: &calibrate::CpuModel, extra: f64| calibrate::CpuModel {
-            extra,
-            ..cpu.clone()
-        };
-        let unfitted =
-            calibrate::predict_pipe_relative(report, pipe_costs, pipe_step, pipe_cpu, given)?;
-        let extra = calibrate::fit_overhead(1.0, |x| {
-            let rows = calibrate::predict_pipe_relative(
-                report,
-                pipe_costs,
-                pipe_step,
-                &with_extra(pipe_cpu, x),
-                given,
-            )?;
-            Ok(rows
-                .into_iter()
-                .zip(&report.rows)
-                .filter(|(_, row)| row.stages > 1 && row.schedule == "OneFOneB")
-                .map(|(r, _)| r)
-                .collect())
-        })?;
-        let (pipe_cpu, train_cpu) = (with_extra(pipe_cpu, extra), with_extra(train_cpu, extra));
-        // Then what each trainable parameter tensor adds to a stage's
-        // backward pass beyond the unit's profiled time (in the pipeline a
-        // stage makes fresh autodiff leaves of its parameters for every
-        // micro-batch and collects their gradients after it; a stage with
-        // nothing to train pays nothing), on the main job's epochs after
-        // the first (the first also warms the process up); checked on
-        // epoch 0 (bench pipe's rows hardly depend on it).
-        let with = |base: &examples::plan::profile::StepCosts, t: f64| {
-            let mut step = *base;
-            step.accumulate_per_tensor = t;
-            step
-        };
-        let per_tensor = calibrate::fit_overhead(1e-3, |t| {
-            calibrate::predict_train(log, train_costs, &with(step, t), &train_cpu, given)
-                .map(|r| r.0.into_iter().skip(1).collect())
-        })?;
-        let pipe_step = with(pipe_step, per_tensor);
-        let pipe_relative =
-            calibrate::predict_pipe_relative(report, pipe_costs, &pipe_step, &pipe_cpu, given)?;
-        let pipe_absolute =
-            calibrate::predict_pipe(report, pipe_costs, &pipe_step, &pipe_cpu, given)?;
-        let train_fitted =
-            calibrate::predict_train(log, train_costs, &with(step, per_tensor), &train_cpu, given)?
-                .0;
-        let pass = per_tensor;
-        println!();
-        report::print_calibration(
-            "bench pipe step times relative to the interleaved sequential run, nothing fitted (measured sharing, measured accumulation):",
-            &unfitted,
-        );
-        println!();
-        println!(
-            "calibrated: passes in the pipeline take {extra:.3} cores more than the probe's p (fitted on bench pipe's 1F1B rows with K >= 2; its GPipe rows are the check); {:.1} us per trainable parameter tensor and backward pass (fitted on the main job's epochs 1..; epoch 0 is the check)",
-            per_tensor * 1e6
-        );
-        report::print_calibration(
-            "bench pipe step times relative to the interleaved sequential run (1F1B rows with K >= 2: the fit; the others: the check):",
-            &pipe_relative,
-        );
-        report::print_calibration(
-            "bench pipe step times, absolute (the profile ran at another moment of the shared machine's load):",
-            &pipe_absolute,
-        );
-        report::print_calibration(
-            "main job epoch times (the fit; epoch 0 includes the process's warm-up and was not fitted):",
-            &train_fitted,
-        );
-        fitted.insert("per_tensor_per_pass_fitted_s".into(), pass.into());
-        fitted.insert("extra_parallelism_fitted".into(), extra.into());
-        for (name, rows) in [
-            ("pipe_relative_unfitted", &unfitted),
-            ("pipe_relative_calibrated", &pipe_relative),
-            ("pipe_absolute_calibrated", &pipe_absolute),
-            ("train_calibrated", &train_fitted),
-        ] {
-            fitted.insert(
-                name.into(),
-                serde_json::to_value(rows).expect("rows serialise"),
-            );
-        }
-        plotted.push((
-            "bench pipe steps, relative to its sequential run",
-            pipe_relative,
-        ));
-        plotted.push(("bench pipe steps, absolute", pipe_absolute));
-        plotted.push(("main job epochs", train_fitted));
-    } else {
-        if let Some((_, _, _, rows, _)) = &pipe {
-            plotted.push(("bench pipe steps", rows.clone()));
-        }
-        if let Some((_, _, _, rows, _)) = &train {
-            plotted.push(("main job epochs", rows.clone()));
-        }
+fn calibration_options(args: &Args) -> CalibrationOptions {
+    CalibrationOptions {
+        pipe_report: args.calibrate.clone(),
+        train_log: args.calibrate_train.clone(),
+        cpu_cores: args.cpu_cores,
+        pass_parallelism: args.pass_parallelism,
+        profile_batches: args.profile_batches.iter().map(|&b| b as usize).collect(),
+        pass_overhead: args.pass_overhead_us * 1e-6,
+        out_dir: args.out_dir.clone(),
     }
-    std::fs::create_dir_all(&args.out_dir).map_err(|e| {
-        PlanCliError::Input(format!("cannot create {}: {e}", args.out_dir.display()))
-    })?;
-    let json = args.out_dir.join("calibration.json");
-    let mut all = serde_json::Map::new();
-    all.insert("cpu_cores".into(), cores.into());
-    for (name, cpu) in [
-        ("pipe", pipe.as_ref().map(|p| &p.4)),
-        ("train", train.as_ref().map(|t| &t.4)),
-    ] {
-        if let Some(cpu) = cpu {
-            all.insert(
-                format!("{name}_parallelism"),
-                serde_json::to_value(&cpu.parallelism).expect("points serialise"),
-            );
-            all.insert(
-                format!("{name}_thread_factor"),
-                serde_json::to_value(&cpu.thread_factor).expect("points serialise"),
-            );
-        }
-    }
-    all.insert("pass_overhead_s".into(), given.into());
-    all.insert(
-        "pipe".into(),
-        serde_json::to_value(pipe.as_ref().map(|p| &p.3)).expect("rows serialise"),
-    );
-    all.insert(
-        "train".into(),
-        serde_json::to_value(train.as_ref().map(|t| &t.3)).expect("rows serialise"),
-    );
-    all.extend(fitted);
-    all.extend(dumps);
-    std::fs::write(
-        &json,
-        serde_json::to_string_pretty(&all).expect("rows serialise"),
-    )
-    .map_err(|e| PlanCliError::Input(format!("cannot write {}: {e}", json.display())))?;
-    println!("wrote {}", json.display());
-    let path = args.out_dir.join("predicted_vs_measured.png");
-    let series: Vec<(&str, &[Calibrated])> =
-        plotted.iter().map(|(n, r)| (*n, r.as_slice())).collect();
-    match plot::predicted_vs_measured(&path, &series) {
-        Ok(()) => println!("wrote {}", path.display()),
-        Err(e) => eprintln!("{e}; skipped {}", path.display()),
-    }
-    Ok(())
 }
 
 fn main() {
@@ -795,7 +480,7 @@ fn main() {
         }
     };
     let result = if args.calibrate.is_some() || args.calibrate_train.is_some() {
-        run_calibration(&args)
+        calibrate::run_calibration(&calibration_options(&args))
     } else {
         costs(&args).and_then(|costs| run_plan(&args, &costs))
     };

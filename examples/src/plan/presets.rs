@@ -2,10 +2,55 @@
 //! and forward FLOPs, worked out from the model's configuration (the same
 //! units `models` builds), and costs from FLOPs at an assumed throughput.
 
-use burn_elastic_dp::plan::{ModelCosts, UnitCost};
+use burn_elastic_dp::LayerSpec;
+use burn_elastic_dp::plan::{ModelSpec, UnitSpec};
 use clap::ValueEnum;
 use models::bert::BertConfig;
 use models::vit::VitConfig;
+
+/// For each of `$batches`, `$body` with `$stack` the layer stack of the
+/// model of `$shape` (a [`Shape`]; fresh weights), `$input` a batch of
+/// `$batch` samples of its synthetic task (ViT: band images, BERT:
+/// majority tokens; seed 7) and `$device` the first device; the results in
+/// a `Vec`. A macro: the two models' stacks are of different types.
+macro_rules! on_each_batch {
+    ($shape:expr, $batches:expr, |$stack:ident, $input:ident, $device:ident, $batch:ident| $body:expr) => {{
+        use burn_freeze::IntoLayerStack as _;
+        let $device = $crate::backend::device(0);
+        match $shape {
+            $crate::plan::presets::Shape::Vit(config) => {
+                let $stack = config
+                    .init::<$crate::backend::Train>(&$device)
+                    .into_layer_stack();
+                let task = models::synthetic::BandImages::new(
+                    config.num_classes,
+                    config.channels,
+                    config.image_size,
+                    7,
+                );
+                let input = |b| task.batch::<$crate::backend::Train>(0, b, &$device).0;
+                let run = |$batch: usize| {
+                    let $input = input($batch);
+                    $body
+                };
+                $batches.iter().map(|&b| run(b)).collect::<Vec<_>>()
+            }
+            $crate::plan::presets::Shape::Bert(config, seq) => {
+                let $stack = config
+                    .init::<$crate::backend::Train>(&$device)
+                    .into_layer_stack();
+                let task = models::synthetic::MajorityTokens::new(config.vocab_size, *seq, *seq, 7);
+                let input = |b| task.batch::<$crate::backend::Train>(0, b, &$device).0;
+                let run = |$batch: usize| {
+                    let $input = input($batch);
+                    $body
+                };
+                $batches.iter().map(|&b| run(b)).collect::<Vec<_>>()
+            }
+        }
+    }};
+}
+pub(crate) use on_each_batch;
 
 /// The models `plan` knows by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -93,6 +138,17 @@ impl Shape {
         }
     }
 
+    /// How the units make the layers the freeze rule counts: the embedding
+    /// first, then two units (attention, MLP) per block, as the main job
+    /// configures the trainer.
+    pub fn layer_spec(&self) -> LayerSpec {
+        LayerSpec::Uniform {
+            offset: 1,
+            per_layer: 2,
+            layers: self.layers(),
+        }
+    }
+
     /// A one-line description.
     pub fn describe(&self) -> String {
         match self {
@@ -126,13 +182,13 @@ impl Shape {
 
     /// Costs from FLOPs at `flops_per_second` (backward twice the forward),
     /// activations of `bytes_per_elem` bytes.
-    pub fn analytic_costs(&self, flops_per_second: f64, bytes_per_elem: usize) -> ModelCosts {
+    pub fn analytic_costs(&self, flops_per_second: f64, bytes_per_elem: usize) -> ModelSpec {
         let units = self
             .units()
             .into_iter()
             .map(|u| {
                 let forward = u.forward_flops / flops_per_second;
-                UnitCost {
+                UnitSpec {
                     name: u.name,
                     forward,
                     backward: 2.0 * forward,
@@ -144,15 +200,13 @@ impl Shape {
                 }
             })
             .collect();
-        ModelCosts {
+        ModelSpec {
             model: self.describe(),
             source: format!(
                 "analytic: forward FLOPs at {:.2} TFLOP/s, backward = 2 x forward, {bytes_per_elem}-byte values",
                 flops_per_second / 1e12
             ),
-            layers: self.layers(),
-            first_layer_unit: 1,
-            units_per_layer: 2,
+            layers: self.layer_spec(),
             units,
         }
     }

@@ -3,15 +3,15 @@
 //! frozen unit runs) at several batch sizes, fitted as a fixed part per
 //! pass plus a part per sample.
 
-use burn_elastic_dp::plan::{MeasuredPass, ModelCosts, UnitCost};
+use burn_elastic_dp::plan::{MeasuredPass, ModelSpec, UnitSpec};
 use std::time::Instant;
 
 use burn::tensor::Device;
-use burn_freeze::{IntoLayerStack, LayerStack, StackTypes};
+use burn_freeze::{LayerStack, StackTypes};
 use burn_pipe::{UnitProfile, profile_units};
 use models::synthetic::{BandImages, MajorityTokens};
 
-use super::presets::Shape;
+use super::presets::{Shape, on_each_batch};
 use crate::backend::{self, Train};
 
 /// Least-squares `fixed + per_sample * b` through `(b, seconds)` points,
@@ -114,50 +114,16 @@ fn frozen_forwards<S: StackTypes>(
 /// (the median of `repeats` runs each), keeps those times (interpolated
 /// between batch sizes) and a fit of fixed plus per-sample time; parameter tensors and activation sizes come from the
 /// shape (4-byte values).
-pub fn profile(shape: &Shape, batches: &[usize], repeats: usize) -> ModelCosts {
+pub fn profile(shape: &Shape, batches: &[usize], repeats: usize) -> ModelSpec {
     let mut batches = batches.to_vec();
     batches.sort_unstable();
     batches.dedup();
     let batches = &batches[..];
-    let device = backend::device(0);
-    let profiles: Vec<(usize, Vec<UnitProfile>, Vec<f64>)> = match shape {
-        Shape::Vit(config) => {
-            let stack = config.init::<Train>(&device).into_layer_stack();
-            let task = BandImages::new(config.num_classes, config.channels, config.image_size, 7);
-            batches
-                .iter()
-                .map(|&b| {
-                    let (images, _) = task.batch::<Train>(0, b, &device);
-                    (
-                        b,
-                        median_profile(
-                            || profile_units(&stack, images.clone(), &device, 1),
-                            repeats,
-                        ),
-                        frozen_forwards(&stack, images, &device, repeats),
-                    )
-                })
-                .collect()
-        }
-        Shape::Bert(config, seq) => {
-            let stack = config.init::<Train>(&device).into_layer_stack();
-            let task = MajorityTokens::new(config.vocab_size, *seq, *seq, 7);
-            batches
-                .iter()
-                .map(|&b| {
-                    let (input, _) = task.batch::<Train>(0, b, &device);
-                    (
-                        b,
-                        median_profile(
-                            || profile_units(&stack, input.clone(), &device, 1),
-                            repeats,
-                        ),
-                        frozen_forwards(&stack, input, &device, repeats),
-                    )
-                })
-                .collect()
-        }
-    };
+    let profiles = on_each_batch!(shape, batches, |stack, input, device, batch| (
+        batch,
+        median_profile(|| profile_units(&stack, input.clone(), &device, 1), repeats),
+        frozen_forwards(&stack, input, &device, repeats),
+    ));
     let units = shape
         .units()
         .into_iter()
@@ -171,7 +137,7 @@ pub fn profile(shape: &Shape, batches: &[usize], repeats: usize) -> ModelCosts {
             };
             let (forward_fixed, forward) = fit_linear(&points(|p| p.forward.as_secs_f64()));
             let (backward_fixed, backward) = fit_linear(&points(|p| p.backward.as_secs_f64()));
-            UnitCost {
+            UnitSpec {
                 name: u.name,
                 forward,
                 backward,
@@ -191,22 +157,20 @@ pub fn profile(shape: &Shape, batches: &[usize], repeats: usize) -> ModelCosts {
             }
         })
         .collect();
-    ModelCosts {
+    ModelSpec {
         model: shape.describe(),
         source: format!(
             "profiled on {} at batches {batches:?} (median of {repeats} after a warm-up), fitted as fixed + per-sample time",
             backend::NAME
         ),
-        layers: shape.layers(),
-        first_layer_unit: 1,
-        units_per_layer: 2,
+        layers: shape.layer_spec(),
         units,
     }
 }
 
 /// What a step of the main job costs outside the pipeline's passes,
 /// measured on this backend.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct StepCosts {
     /// Seconds of an Adam step per parameter tensor (burn's optimizer
     /// updates each tensor with a handful of small operations).
@@ -266,47 +230,45 @@ pub fn step_costs(shape: &Shape, batch: usize, repeats: usize) -> StepCosts {
             median(accumulates[1..].to_vec()),
         )
     }
+    // Median seconds to make batch `i` of the job's data.
+    let data_time = |make: &dyn Fn(usize)| {
+        median(
+            (0..repeats)
+                .map(|i| {
+                    let start = Instant::now();
+                    make(i);
+                    start.elapsed().as_secs_f64()
+                })
+                .collect(),
+        )
+    };
+    // The optimizer step and data of one model and its task (a macro: the
+    // models and tasks are of different types).
+    macro_rules! timed {
+        ($task:expr, $model:expr) => {{
+            let task = $task;
+            let (x, y) = task.batch::<Train>(0, batch, &device);
+            let step = time_steps(
+                $model,
+                |m| loss.forward(m.forward(x.clone()), y.clone()).backward(),
+                repeats,
+                &device,
+            );
+            (
+                step,
+                data_time(&|i| drop(task.batch::<Train>(i, batch, &device))),
+            )
+        }};
+    }
     let ((step, accumulate), data) = match shape {
-        Shape::Vit(config) => {
-            let task = BandImages::new(config.num_classes, config.channels, config.image_size, 7);
-            let (x, y) = task.batch::<Train>(0, batch, &device);
-            let step = time_steps(
-                config.init::<Train>(&device),
-                |m| loss.forward(m.forward(x.clone()), y.clone()).backward(),
-                repeats,
-                &device,
-            );
-            let data = median(
-                (0..repeats)
-                    .map(|i| {
-                        let start = Instant::now();
-                        let _ = task.batch::<Train>(i, batch, &device);
-                        start.elapsed().as_secs_f64()
-                    })
-                    .collect(),
-            );
-            (step, data)
-        }
-        Shape::Bert(config, seq) => {
-            let task = MajorityTokens::new(config.vocab_size, *seq, *seq, 7);
-            let (x, y) = task.batch::<Train>(0, batch, &device);
-            let step = time_steps(
-                config.init::<Train>(&device),
-                |m| loss.forward(m.forward(x.clone()), y.clone()).backward(),
-                repeats,
-                &device,
-            );
-            let data = median(
-                (0..repeats)
-                    .map(|i| {
-                        let start = Instant::now();
-                        let _ = task.batch::<Train>(i, batch, &device);
-                        start.elapsed().as_secs_f64()
-                    })
-                    .collect(),
-            );
-            (step, data)
-        }
+        Shape::Vit(c) => timed!(
+            BandImages::new(c.num_classes, c.channels, c.image_size, 7),
+            c.init::<Train>(&device)
+        ),
+        Shape::Bert(c, seq) => timed!(
+            MajorityTokens::new(c.vocab_size, *seq, *seq, 7),
+            c.init::<Train>(&device)
+        ),
     };
     StepCosts {
         optimizer_per_tensor: step / tensors as f64,

@@ -44,7 +44,7 @@ pub fn print_epochs(title: &str, epochs: &[EpochPlan]) {
             "{:>5} {:>3} {:>6} {:>5} {:>3} {:>5} {:>3} {:>6.3}  {:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
             e.epoch,
             e.frozen_layers,
-            e.frozen_units,
+            e.front,
             if e.cached { "yes" } else { "no" },
             e.stages,
             e.replicas,

@@ -12,12 +12,10 @@ use std::thread;
 use std::time::Instant;
 
 use burn::tensor::Device;
-use burn_freeze::{Differentiable, IntoLayerStack, LayerStack, StackTypes};
+use burn_freeze::{Differentiable, LayerStack, StackTypes};
 use burn_pipe::profile_units;
-use models::synthetic::{BandImages, MajorityTokens};
 
-use super::presets::Shape;
-use crate::backend::{self, Train};
+use super::presets::{Shape, on_each_batch};
 
 /// Seconds per pass of one model at one batch size, run several ways.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -191,29 +189,7 @@ where
 /// [`Sharing`] of the whole model of `shape` at each of `batches` on this
 /// backend (5 rounds, about 0.25 s per way and round).
 pub fn probe(shape: &Shape, batches: &[usize]) -> Vec<Sharing> {
-    let device = backend::device(0);
-    match shape {
-        Shape::Vit(config) => {
-            let stack = config.init::<Train>(&device).into_layer_stack();
-            let task = BandImages::new(config.num_classes, config.channels, config.image_size, 7);
-            batches
-                .iter()
-                .map(|&b| {
-                    let (images, _) = task.batch::<Train>(0, b, &device);
-                    measure(&stack, images, &device, b, 5, 0.25)
-                })
-                .collect()
-        }
-        Shape::Bert(config, seq) => {
-            let stack = config.init::<Train>(&device).into_layer_stack();
-            let task = MajorityTokens::new(config.vocab_size, *seq, *seq, 7);
-            batches
-                .iter()
-                .map(|&b| {
-                    let (input, _) = task.batch::<Train>(0, b, &device);
-                    measure(&stack, input, &device, b, 5, 0.25)
-                })
-                .collect()
-        }
-    }
+    on_each_batch!(shape, batches, |stack, input, device, batch| measure(
+        &stack, input, &device, batch, 5, 0.25
+    ))
 }

@@ -1,10 +1,15 @@
 //! What the planner knows about a model: per-unit pass times (a fixed part
-//! per pass plus a part per sample), activation sizes and gradient tensors;
-//! profiled on a real backend or measured elsewhere and read from JSON.
+//! per pass plus a part per sample), activation sizes and gradient tensors,
+//! and how the units make layers ([`LayerSpec`], as the trainer maps
+//! them); profiled on a real backend or measured elsewhere and read from
+//! JSON.
 
+use burn_freeze::LayerMap;
+use burn_pipe::UnitCosts;
 use serde::{Deserialize, Serialize};
 
 use crate::plan::error::{PlanError, check};
+use crate::trainer::{CostModel, LayerSpec};
 
 /// A unit's pass times measured at one batch size.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -42,9 +47,10 @@ fn interpolate(measured: &[MeasuredPass], samples: f64, pass: fn(&MeasuredPass) 
     pass(a) + w * (pass(b) - pass(a))
 }
 
-/// One partition unit's costs.
+/// One partition unit, as the planner models it: its pass times, output
+/// size and gradient tensors.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct UnitCost {
+pub struct UnitSpec {
     /// A name for reports (`embedding`, `attention 3`, `head`).
     pub name: String,
     /// Forward seconds per sample.
@@ -71,7 +77,7 @@ pub struct UnitCost {
     pub param_tensors: Vec<usize>,
 }
 
-impl UnitCost {
+impl UnitSpec {
     /// Bytes of the unit's parameters.
     pub fn param_bytes(&self) -> usize {
         self.param_tensors.iter().sum()
@@ -80,9 +86,9 @@ impl UnitCost {
     /// Forward seconds of a pass over `samples` samples.
     ///
     /// ```
-    /// use burn_elastic_dp::plan::{MeasuredPass, UnitCost};
+    /// use burn_elastic_dp::plan::{MeasuredPass, UnitSpec};
     ///
-    /// let mut unit = UnitCost {
+    /// let mut unit = UnitSpec {
     ///     name: "mlp".into(), forward: 1e-3, backward: 2e-3, forward_fixed: 1e-4,
     ///     backward_fixed: 0.0, measured: vec![], activation_bytes: 0, param_tensors: vec![],
     /// };
@@ -107,10 +113,10 @@ impl UnitCost {
     /// measured size; otherwise [`forward_time`](Self::forward_time).
     ///
     /// ```
-    /// use burn_elastic_dp::plan::{MeasuredPass, UnitCost};
+    /// use burn_elastic_dp::plan::{MeasuredPass, UnitSpec};
     ///
     /// let pass = |batch, frozen_forward| MeasuredPass { batch, forward: 0.01, backward: 0.02, frozen_forward };
-    /// let mut unit = UnitCost {
+    /// let mut unit = UnitSpec {
     ///     name: "mlp".into(), forward: 0.0, backward: 0.0, forward_fixed: 0.0,
     ///     backward_fixed: 0.0, measured: vec![pass(4, Some(0.004)), pass(8, Some(0.006))],
     ///     activation_bytes: 0, param_tensors: vec![],
@@ -139,61 +145,63 @@ impl UnitCost {
     }
 }
 
-/// A model's costs, unit by unit, and how its units make layers: layer `l`
-/// (a transformer block) is units `first_layer_unit + units_per_layer * l`
-/// onwards, as `burn_freeze::LayerMap::uniform` maps them.
+/// A model as the planner sees it: its units ([`UnitSpec`]) and how they
+/// make the layers the freeze rule counts ([`LayerSpec`], as the trainer's
+/// configuration gives them; ViT and BERT: layer `l` is units `1 + 2 l` and
+/// `2 + 2 l`).
 ///
 /// ```
-/// use burn_elastic_dp::plan::{ModelCosts, UnitCost};
+/// use burn_elastic_dp::LayerSpec;
+/// use burn_elastic_dp::plan::{ModelSpec, UnitSpec};
 ///
-/// let unit = |name: &str| UnitCost {
+/// let unit = |name: &str| UnitSpec {
 ///     name: name.into(), forward: 1e-3, backward: 2e-3, forward_fixed: 0.0,
 ///     backward_fixed: 0.0, measured: vec![], activation_bytes: 4096, param_tensors: vec![4096, 64],
 /// };
-/// let costs = ModelCosts {
-///     model: "toy".into(), source: "made up".into(), layers: 1,
-///     first_layer_unit: 1, units_per_layer: 2,
+/// let model = ModelSpec {
+///     model: "toy".into(), source: "made up".into(),
+///     layers: LayerSpec::Uniform { offset: 1, per_layer: 2, layers: 1 },
 ///     units: vec![unit("embedding"), unit("attention 0"), unit("mlp 0"), unit("head")],
 /// };
-/// costs.validate().unwrap();
-/// assert_eq!(costs.layer_map().unwrap().unit_front(1), 3);
+/// model.validate().unwrap();
+/// assert_eq!(model.layer_map().unwrap().unit_front(1), 3);
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ModelCosts {
+pub struct ModelSpec {
     /// The model, in words.
     pub model: String,
     /// Where the numbers come from (backend, batch sizes, or assumptions).
     pub source: String,
-    /// Layers the freeze schedule counts.
-    pub layers: usize,
-    /// Unit of layer 0's first unit.
-    pub first_layer_unit: usize,
-    /// Units per layer.
-    pub units_per_layer: usize,
+    /// How the units make layers.
+    pub layers: LayerSpec,
     /// Every unit, first to last.
-    pub units: Vec<UnitCost>,
+    pub units: Vec<UnitSpec>,
 }
 
-impl ModelCosts {
+impl ModelSpec {
     /// Checks every number: at least one unit, finite non-negative times,
     /// layers within the units.
     pub fn validate(&self) -> Result<(), PlanError> {
         check(!self.units.is_empty(), || {
             "the cost file has no unit".into()
         })?;
-        check(self.units_per_layer >= 1, || {
-            "units_per_layer must be at least 1, got 0".into()
-        })?;
-        let end = self.first_layer_unit + self.units_per_layer * self.layers;
-        check(end <= self.units.len(), || {
-            format!(
-                "{} layers of {} units from unit {} end at unit {end}, beyond the {} units",
-                self.layers,
-                self.units_per_layer,
-                self.first_layer_unit,
-                self.units.len()
-            )
-        })?;
+        if let LayerSpec::Uniform {
+            offset,
+            per_layer,
+            layers,
+        } = self.layers
+        {
+            check(per_layer >= 1, || {
+                "units per layer must be at least 1, got 0".into()
+            })?;
+            let end = offset + per_layer * layers;
+            check(end <= self.units.len(), || {
+                format!(
+                    "{layers} layers of {per_layer} units from unit {offset} end at unit {end}, beyond the {} units",
+                    self.units.len()
+                )
+            })?;
+        }
         for (i, u) in self.units.iter().enumerate() {
             let ok = |t: f64| t.is_finite() && t >= 0.0;
             check(
@@ -221,26 +229,36 @@ impl ModelCosts {
         Ok(())
     }
 
-    /// The layer-to-unit map the freeze schedule uses.
-    pub fn layer_map(&self) -> Result<burn_freeze::LayerMap, PlanError> {
-        burn_freeze::LayerMap::uniform(
-            self.first_layer_unit,
-            self.units_per_layer,
-            self.layers,
-            self.units.len(),
-        )
-        .map_err(|e| PlanError::Invalid(e.to_string()))
+    /// The layer-to-unit map the freeze rule uses (as the trainer's).
+    pub fn layer_map(&self) -> Result<LayerMap, PlanError> {
+        let units = self.units.len();
+        match self.layers {
+            LayerSpec::PerUnit => Ok(LayerMap::per_unit(units)),
+            LayerSpec::Uniform {
+                offset,
+                per_layer,
+                layers,
+            } => LayerMap::uniform(offset, per_layer, layers, units)
+                .map_err(|e| PlanError::Invalid(e.to_string())),
+        }
     }
 
-    /// Parameter bytes of each unit: the costs the real pipeline balances
-    /// by (`burn_pipe::unit_param_costs` counts parameters; bytes are
-    /// proportional).
-    pub fn param_costs(&self) -> Vec<f64> {
-        self.units.iter().map(|u| u.param_bytes() as f64).collect()
-    }
-
-    /// Forward plus backward seconds per sample of each unit.
-    pub fn time_costs(&self) -> Vec<f64> {
-        self.units.iter().map(|u| u.forward + u.backward).collect()
+    /// What AutoPipe balances under `model`, by burn-pipe's one cost rule:
+    /// parameter bytes (the trainer counts parameters; bytes are
+    /// proportional) with a frozen unit at `frozen_factor` of an active one,
+    /// or each unit's forward plus backward seconds per sample with a
+    /// frozen unit at its forward seconds, as the trainer's profile costs
+    /// them (the times are the ones here: `repeats` is not used).
+    pub fn unit_costs(&self, model: CostModel) -> UnitCosts {
+        match model {
+            CostModel::Parameters { frozen_factor } => {
+                let bytes: Vec<f64> = self.units.iter().map(|u| u.param_bytes() as f64).collect();
+                UnitCosts::scaled(&bytes, frozen_factor)
+            }
+            CostModel::Profiled { .. } => UnitCosts {
+                active: self.units.iter().map(|u| u.forward + u.backward).collect(),
+                frozen: self.units.iter().map(|u| u.forward).collect(),
+            },
+        }
     }
 }

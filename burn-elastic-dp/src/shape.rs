@@ -1,47 +1,16 @@
-//! AutoPipe and AutoDP's decision at a transition: the pipeline's length and
-//! balance, and the number of replicas, for a freeze front.
+//! The shape rule, AutoPipe's and AutoDP's decision: the starting
+//! pipeline ([`initial_shape`]) and, after the freeze front moved, the
+//! pipeline's length and balance and the number of replicas ([`reshape`]).
+//! The [`Trainer`](crate::Trainer) applies it at every transition, and the
+//! planner ([`plan`](crate::plan::plan)) calls it for every epoch it
+//! predicts: one rule. Unit costs follow burn-pipe's one cost rule
+//! ([`UnitCosts`]).
 
-use burn_pipe::{UnitProfile, balance_exact, compress, largest_stage};
+pub use burn_pipe::UnitCosts;
+use burn_pipe::{balance_exact, compress, largest_stage};
 use serde::{Deserialize, Serialize};
 
-/// Each unit's cost while it trains and once frozen (not cached).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct UnitCosts {
-    /// Forward and backward.
-    pub active: Vec<f64>,
-    /// Forward only.
-    pub frozen: Vec<f64>,
-}
-
-impl UnitCosts {
-    /// From parameter counts, a frozen unit costing `frozen_factor` of an
-    /// active one.
-    pub fn from_params(params: &[usize], frozen_factor: f64) -> Self {
-        let active: Vec<f64> = params.iter().map(|&n| n as f64).collect();
-        let frozen = active.iter().map(|c| c * frozen_factor).collect();
-        Self { active, frozen }
-    }
-
-    /// From measured times.
-    pub fn from_profile(profile: &[UnitProfile]) -> Self {
-        Self {
-            active: profile.iter().map(|p| p.cost(false, false)).collect(),
-            frozen: profile.iter().map(|p| p.cost(true, false)).collect(),
-        }
-    }
-
-    /// Per-unit costs with units `0..front` frozen; those cost nothing when
-    /// their outputs are cached.
-    pub fn at(&self, front: usize, cached: bool) -> Vec<f64> {
-        (0..self.active.len())
-            .map(|u| match (u < front, cached) {
-                (false, _) => self.active[u],
-                (true, true) => 0.0,
-                (true, false) => self.frozen[u],
-            })
-            .collect()
-    }
-}
+use crate::trainer::Parts;
 
 /// A pipeline shape: stages, units per stage, replicas.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,7 +37,7 @@ impl Shape {
 }
 
 /// What AutoPipe and AutoDP may do.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Reshaping {
     /// AutoPipe runs.
     pub pipe: bool,
@@ -82,6 +51,20 @@ pub struct Reshaping {
     /// The largest stage's cost before anything froze: a stage may not
     /// grow beyond it (the memory bound of the paper's compression).
     pub initial_largest: f64,
+}
+
+impl Reshaping {
+    /// What AutoPipe and AutoDP may do when `parts` run on `devices`
+    /// devices, the largest stage at the start costing `initial_largest`.
+    pub fn for_parts(parts: Parts, devices: usize, initial_largest: f64) -> Self {
+        Self {
+            pipe: parts.pipe,
+            dp: parts.dp,
+            cache: parts.cache,
+            devices,
+            initial_largest,
+        }
+    }
 }
 
 /// The balance of `stages` stages for units whose first `front` are frozen.
@@ -114,7 +97,7 @@ pub fn initial_shape(costs: &UnitCosts, stages: usize, replicas: usize) -> (Shap
 /// runs `devices / K` replicas. A part that is off keeps its value.
 ///
 /// ```
-/// use burn_elastic_dp::trainer::{Reshaping, Shape, UnitCosts, initial_shape, reshape};
+/// use burn_elastic_dp::shape::{Reshaping, Shape, UnitCosts, initial_shape, reshape};
 ///
 /// let costs = UnitCosts::from_params(&[1; 8], 1.0 / 3.0);
 /// let (start, largest) = initial_shape(&costs, 4, 1);

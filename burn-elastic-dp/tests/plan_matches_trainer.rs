@@ -1,0 +1,226 @@
+//! The planner decides as the trainer does: on the main job's configuration
+//! (`examples/src/bin/train.rs`: ViT's layout of an embedding, two units
+//! per block and a head; the alpha schedule at 1/3; every part on;
+//! parameter-count costs; 4 devices; a global batch of 32), the planner's
+//! F, front, K, R, M and balance of every epoch equal the shape the trainer
+//! trains that epoch with: its starting shape, then each transition's.
+//! The units differ in size, so that balancing and compressing have
+//! choices to make.
+
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::InMemDataset;
+use burn::nn::{Linear, LinearConfig};
+use burn::optim::AdamConfig;
+use burn::prelude::*;
+use burn_elastic_dp::plan::{ClusterConfig, Link, ModelSpec, PlanConfig, UnitSpec, plan};
+use burn_elastic_dp::{
+    BatchPolicy, CostModel, FreezeRule, LayerSpec, Parts, ReplicaConfig, TrainerConfig,
+};
+use burn_freeze::{LayerStack, StackMarker};
+
+mod common;
+
+use common::{B, loss, numbers};
+
+const WIDTH: usize = 8;
+const DEVICES: usize = 4;
+const BATCH: usize = 32;
+const SAMPLES: usize = 64;
+const EPOCHS: usize = 5;
+
+/// A residual MLP unit whose hidden width sets its parameter count.
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    up: Linear<B>,
+    down: Linear<B>,
+}
+
+impl<B: Backend> Mlp<B> {
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        x.clone() + self.down.forward(self.up.forward(x).tanh())
+    }
+}
+
+burn_freeze::unit!(Mlp<B>: Tensor<B, 2> => Tensor<B, 2>);
+
+type Types = StackMarker<B, Mlp<B>, Mlp<B>, Mlp<B>>;
+
+fn mlp(hidden: usize, device: &Device<B>) -> Mlp<B> {
+    Mlp {
+        up: LinearConfig::new(WIDTH, hidden).init(device),
+        down: LinearConfig::new(hidden, WIDTH).init(device),
+    }
+}
+
+/// ViT's layout at 4 blocks: an embedding, attention and MLP per block,
+/// a norm and a head (11 units), each its own size.
+fn stack(device: &Device<B>) -> LayerStack<Types> {
+    let mut middle = Vec::new();
+    for _ in 0..4 {
+        middle.push(mlp(2, device)); // attention
+        middle.push(mlp(8, device)); // MLP
+    }
+    middle.push(mlp(1, device)); // norm
+    LayerStack::new(mlp(4, device), middle, mlp(4, device))
+}
+
+/// The main job's trainer configuration (`train`'s defaults on 4 devices).
+fn job_config() -> TrainerConfig {
+    TrainerConfig::new()
+        .with_parts(Parts::new())
+        .with_freeze(FreezeRule::AlphaSchedule { alpha: 1.0 / 3.0 })
+        .with_layers(LayerSpec::Uniform {
+            offset: 1,
+            per_layer: 2,
+            layers: 4,
+        })
+        .with_costs(CostModel::Parameters {
+            frozen_factor: 1.0 / 3.0,
+        })
+        .with_replicas(ReplicaConfig::new())
+        .with_batch(BatchPolicy::FixedGlobal { batch: BATCH })
+        .with_lr(3e-3)
+        .with_seed(42)
+}
+
+/// The planner's view of the same run: the stack's units (parameter bytes
+/// of 4-byte values), the trainer's layers, parts, freeze rule and costs.
+fn planned(config: &TrainerConfig, params: &[usize]) -> Vec<EpochShape> {
+    let units = params
+        .iter()
+        .enumerate()
+        .map(|(u, &n)| UnitSpec {
+            name: format!("unit {u}"),
+            forward: 1e-6 * n as f64,
+            backward: 2e-6 * n as f64,
+            forward_fixed: 0.0,
+            backward_fixed: 0.0,
+            measured: vec![],
+            activation_bytes: 4 * WIDTH,
+            param_tensors: vec![4 * n],
+        })
+        .collect();
+    let model = ModelSpec {
+        model: "the job's layout".into(),
+        source: "parameter counts".into(),
+        layers: config.layers,
+        units,
+    };
+    let link = Link::new(1e15, 0.0);
+    let plan_config = PlanConfig::new(
+        ClusterConfig::new(DEVICES, 1, link, link),
+        config.batch,
+        SAMPLES,
+        EPOCHS,
+        config.freeze.clone(),
+    )
+    .with_parts(config.parts)
+    .with_costs(config.costs)
+    .with_stages(config.stages)
+    .with_micro_batches(config.replicas.pipeline.micro_batches);
+    plan(&plan_config, &model)
+        .unwrap()
+        .epochs
+        .iter()
+        .map(|e| EpochShape {
+            frozen_layers: e.frozen_layers,
+            front: e.front,
+            stages: e.stages,
+            replicas: e.replicas,
+            micro_batches: e.micro_batches,
+            balance: e.balance.clone(),
+        })
+        .collect()
+}
+
+/// What an epoch trains with.
+#[derive(Debug, Clone, PartialEq)]
+struct EpochShape {
+    frozen_layers: usize,
+    front: usize,
+    stages: usize,
+    replicas: usize,
+    micro_batches: usize,
+    balance: Vec<usize>,
+}
+
+#[derive(Clone)]
+struct Points;
+
+impl Batcher<B, ([f32; WIDTH], i64), (Tensor<B, 2>, Tensor<B, 1, Int>)> for Points {
+    fn batch(
+        &self,
+        items: Vec<([f32; WIDTH], i64)>,
+        device: &Device<B>,
+    ) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
+        let n = items.len();
+        let x: Vec<f32> = items.iter().flat_map(|(x, _)| *x).collect();
+        let y: Vec<i64> = items.iter().map(|(_, y)| *y).collect();
+        (
+            Tensor::<B, 1>::from_data(TensorData::new(x, [n * WIDTH]), device).reshape([n, WIDTH]),
+            Tensor::from_data(TensorData::new(y, [n]), device),
+        )
+    }
+}
+
+/// The trainer's shapes, epoch by epoch: the starting one, then after each
+/// epoch the last transition's (or the same when the front did not move).
+fn trained(config: &TrainerConfig) -> (Vec<EpochShape>, Vec<usize>) {
+    let device: Device<B> = Default::default();
+    <B as Backend>::seed(&device, 7);
+    let stack = stack(&device);
+    let params = stack.unit_params();
+    let values = numbers(3, SAMPLES * WIDTH);
+    let data = InMemDataset::new(
+        (0..SAMPLES)
+            .map(|i| {
+                let x: [f32; WIDTH] = std::array::from_fn(|j| values[i * WIDTH + j]);
+                (x, i64::from(x[0] + x[1] > 0.0))
+            })
+            .collect(),
+    );
+    let mut trainer = config
+        .init(stack, vec![device; DEVICES], || AdamConfig::new().init(), loss)
+        .unwrap();
+    let shape = trainer.shape();
+    let mut current = EpochShape {
+        frozen_layers: trainer.frozen_layers(),
+        front: trainer.front(),
+        stages: shape.stages(),
+        replicas: shape.replicas,
+        micro_batches: config.replicas.pipeline.micro_batches_for(shape.stages()),
+        balance: shape.balance.clone(),
+    };
+    let mut epochs = Vec::new();
+    for _ in 0..EPOCHS {
+        epochs.push(current.clone());
+        let report = trainer.fit_epoch(&data, &Points).unwrap();
+        if let Some(t) = report.transitions.last() {
+            current = EpochShape {
+                frozen_layers: t.frozen_layers,
+                front: t.front.1,
+                stages: t.stages.1,
+                replicas: t.replicas.1,
+                micro_batches: t.micro_batches,
+                balance: t.balance.clone(),
+            };
+        }
+    }
+    (epochs, params)
+}
+
+#[test]
+fn the_planner_decides_every_epoch_as_the_trainer_does() {
+    let config = job_config();
+    let (trained, params) = trained(&config);
+    let planned = planned(&config, &params);
+    assert_eq!(planned, trained);
+    // The run does reshape: the front moves, the pipeline compresses and
+    // replicas grow.
+    let last = trained.last().unwrap();
+    assert!(
+        last.front > 0 && last.stages < trained[0].stages,
+        "{trained:?}"
+    );
+    assert!(last.replicas > trained[0].replicas, "{trained:?}");
+}
