@@ -181,10 +181,16 @@ fn pretrain(spec: &JobSpec) -> (Pretrained, f64) {
 /// [`DEVICES`] devices, the fastest per step; printed.
 fn find_strongest(spec: &JobSpec, pretrained: &Pretrained) -> Result<Strongest, BenchError> {
     let base = strongest_base(spec.layers);
-    let found = strongest::find(spec, &base, DEVICES, fits_without_budget, |short, method, clock| {
-        let (record, _) = short.finetune(pretrained, "(b*) candidate", method, clock)?;
-        Ok(record)
-    })
+    let found = strongest::find(
+        spec,
+        &base,
+        DEVICES,
+        fits_without_budget,
+        |short, method, clock| {
+            let (record, _) = short.finetune(pretrained, "(b*) candidate", method, clock)?;
+            Ok(record)
+        },
+    )
     .map_err(run_err)?;
     println!("{}", found.summary());
     Ok(found)
