@@ -190,7 +190,8 @@ pub fn name(winner: Candidate) -> String {
 }
 
 /// Finds (b*) for `spec` on `devices` devices: every candidate `fits`
-/// accepts, `base`'s settings otherwise, trained by `run` for
+/// accepts and the trainer's configuration check passes, `base`'s
+/// settings otherwise, trained by `run` for
 /// [`WARM_UP_STEPS`] + [`MEASURED_STEPS`] steps (one epoch of that many
 /// batches; fewer where the spec has fewer samples) and timed per step.
 pub fn find(
@@ -206,7 +207,17 @@ pub fn find(
         ..spec.clone()
     };
     let micro_batches = |k| base.replicas.pipeline.micro_batches_for(k);
-    let candidates = candidates(devices, fits, micro_batches);
+    // A shape the trainer refuses (a global batch smaller than R x M, say)
+    // is no candidate either.
+    let accepted = |k: usize| {
+        let candidate = Candidate {
+            stages: k,
+            replicas: devices / k,
+            micro_batches: micro_batches(k),
+        };
+        fits(k) && no_freeze_config(base, candidate).check(devices).is_ok()
+    };
+    let candidates = candidates(devices, accepted, micro_batches);
     pick_fastest(candidates, |candidate| {
         let mut clock = StepClock::default();
         let record = run(&short, &method(base, candidate, devices), &mut clock)?;

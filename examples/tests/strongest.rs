@@ -98,3 +98,48 @@ fn the_baseline_freezes_nothing_in_the_shape_found() {
     assert!(config.checkpoint.is_none() && config.output_dir.is_none());
     assert!(config.check(4).is_ok());
 }
+
+#[test]
+fn the_search_runs_each_accepted_shape_briefly_and_skips_those_the_trainer_refuses() {
+    use burn_elastic_dp::BatchPolicy;
+    use burn_pipe::PipelineConfig;
+    use examples::job::{JobSpec, Method, ModelKind, RunRecord};
+    use examples::strongest::{MEASURED_STEPS, WARM_UP_STEPS, find};
+
+    let spec = JobSpec {
+        model: ModelKind::Vit,
+        layers: 2,
+        hidden: 8,
+        pretrain_epochs: 0,
+        samples: 100,
+        eval_samples: 4,
+        batch: 2,
+        epochs: 5,
+        lr: 1e-3,
+        seed: 1,
+    };
+    // One micro-batch: K=1 needs R x M = 4 samples a step, more than the
+    // batch of 2, so the trainer refuses it; K=2 (R=2) and K=4 (R=1) fit.
+    let mut base = TrainerConfig::new().with_batch(BatchPolicy::FixedGlobal { batch: 2 });
+    base.replicas.pipeline = PipelineConfig::new().with_micro_batches(Some(1));
+    let mut asked = Vec::new();
+    let found = find(
+        &spec,
+        &base,
+        4,
+        fits_without_budget,
+        |short, method, _clock| {
+            assert_eq!(short.epochs, 1);
+            assert_eq!(short.samples, (WARM_UP_STEPS + MEASURED_STEPS) * spec.batch);
+            let Method::Trainer { config, devices } = method else {
+                panic!("(b*) runs the trainer");
+            };
+            assert!(!config.parts.freeze && !config.parts.cache);
+            asked.push((config.stages, *devices));
+            Ok(RunRecord::new("candidate", Vec::new()))
+        },
+    )
+    .unwrap();
+    assert_eq!(asked, [(Some(2), 4), (Some(4), 4)]);
+    assert_eq!(found.measured.len(), 2);
+}
