@@ -331,3 +331,25 @@ impl Targets {
 fn yes(ok: bool) -> &'static str {
     if ok { "met" } else { "MISSED" }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row of a report written before (b*) existed, as `--replot` reads it.
+    const OLD_ROW: &str = r#"{"key":"c","group":"Headline",
+        "run":{"name":"(c)","epochs":[],"seconds":2.0,"accuracy":0.9},
+        "peak_bytes":null,"speedup_vs_plain":3.0,"speedup_vs_baseline":2.0,
+        "ideal_speedup":4.0,"fraction_of_ideal_vs_baseline":0.5,
+        "fraction_of_ideal_vs_plain":0.75,"accuracy_delta_vs_baseline":0.1,
+        "accuracy_delta_vs_plain":-0.2}"#;
+
+    #[test]
+    fn a_row_saved_before_the_strongest_baseline_still_loads() {
+        let row: Row = serde_json::from_str(OLD_ROW).unwrap();
+        assert_eq!(row.speedup_vs_baseline, 2.0);
+        assert_eq!(row.speedup_vs_strongest, 0.0);
+        let json = serde_json::to_value(&row).unwrap();
+        assert!(json.get("speedup_vs_strongest").is_some());
+    }
+}
