@@ -11,6 +11,7 @@ pub mod cli;
 pub mod job;
 pub mod plan;
 pub mod plots;
+pub mod strongest;
 pub mod task;
 
 /// Sends `tracing` logs to stderr, filtered by `RUST_LOG` (default `info`,

@@ -34,6 +34,12 @@ const CASES: &[(&str, &[&str], i32, &str)] = &[
         "sample count",
     ),
     ("train", &["--batch-size", "8"], 2, "micro-batches"),
+    (
+        "train",
+        &["--plain", "--no-strongest"],
+        2,
+        "cannot be used with",
+    ),
     ("train", &["--weights", "/nonexistent"], 2, "--data"),
     ("train", &["--data", "/nonexistent"], 2, "--weights"),
     (

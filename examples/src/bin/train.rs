@@ -1,7 +1,9 @@
 //! The main job: pretrain a tiny transformer on generated data, then
 //! fine-tune it on a related task with PipeTransformer (freezing, pipeline,
-//! replicas, cache), next to plain Burn training from the same weights; a
-//! line per epoch, a summary table, the trained model and the metrics saved.
+//! replicas, cache), next to plain Burn training and the strongest
+//! configuration that freezes nothing, (b*), from the same weights; a line
+//! per epoch, a summary table with the speed-ups against both, the trained
+//! model and the metrics saved.
 //!
 //! ```text
 //! cargo run --release -p examples --bin train                     # ViT, 4 devices, alpha 1/3
@@ -26,10 +28,11 @@ use examples::job::{
     JobError, JobSpec, Method, Observer, Pretrained, RunRecord, SstJob, sst_accuracy,
 };
 use examples::plots::{self, EpochMetric};
+use examples::strongest::{self, Strongest, fits_without_budget};
 use serde::Serialize;
 
 use cli::Args;
-use console::{Console, Pretraining};
+use console::{Console, Pretraining, print_summary};
 
 /// Why a run stopped: a one-line message and the exit code, 2 for flags
 /// that cannot work together, 1 for paths the file system refuses and for
@@ -83,12 +86,13 @@ fn main() {
 fn run(args: &Args) -> Result<(), Failure> {
     let (mut spec, config) = args.check()?;
     let prepared = prepare(args, &mut spec)?;
-    let (runs, trained) = finetune_runs(args, &spec, config, &prepared)?;
-    print_summary(&runs, spec.samples);
+    let (runs, strongest, trained) = finetune_runs(args, &spec, config, &prepared)?;
+    let strongest_name = strongest.as_ref().map(|s| strongest::name(s.winner));
+    print_summary(&runs, spec.samples, strongest_name.as_deref());
     if let (Some(file), Some(job)) = (&args.eval_file, &prepared.sst) {
         print_eval_file(file, job, &trained, &runs[0].name)?;
     }
-    save_results(args, &spec, &prepared, &runs, &trained)
+    save_results(args, &spec, &prepared, &runs, strongest.as_ref(), &trained)
 }
 
 /// The model to fine-tune, with the real path's data or the generated
@@ -151,21 +155,24 @@ fn pretrain(spec: &JobSpec) -> Prepared {
     }
 }
 
-/// Fine-tunes with PipeTransformer (unless `--plain`) and plain Burn
-/// (unless `--no-baseline`), from the same weights. Gives the runs and the
-/// first run's trained model.
+/// Fine-tunes with PipeTransformer (unless `--plain`), (b*) (unless
+/// `--plain`, `--no-baseline` or `--no-strongest`) and plain Burn (unless
+/// `--no-baseline`), from the same weights. Gives the runs, (b*)'s search
+/// where it ran, and the first run's trained model.
 fn finetune_runs(
     args: &Args,
     spec: &JobSpec,
     config: TrainerConfig,
     prepared: &Prepared,
-) -> Result<(Vec<RunRecord>, Pretrained), Failure> {
+) -> Result<(Vec<RunRecord>, Option<Strongest>, Pretrained), Failure> {
     let mut console = Console::new(prepared.model.num_units());
     let mut runs = Vec::new();
     let mut trained = None;
+    let mut strongest = None;
     if !args.plain {
         print_pipetransformer_start(args, &prepared.model);
         let devices = args.devices as usize;
+        let base = config.clone();
         let method = if args.resume {
             Method::Resume { config, devices }
         } else {
@@ -176,6 +183,11 @@ fn finetune_runs(
         console.finish();
         runs.push(record);
         trained = Some(model);
+        if !args.no_baseline && !args.no_strongest {
+            let (found, record) = strongest_run(spec, &base, devices, prepared, &mut console)?;
+            runs.push(record);
+            strongest = Some(found);
+        }
     }
     if args.plain || !args.no_baseline {
         println!("fine-tuning with plain Burn on one device, from the same pretrained weights");
@@ -186,7 +198,41 @@ fn finetune_runs(
         trained.get_or_insert(model);
     }
     // `--plain` conflicts with `--no-baseline`: one of the two ran.
-    Ok((runs, trained.expect("a run")))
+    Ok((runs, strongest, trained.expect("a run")))
+}
+
+/// (b*): the fastest configuration that freezes nothing on `devices`
+/// devices, found by timing a few steps of each candidate (every K that
+/// divides the devices; no memory budget yet), then fine-tuned fully from
+/// the same weights. Gives the search and the run.
+fn strongest_run(
+    spec: &JobSpec,
+    base: &TrainerConfig,
+    devices: usize,
+    prepared: &Prepared,
+    console: &mut Console,
+) -> Result<(Strongest, RunRecord), Failure> {
+    println!(
+        "finding (b*), the fastest configuration that freezes nothing on {devices} devices: {} steps of each K dividing {devices}, R = {devices}/K",
+        strongest::WARM_UP_STEPS + strongest::MEASURED_STEPS
+    );
+    let found = strongest::find(
+        spec,
+        base,
+        devices,
+        fits_without_budget,
+        |short, method, clock| {
+            finetune(short, prepared, "(b*) candidate", method, clock).map(|(record, _)| record)
+        },
+    )
+    .map_err(Failure::of_job)?;
+    println!("{}", found.summary());
+    let name = strongest::name(found.winner);
+    println!("fine-tuning with {name} (nothing frozen), from the same pretrained weights");
+    let method = strongest::method(base, found.winner, devices);
+    let (record, _) = finetune(spec, prepared, &name, &method, console).map_err(Failure::of_job)?;
+    console.finish();
+    Ok((found, record))
 }
 
 fn print_pipetransformer_start(args: &Args, model: &Pretrained) {
@@ -214,43 +260,6 @@ fn finetune(
     match &prepared.sst {
         Some(job) => spec.finetune_sst(&prepared.model, job, name, method, observer),
         None => spec.finetune(&prepared.model, name, method, observer),
-    }
-}
-
-/// The summary table: a row per run, the speed-up against plain Burn, the
-/// accuracy change when both ran.
-fn print_summary(runs: &[RunRecord], samples: usize) {
-    let plain_seconds = runs
-        .iter()
-        .find(|r| r.name == "plain Burn")
-        .map(|r| r.seconds);
-    println!();
-    println!(
-        "{:<16} {:>9} {:>10} {:>12} {:>9} {:>14}",
-        "run", "accuracy", "train s", "samples/s", "speed-up", "final F/K/R"
-    );
-    for run in runs {
-        // A resumed run that had nothing left to train has no epoch.
-        let shape = run.epochs.last().map_or("-".into(), |last| {
-            let last = &last.report;
-            format!("{}/{}/{}", last.frozen_layers, last.stages, last.replicas)
-        });
-        let samples = (run.epochs.len() * samples) as f64;
-        println!(
-            "{:<16} {:>8.1}% {:>10.2} {:>12.0} {:>9} {:>14}",
-            run.name,
-            100.0 * run.accuracy,
-            run.seconds,
-            samples / run.seconds,
-            plain_seconds.map_or("-".into(), |p| format!("{:.2}x", p / run.seconds)),
-            shape,
-        );
-    }
-    if let [pipe, plain] = runs {
-        println!(
-            "accuracy change against plain Burn: {:+.1} points",
-            100.0 * (pipe.accuracy - plain.accuracy)
-        );
     }
 }
 
@@ -283,6 +292,8 @@ struct Metrics<'a> {
     units: usize,
     parameters: usize,
     pretraining: &'a RunRecord,
+    /// (b*)'s search: each candidate's seconds per step and the winner.
+    strongest: Option<&'a Strongest>,
     runs: &'a [RunRecord],
 }
 
@@ -293,6 +304,7 @@ fn save_results(
     spec: &JobSpec,
     prepared: &Prepared,
     runs: &[RunRecord],
+    strongest: Option<&Strongest>,
     trained: &Pretrained,
 ) -> Result<(), Failure> {
     let dir = &args.output_dir;
@@ -306,6 +318,7 @@ fn save_results(
         units: prepared.model.num_units(),
         parameters: prepared.model.num_params(),
         pretraining: &prepared.pretraining,
+        strongest,
         runs,
     };
     save_model_and_metrics(dir, trained, &metrics).map_err(Failure::io)?;

@@ -151,7 +151,9 @@ impl JobSpec {
         Ok((train, dev.take(self.eval_samples)))
     }
 
-    /// [`finetune`](Self::finetune) on SST-2 ([`load_sst`](Self::load_sst)).
+    /// [`finetune`](Self::finetune) on SST-2 ([`load_sst`](Self::load_sst)),
+    /// on the first `samples` training sentences where the spec asks for
+    /// fewer than the job holds.
     pub fn finetune_sst(
         &self,
         pretrained: &Pretrained,
@@ -166,11 +168,20 @@ impl JobSpec {
         let held_out = job
             .batcher
             .batch(job.dev.items().to_vec(), &backend::device(0));
+        // A spec of fewer samples than the job loaded (the (b*) search's
+        // short runs) trains on the first of them.
+        let subset;
+        let train = if self.samples < job.train.len() {
+            subset = job.train.clone().take(self.samples);
+            &subset
+        } else {
+            &job.train
+        };
         let (record, stack) = self.finetune_data(
             stack.clone(),
             name,
             method,
-            &job.train,
+            train,
             &job.batcher,
             held_out,
             observer,

@@ -5,6 +5,7 @@ use burn_elastic_dp::{CostModel, FreezeRule, LayerSpec, Parts, TrainerConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::job::{JobSpec, Method, ModelKind};
+use crate::strongest::{self, Candidate};
 
 /// Logical devices every distributed configuration uses.
 pub(super) const DEVICES: usize = 4;
@@ -12,7 +13,7 @@ pub(super) const DEVICES: usize = 4;
 /// Which table a configuration belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) enum Group {
-    /// (a), (b), (c).
+    /// (a), (b), (b*), (c).
     Headline,
     /// The paper's ablation (all four = (c)).
     Ablation,
@@ -66,6 +67,25 @@ fn trainer(parts: Parts, alpha: f64, layers: usize) -> TrainerConfig {
             frozen_factor: 1.0 / 3.0,
         })
 }
+
+/// The settings (b*) starts from before the search gives it its shape
+/// and turns freezing off (see [`crate::strongest::no_freeze_config`]).
+pub(super) fn strongest_base(layers: usize) -> TrainerConfig {
+    trainer(Parts::new(), 1.0 / 3.0, layers)
+}
+
+/// The (b*) row for the search's `winner`; it goes after (b).
+pub(super) fn strongest_row(layers: usize, winner: Candidate) -> Configuration {
+    Configuration {
+        key: STRONGEST,
+        name: format!("{}, {DEVICES} dev", strongest::name(winner)),
+        group: Group::Headline,
+        method: strongest::method(&strongest_base(layers), winner, DEVICES),
+    }
+}
+
+/// (b*)'s key in the report.
+pub(super) const STRONGEST: &str = "bstar";
 
 /// (a), (b), (c), then the ablations and the alpha sweep, for a model of
 /// `layers` layers.

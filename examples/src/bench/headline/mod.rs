@@ -4,6 +4,11 @@
 //! - (a) plain Burn on one device (no crate of ours on the hot path),
 //! - (b) the paper's baseline: pipeline (+ data parallel) on the same
 //!   devices, nothing frozen,
+//! - (b*) the strongest baseline: the fastest configuration that freezes
+//!   nothing on the same devices (K over the divisors of the devices,
+//!   R = D / K), found by timing a few steps of each
+//!   ([`crate::strongest`]); the candidates and the winner are printed and
+//!   saved,
 //! - (c) PipeTransformer, alpha = 1/3, all four parts,
 //!
 //! then the paper's ablations (freeze only; freeze + AutoPipe + AutoCache;
@@ -11,8 +16,8 @@
 //! 1/4, 1/3 = (c), 2/5, 1/2).
 //!
 //! Printed and written to `target/bench/headline.json`: wall time,
-//! samples/s per epoch, peak heap, final accuracy, speed-ups against (a) and
-//! (b), and the ideal speed-up each freeze schedule allows with the fraction
+//! samples/s per epoch, peak heap, final accuracy, speed-ups against (a),
+//! (b) and (b*), and the ideal speed-up each freeze schedule allows with the fraction
 //! of it reached. The ideal is a cost model on unit times profiled once
 //! (`burn_pipe::profile_units`, one global batch on device 0): per epoch,
 //! the active units' forward and backward, plus the forward of the frozen
@@ -38,7 +43,8 @@ use serde::{Deserialize, Serialize};
 use super::{BenchError, alloc, title, write_report};
 use crate::backend;
 use crate::job::{EpochRecord, JobSpec, ModelKind, Observer, Pretrained, RunRecord};
-use configs::{Configuration, DEVICES, configurations, spec};
+use crate::strongest::{self, Strongest, fits_without_budget};
+use configs::{Configuration, DEVICES, configurations, spec, strongest_base, strongest_row};
 use ideal::profile;
 use plots::{draw, plot_dir};
 use rows::{Phases, Row, Targets, breakdown, print_breakdown, print_epochs, print_rows, row_c};
@@ -59,6 +65,8 @@ struct Report {
     /// Per unit: forward and backward milliseconds on one global batch.
     unit_profile_ms: Vec<(f64, f64)>,
     pretrain_seconds: f64,
+    /// (b*)'s search: each candidate's seconds per step and the winner.
+    strongest: Strongest,
     rows: Vec<Row>,
     breakdown: Vec<Phases>,
     targets: Targets,
@@ -95,7 +103,7 @@ fn run_err<E: std::fmt::Display>(error: E) -> BenchError {
 pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
     let spec = spec(model, quick);
     spec.check().map_err(run_err)?;
-    let configurations = configurations(spec.layers);
+    let mut configurations = configurations(spec.layers);
     print_start(&spec, quick);
     let (pretrained, pretrain_seconds) = pretrain(&spec);
     let profile = profile(&spec, &pretrained);
@@ -104,6 +112,9 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
         "unit profile (forward ms, backward ms per batch of {}): {unit_profile_ms:.2?}",
         spec.batch
     );
+    let strongest = find_strongest(&spec, &pretrained)?;
+    // After (a) and (b).
+    configurations.insert(2, strongest_row(spec.layers, strongest.winner));
     let runs = finetune_all(&spec, &pretrained, &configurations)?;
     let rows = rows::rows(&configurations, runs, &profile);
     print_rows(&rows, &spec);
@@ -128,6 +139,7 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
             .into(),
         unit_profile_ms,
         pretrain_seconds,
+        strongest,
         rows,
         breakdown,
         targets,
@@ -163,6 +175,25 @@ fn pretrain(spec: &JobSpec) -> (Pretrained, f64) {
         pretrained.num_units()
     );
     (pretrained, pretrain_seconds)
+}
+
+/// (b*): each candidate fine-tuned for a few steps from `pretrained` on
+/// [`DEVICES`] devices, the fastest per step; printed.
+fn find_strongest(spec: &JobSpec, pretrained: &Pretrained) -> Result<Strongest, BenchError> {
+    let base = strongest_base(spec.layers);
+    let found = strongest::find(
+        spec,
+        &base,
+        DEVICES,
+        fits_without_budget,
+        |short, method, clock| {
+            let (record, _) = short.finetune(pretrained, "(b*) candidate", method, clock)?;
+            Ok(record)
+        },
+    )
+    .map_err(run_err)?;
+    println!("{}", found.summary());
+    Ok(found)
 }
 
 /// Per unit: forward and backward milliseconds.

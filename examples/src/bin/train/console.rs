@@ -1,5 +1,5 @@
-//! What `train` prints while it runs: a progress bar per run, a line per
-//! epoch.
+//! What `train` prints: a progress bar per run, a line per epoch, and the
+//! summary table at the end.
 
 use examples::job::{EpochRecord, Observer, RunRecord};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -144,5 +144,59 @@ impl Observer for Pretraining {
             None => println!("{line}"),
         }
         self.epochs.push(record.clone());
+    }
+}
+
+/// The summary table: a row per run, the speed-up against plain Burn and
+/// against (b*) (the run named `strongest`) where they ran, then
+/// PipeTransformer's speed-ups and accuracy changes against both.
+pub(crate) fn print_summary(runs: &[RunRecord], samples: usize, strongest: Option<&str>) {
+    let seconds_of = |name: &str| runs.iter().find(|r| r.name == name).map(|r| r.seconds);
+    let plain = seconds_of("plain Burn");
+    let best = strongest.and_then(seconds_of);
+    let vs = |base: Option<f64>, run: &RunRecord| {
+        base.map_or("-".into(), |b| format!("{:.2}x", b / run.seconds))
+    };
+    println!();
+    println!(
+        "{:<16} {:>9} {:>10} {:>12} {:>9} {:>13} {:>14}",
+        "run", "accuracy", "train s", "samples/s", "vs plain", "vs strongest", "final F/K/R"
+    );
+    for run in runs {
+        // A resumed run that had nothing left to train has no epoch.
+        let shape = run.epochs.last().map_or("-".into(), |last| {
+            let last = &last.report;
+            format!("{}/{}/{}", last.frozen_layers, last.stages, last.replicas)
+        });
+        let done = (run.epochs.len() * samples) as f64;
+        println!(
+            "{:<16} {:>8.1}% {:>10.2} {:>12.0} {:>9} {:>13} {:>14}",
+            run.name,
+            100.0 * run.accuracy,
+            run.seconds,
+            done / run.seconds,
+            vs(plain, run),
+            vs(best, run),
+            shape,
+        );
+    }
+    let Some(pipe) = runs.iter().find(|r| r.name == "PipeTransformer") else {
+        return;
+    };
+    let against = |name: &str, what: &str| {
+        if let Some(base) = runs.iter().find(|r| r.name == name) {
+            println!(
+                "PipeTransformer against {what}: {:.2}x the speed, accuracy {:+.1} points",
+                base.seconds / pipe.seconds,
+                100.0 * (pipe.accuracy - base.accuracy)
+            );
+        }
+    };
+    against("plain Burn", "plain Burn (one device)");
+    if let Some(name) = strongest {
+        against(
+            name,
+            &format!("{name}, the fastest configuration that freezes nothing on the same devices"),
+        );
     }
 }
