@@ -3,7 +3,7 @@
 //! of the per-phase breakdown.
 
 use burn::data::dataloader::batcher::Batcher;
-use burn_pipe::{UnitProfile, profile_units};
+use burn_pipe::{UnitCosts, UnitProfile, UnitState, profile_units};
 
 use crate::backend;
 use crate::job::{FINETUNE_CLASSES, JobModel, JobSpec, Pretrained, RunRecord, with_model};
@@ -21,44 +21,43 @@ pub(super) fn profile(spec: &JobSpec, pretrained: &Pretrained) -> Vec<UnitProfil
     })
 }
 
+/// The front during each epoch of `run`: the one the epoch before ended
+/// with (nothing frozen in epoch 0).
+fn fronts_during(run: &RunRecord) -> Vec<usize> {
+    (0..run.epochs.len())
+        .map(|t| if t == 0 { 0 } else { run.epochs[t - 1].report.front })
+        .collect()
+}
+
 /// The cost model of one run, per epoch: (frozen forward, active forward
-/// and backward), in seconds per global batch. The front during epoch `T`
-/// is the one epoch `T - 1` ended with.
+/// and backward), in seconds per global batch, by the one cost rule
+/// ([`UnitCosts::cost`]): with the cache on, a unit frozen in an earlier
+/// epoch is served from the cache and costs nothing.
 pub(super) fn modelled(profile: &[UnitProfile], run: &RunRecord, cache: bool) -> Vec<(f64, f64)> {
-    let fwd: Vec<f64> = profile.iter().map(|p| p.forward.as_secs_f64()).collect();
-    let both: Vec<f64> = profile.iter().map(|p| p.cost(false, false)).collect();
-    let units = profile.len();
+    let costs = UnitCosts::from_profile(profile);
     let mut previous = 0;
-    run.epochs
-        .iter()
-        .enumerate()
-        .map(|(t, _)| {
-            let front = if t == 0 {
-                0
-            } else {
-                run.epochs[t - 1].report.front
-            };
-            let front = front.min(units);
-            // `+ 0.0`: an empty f64 sum is -0.0.
-            let frozen: f64 = 0.0
-                + if cache {
-                    fwd[previous.min(front)..front].iter().sum::<f64>()
-                } else {
-                    fwd[..front].iter().sum::<f64>()
-                };
+    fronts_during(run)
+        .into_iter()
+        .map(|front| {
+            let front = front.min(costs.len());
+            let cached = if cache { previous.min(front) } else { 0 };
             previous = front;
-            (frozen, both[front..].iter().sum())
+            // `0.0 +`: an empty f64 sum is -0.0.
+            let (mut frozen, mut active) = (0.0, 0.0);
+            for unit in 0..costs.len() {
+                match UnitState::of(unit, front, cached) {
+                    UnitState::Training => active += costs.cost(unit, UnitState::Training),
+                    state => frozen += costs.cost(unit, state),
+                }
+            }
+            (0.0 + frozen, 0.0 + active)
         })
         .collect()
 }
 
 /// What the run's freeze schedule allows: every unit's forward and
-/// backward in every epoch over the modelled work of its epochs.
+/// backward in every epoch over the modelled work of its epochs
+/// ([`UnitCosts::ideal_speedup`], the rule the planner and trainer use).
 pub(super) fn ideal_speedup(profile: &[UnitProfile], run: &RunRecord, cache: bool) -> f64 {
-    let full: f64 = profile.iter().map(|p| p.cost(false, false)).sum();
-    let work: f64 = modelled(profile, run, cache)
-        .iter()
-        .map(|(f, a)| f + a)
-        .sum();
-    full * run.epochs.len() as f64 / work
+    UnitCosts::from_profile(profile).ideal_speedup(&fronts_during(run), cache)
 }

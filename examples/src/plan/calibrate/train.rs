@@ -204,26 +204,20 @@ pub fn parse_train_metrics(text: &str) -> Result<TrainLog, PlanCliError> {
     if epoch_rows.is_empty() {
         return Err(bad("epoch"));
     }
-    // The metrics give each epoch's shape at its end (after the epoch's
-    // transition); an epoch trains at the shape the one before ended with.
-    // Epoch 0 starts with nothing frozen on the starting stages (its
-    // balance, from parameter counts, is not recorded: not compared).
+    // The metrics give each epoch's stages, balance and M as the epoch ran
+    // with them, and its front at its end (after the epoch's transition):
+    // an epoch trains with the units frozen that the one before ended with,
+    // epoch 0 with none.
     let stages = number(&json, "stages").ok_or_else(|| bad("stages"))? as usize;
-    let mut during: Vec<TrainEpoch> = Vec::with_capacity(epoch_rows.len());
-    during.push(TrainEpoch {
-        frozen_units: 0,
-        stages,
-        balance: Vec::new(),
-        micro_batches: burn_pipe::default_micro_batches(stages),
-        seconds: epoch_rows[0].seconds,
-    });
-    for pair in epoch_rows.windows(2) {
-        during.push(TrainEpoch {
-            seconds: pair[1].seconds,
-            ..pair[0].clone()
-        });
-    }
-    let epoch_rows = during;
+    let fronts_during = std::iter::once(0).chain(epoch_rows.iter().map(|e| e.frozen_units));
+    let epoch_rows: Vec<TrainEpoch> = epoch_rows
+        .iter()
+        .zip(fronts_during)
+        .map(|(epoch, frozen_units)| TrainEpoch {
+            frozen_units,
+            ..epoch.clone()
+        })
+        .collect();
     Ok(TrainLog {
         model,
         units: number(&json, "units").ok_or_else(|| bad("unit count"))? as usize,
