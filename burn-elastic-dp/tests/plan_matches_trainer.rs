@@ -180,7 +180,12 @@ fn trained(config: &TrainerConfig) -> (Vec<EpochShape>, Vec<usize>) {
             .collect(),
     );
     let mut trainer = config
-        .init(stack, vec![device; DEVICES], || AdamConfig::new().init(), loss)
+        .init(
+            stack,
+            vec![device; DEVICES],
+            || AdamConfig::new().init(),
+            loss,
+        )
         .unwrap();
     let shape = trainer.shape();
     let mut current = EpochShape {

@@ -5,9 +5,8 @@ mod common;
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn_freeze::{
-    AlphaArgmin, AlphaArgminConfig, AutoFreeze, ChangeRate, ChangeRateConfig,
-    FixedSchedule, FreezableStack, FreezeFront, FreezePolicy, FreezeState, GradNorm, LayerMap,
-    alpha_front,
+    AlphaArgmin, AlphaArgminConfig, AutoFreeze, ChangeRate, ChangeRateConfig, FixedSchedule,
+    FreezableStack, FreezeFront, FreezePolicy, FreezeState, GradNorm, LayerMap, alpha_front,
 };
 use common::*;
 

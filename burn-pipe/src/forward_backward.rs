@@ -6,8 +6,8 @@
 use burn::optim::{GradientsAccumulator, Optimizer};
 use burn_freeze::plumbing::{Flow, InnerFlow, check_sample_ids, serve_prefix};
 use burn_freeze::{
-    Activation, AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput,
-    StackTypes, TrainableUnits,
+    Activation, AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput, StackTypes,
+    TrainableUnits,
 };
 
 use crate::error::PipeError;

@@ -4,6 +4,7 @@
 
 use std::thread;
 
+use burn::optim::Optimizer;
 use burn::prelude::*;
 use burn_freeze::fault::{self, Phase};
 use burn_freeze::plumbing::{Flow, flow_to_device};
@@ -11,7 +12,6 @@ use burn_freeze::{
     FreezeFront, GradNorm, InnerInput, InnerOutput, LayerStack, ParamStates, StackCache,
     StackTypes, TrainableUnits, UnitRange,
 };
-use burn::optim::Optimizer;
 
 use crate::config::PipelineConfig;
 use crate::error::PipeError;
@@ -316,7 +316,6 @@ where
         .expect("the stages cover the stack in order")
     }
 }
-
 
 impl<S, O> FreezeFront for Pipeline<S, O>
 where

@@ -5,11 +5,11 @@
 use std::time::Instant;
 
 use burn::optim::Optimizer;
+use burn_freeze::plumbing::{check_sample_ids, serve_prefix};
 use burn_freeze::{
     Activation, AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput,
     ParamStates, StackCache, StackTypes, TrainableUnits,
 };
-use burn_freeze::plumbing::{check_sample_ids, serve_prefix};
 
 use super::share::Shard;
 use super::{GroupReport, ReplicaGroup, ReplicaLoss};

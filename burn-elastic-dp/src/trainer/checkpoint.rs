@@ -17,9 +17,9 @@ use serde::{Deserialize, Serialize};
 
 use super::config::TrainerConfig;
 use super::error::{TrainerError, io};
-use crate::shape::{Shape, UnitCosts};
 use super::{StackOptimizer, Trainer};
 use crate::sampler::ElasticSampler;
+use crate::shape::{Shape, UnitCosts};
 
 /// When and where a [`Trainer`] writes checkpoints.
 ///

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use super::StepProgress;
 use super::log::{EpochReport, Transition};
-use crate::shape::Shape;
 use crate::group::GroupReport;
+use crate::shape::Shape;
 
 /// The running figures of the epoch under way.
 pub(super) struct EpochTally {

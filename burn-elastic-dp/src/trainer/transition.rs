@@ -11,10 +11,10 @@ use burn_pipe::profile_units;
 use super::config::{CostModel, Parts};
 use super::error::TrainerError;
 use super::log::Transition;
-use crate::shape::{Reshaping, Shape, UnitCosts, initial_shape, reshape};
 use super::{StackOptimizer, Trainer};
 use crate::error::ElasticError;
 use crate::group::ReplicaGroup;
+use crate::shape::{Reshaping, Shape, UnitCosts, initial_shape, reshape};
 
 /// What [`shape_rule`] is asked.
 pub(super) enum ShapeQuery<'a> {

@@ -128,7 +128,10 @@ mod tests {
         assert!(check(Phase::Repartition, Some(1), None).is_ok());
         assert!(check(Phase::Spawn, Some(0), None).is_ok());
         let injected = check(Phase::Spawn, Some(1), None).unwrap_err();
-        assert_eq!(injected.to_string(), "injected fault in replica spawn at stage 1");
+        assert_eq!(
+            injected.to_string(),
+            "injected fault in replica spawn at stage 1"
+        );
         assert!(check(Phase::Spawn, Some(1), None).is_ok(), "fires once");
         assert!(!disarm(), "it had fired");
 

@@ -13,7 +13,6 @@ fn uniform(k: usize, forward: f64, backward: f64) -> Vec<StageWork> {
         .collect()
 }
 
-
 /// A stage's forward and backward work on `device`.
 fn stage(forward: f64, backward: f64, device: usize) -> StageWork {
     StageWork {
@@ -48,11 +47,7 @@ fn uniform_bubble_is_k_minus_1_over_m_plus_k_minus_1() {
 
 #[test]
 fn passes_run_in_stage_ops_order_and_respect_messages() {
-    let stages = vec![
-        stage(1.0, 2.5, 0),
-        stage(0.5, 1.0, 1),
-        stage(2.0, 3.0, 2),
-    ];
+    let stages = vec![stage(1.0, 2.5, 0), stage(0.5, 1.0, 1), stage(2.0, 3.0, 2)];
     let mut sim = PipelineSim::new(Schedule::OneFOneB, 5, stages);
     sim.sends = vec![0.25, 0.125];
     let trace = sim.run().unwrap();
@@ -79,10 +74,7 @@ fn passes_run_in_stage_ops_order_and_respect_messages() {
 fn stages_sharing_one_device_share_its_throughput() {
     // Two stages on one device of capacity 1: no overlap is possible, so
     // the step takes the sum of all the work.
-    let shared = vec![
-        stage(1.0, 2.0, 0),
-        stage(1.0, 2.0, 0),
-    ];
+    let shared = vec![stage(1.0, 2.0, 0), stage(1.0, 2.0, 0)];
     let trace = PipelineSim::new(Schedule::GPipe, 8, shared.clone())
         .run()
         .unwrap();
@@ -97,10 +89,7 @@ fn stages_sharing_one_device_share_its_throughput() {
 /// Two stages on one device of capacity 2 (a 2-core CPU), each pass
 /// taking `p` cores alone.
 fn two_on_one_cpu(p: f64, m: usize) -> PipelineTrace {
-    let shared = vec![
-        stage(1.0, 2.0, 0);
-        2
-    ];
+    let shared = vec![stage(1.0, 2.0, 0); 2];
     let mut sim = PipelineSim::new(Schedule::GPipe, m, shared);
     sim.device_capacity = vec![2.0];
     sim.parallelism = vec![p, p];
@@ -153,10 +142,7 @@ fn shares_respect_each_cap_and_the_capacity() {
 fn a_capped_pass_leaves_the_rest_to_the_other() {
     // Stage 0's forward takes 0.5 core, stage 1's 2 cores; together on
     // 2 cores stage 1 gets 1.5 of its 2: 3/4 of its speed alone.
-    let stages = vec![
-        stage(10.0, 0.0, 0),
-        stage(1.0, 0.0, 0),
-    ];
+    let stages = vec![stage(10.0, 0.0, 0), stage(1.0, 0.0, 0)];
     let mut sim = PipelineSim::new(Schedule::GPipe, 2, stages);
     sim.device_capacity = vec![2.0];
     sim.parallelism = vec![0.5, 2.0];
@@ -179,10 +165,7 @@ fn pass_overhead_adds_to_every_pass_on_the_critical_path() {
 
 #[test]
 fn reduce_after_pass_is_exposed_per_stage_overlaps() {
-    let stages = vec![
-        stage(1.0, 2.0, 0),
-        stage(1.0, 2.0, 1),
-    ];
+    let stages = vec![stage(1.0, 2.0, 0), stage(1.0, 2.0, 1)];
     let trace = PipelineSim::new(Schedule::OneFOneB, 4, stages)
         .run()
         .unwrap();
@@ -197,10 +180,7 @@ fn reduce_after_pass_is_exposed_per_stage_overlaps() {
 
 #[test]
 fn a_frozen_stage_has_no_backward_pass() {
-    let stages = vec![
-        stage(1.0, 0.0, 0),
-        stage(1.0, 2.0, 1),
-    ];
+    let stages = vec![stage(1.0, 0.0, 0), stage(1.0, 2.0, 1)];
     for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
         let mut sim = PipelineSim::new(schedule, 4, stages.clone());
         sim.pass_overhead = 0.5;

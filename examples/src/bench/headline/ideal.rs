@@ -25,7 +25,13 @@ pub(super) fn profile(spec: &JobSpec, pretrained: &Pretrained) -> Vec<UnitProfil
 /// with (nothing frozen in epoch 0).
 fn fronts_during(run: &RunRecord) -> Vec<usize> {
     (0..run.epochs.len())
-        .map(|t| if t == 0 { 0 } else { run.epochs[t - 1].report.front })
+        .map(|t| {
+            if t == 0 {
+                0
+            } else {
+                run.epochs[t - 1].report.front
+            }
+        })
         .collect()
 }
 
