@@ -106,6 +106,15 @@ pub(crate) fn join(
     }
 }
 
+/// This process's rank in the MPI job when the job has several processes
+/// (MPI initialised); `None` otherwise, and always without the feature.
+pub(crate) fn job_rank() -> Option<usize> {
+    #[cfg(feature = "mpi")]
+    return crate::mpi::job_rank();
+    #[cfg(not(feature = "mpi"))]
+    None
+}
+
 /// This step's shards of a batch of `batch` samples between the `local`
 /// replicas of this process and those of the other processes of `link`;
 /// called once per step, it also counts the step (named in errors).

@@ -409,6 +409,12 @@ where
         self.replicas[0].num_units()
     }
 
+    /// Whether the group spans other processes (its replica count is then
+    /// fixed: [`ElasticError::NodesFixed`]).
+    pub fn spans_processes(&self) -> bool {
+        self.nodes.exist()
+    }
+
     /// The freeze front, the same on every replica.
     pub fn front(&self) -> usize {
         self.replicas[0].front()

@@ -106,6 +106,16 @@ impl Mpi {
     }
 }
 
+/// This process's rank when MPI is initialised in a job of several
+/// processes; `None` otherwise.
+pub(crate) fn job_rank() -> Option<usize> {
+    if !mpi::environment::is_initialized() || mpi::environment::is_finalized() {
+        return None;
+    }
+    let world = SimpleCommunicator::world();
+    (world.size() > 1).then(|| world.rank() as usize)
+}
+
 impl Drop for Mpi {
     fn drop(&mut self) {
         if FAILED.load(Ordering::SeqCst) {

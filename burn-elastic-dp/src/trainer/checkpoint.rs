@@ -129,6 +129,7 @@ where
     where
         O::Record: Clone,
     {
+        let config = config.for_rank(crate::node::job_rank());
         let Some(checkpoint) = &config.checkpoint else {
             return Err(TrainerError::InvalidConfig {
                 field: "checkpoint",

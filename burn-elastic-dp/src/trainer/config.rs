@@ -155,7 +155,8 @@ pub struct TrainerConfig {
     #[config(default = 0)]
     pub seed: u64,
     /// Directory for `transitions.jsonl` and `epochs.jsonl` (made if
-    /// missing); `None` writes nothing.
+    /// missing); `None` writes nothing. In a group across processes each
+    /// rank writes into `rank-<rank>` under it (checkpoints likewise).
     #[config(default = "None")]
     pub output_dir: Option<PathBuf>,
     /// When a replica fails its part of a step (a panic or an error of its
@@ -281,6 +282,7 @@ impl TrainerConfig {
         if self.replicas.all_reduce == (AllReduce::Bucketed { bucket_bytes: 0 }) {
             return Err(invalid("replicas.all_reduce.bucket_bytes", 0, "at least 1"));
         }
+        self.check_nodes()?;
         if self.replicas.pipeline.balance.is_some() {
             return Err(invalid(
                 "replicas.pipeline.balance",
@@ -310,6 +312,49 @@ impl TrainerConfig {
             stages /= 2;
         }
         Ok(())
+    }
+
+    /// With a group across processes ([`ReplicaConfig::nodes`]), what
+    /// cannot work there: AutoDP (a group across processes keeps its
+    /// replicas, so R cannot change) and profiled costs (each rank's timings
+    /// differ, so each would balance its pipeline differently). AutoFreeze,
+    /// AutoPipe and AutoCache run: every rank steps with the same all-reduced
+    /// gradients, so the policies read the same norms and make the same
+    /// decisions on the same parameter costs.
+    fn check_nodes(&self) -> Result<(), TrainerError> {
+        if self.replicas.nodes.is_none() {
+            return Ok(());
+        }
+        if self.parts.dp {
+            return Err(invalid(
+                "parts.dp",
+                true,
+                "false with a group across processes (R cannot change across MPI processes: Parts::dp = false, train's --no-dp)",
+            ));
+        }
+        if let CostModel::Profiled { .. } = self.costs {
+            return Err(invalid(
+                "costs",
+                "Profiled",
+                "CostModel::Parameters with a group across processes (timings differ per rank, so the ranks' balances would differ)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The configuration one rank of a group across processes runs: its
+    /// logs and checkpoints in `rank-<rank>` under the configured
+    /// directories, so that ranks on one machine never write the same file.
+    pub(crate) fn for_rank(mut self, rank: Option<usize>) -> Self {
+        let Some(rank) = rank.filter(|_| self.replicas.nodes.is_some()) else {
+            return self;
+        };
+        let sub = format!("rank-{rank}");
+        self.output_dir = self.output_dir.map(|dir| dir.join(&sub));
+        if let Some(checkpoint) = self.checkpoint.as_mut() {
+            checkpoint.dir = checkpoint.dir.join(&sub);
+        }
+        self
     }
 
     /// Replicas for a pipeline of `stages` stages: as many as the devices
@@ -379,6 +424,7 @@ impl TrainerConfig {
         O: StackOptimizer<S>,
         T: Activation<S::Backend> + Send + 'static,
     {
-        Trainer::new(stack, devices, self.clone(), make_optimizer, loss, false)
+        let config = self.clone().for_rank(crate::node::job_rank());
+        Trainer::new(stack, devices, config, make_optimizer, loss, false)
     }
 }

@@ -131,13 +131,21 @@ where
 
     /// Moves the group to `after`: down to replica 0, `on_one` applied to
     /// it, replica 0 repartitioned, then copied to the new replicas (weights,
-    /// parameter ids, front, optimizer state).
+    /// parameter ids, front, optimizer state). A group across processes
+    /// keeps its replicas (it cannot resize): `on_one` is applied to the
+    /// whole group and every replica repartitioned.
     pub(super) fn reshape_through_one(
         &mut self,
         after: &Shape,
         on_one: impl FnOnce(&mut ReplicaGroup<S, O>) -> Result<(), ElasticError>,
     ) -> Result<(), TrainerError> {
         let current = self.shape();
+        if self.group.spans_processes() && after.replicas == current.replicas {
+            on_one(&mut self.group)?;
+            self.group
+                .repartition(&after.balance, device_lists(&self.devices, after))?;
+            return Ok(());
+        }
         if current.replicas > 1 {
             self.group
                 .resize(device_lists(&self.devices, &current.with_replicas(1)))?;

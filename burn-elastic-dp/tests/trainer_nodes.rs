@@ -1,0 +1,249 @@
+//! The PipeTransformer trainer across the processes of an MPI job: two ranks
+//! of one replica each, AutoFreeze, AutoPipe and AutoCache on (AutoDP off:
+//! a group across processes keeps its replicas), train the same batches as
+//! one process with a group of two replicas, end bit for bit identical, at
+//! the same freeze front and shape, each writing its logs and checkpoints
+//! into its own `rank-<r>` directory; a configuration that cannot work
+//! across processes is refused before any work.
+//!
+//! The test binary runs itself under `mpirun` as the ranks: the variable
+//! `ELASTIC_DP_TRAINER_NODE_OUT` makes it a rank (see [`rank`]). Without
+//! `mpirun` on PATH the test fails with the line that installs it.
+
+#![cfg(feature = "mpi")]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::InMemDataset;
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::AdamConfig;
+use burn::prelude::*;
+use burn_elastic_dp::{
+    BatchPolicy, CheckpointConfig, CostModel, EpochReport, FreezeRule, Mpi, NodeConfig, Parts,
+    ReplicaConfig, TrainerConfig,
+};
+use burn_freeze::LayerStack;
+use burn_pipe::PipelineConfig;
+
+mod common;
+
+use common::{B, Types, block, finish, loss, mpirun, numbers};
+
+const WIDTH: usize = 8;
+const UNITS: usize = 8;
+const EPOCHS: usize = 3;
+const OUT: &str = "ELASTIC_DP_TRAINER_NODE_OUT";
+
+/// 8 units of equal cost, the same weights in every process.
+fn stack() -> LayerStack<Types> {
+    LayerStack::new(
+        block(1, WIDTH),
+        (0..UNITS as u64 - 2).map(|u| block(2 + u, WIDTH)).collect(),
+        block(UNITS as u64, WIDTH),
+    )
+}
+
+/// A sample: its features and label.
+type Item = ([f32; WIDTH], i64);
+
+/// 64 samples, the same in every process.
+fn dataset() -> InMemDataset<Item> {
+    let values = numbers(42, 64 * WIDTH);
+    InMemDataset::new(
+        values
+            .chunks_exact(WIDTH)
+            .map(|x| {
+                let x: [f32; WIDTH] = x.try_into().unwrap();
+                (x, i64::from(x[0] + x[1] > 0.0) + 2 * i64::from(x[2] > 0.3))
+            })
+            .collect(),
+    )
+}
+
+#[derive(Clone)]
+struct Rows;
+
+impl Batcher<B, Item, (Tensor<B, 2>, Tensor<B, 1, Int>)> for Rows {
+    fn batch(&self, items: Vec<Item>, device: &Device<B>) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
+        let x: Vec<f32> = items.iter().flat_map(|(x, _)| *x).collect();
+        let y: Vec<i64> = items.iter().map(|(_, y)| *y).collect();
+        let n = items.len();
+        (
+            Tensor::<B, 1>::from_data(TensorData::new(x, [n * WIDTH]), device)
+                .reshape([n, WIDTH]),
+            Tensor::from_data(TensorData::new(y, [n]), device),
+        )
+    }
+}
+
+/// Frozen layers 0, 4, 6 in epochs 0, 1, 2 (the pipeline of 4 stages
+/// shortens to 2, then 1), parameter-count costs, AutoDP off, a fixed
+/// global batch of 16, 2 micro-batches per replica.
+fn config() -> TrainerConfig {
+    TrainerConfig::new()
+        .with_parts(Parts::new().with_dp(false))
+        .with_freeze(FreezeRule::Fronts {
+            layers: vec![0, 4, 6],
+        })
+        .with_stages(Some(4))
+        .with_batch(BatchPolicy::FixedGlobal { batch: 16 })
+        .with_lr(1e-2)
+        .with_costs(CostModel::Parameters {
+            frozen_factor: 1.0 / 3.0,
+        })
+        .with_replicas(
+            ReplicaConfig::new()
+                .with_timeout_ms(60_000)
+                .with_pipeline(PipelineConfig::new().with_micro_batches(Some(2))),
+        )
+        .with_seed(3)
+}
+
+struct Collect(Vec<f32>);
+impl<Be: Backend> ModuleVisitor<Be> for Collect {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Be, D>>) {
+        self.0
+            .extend(param.val().to_data().convert::<f32>().to_vec::<f32>().unwrap());
+    }
+}
+
+fn weights(stack: &LayerStack<Types>) -> Vec<f32> {
+    let mut collect = Collect(Vec::new());
+    stack.first().visit(&mut collect);
+    stack.middle().iter().for_each(|u| u.visit(&mut collect));
+    stack.last().visit(&mut collect);
+    collect.0
+}
+
+/// The shape each epoch ran with and the front after it: `(K, R, front)`.
+fn shapes(reports: &[EpochReport]) -> Vec<(usize, usize, usize)> {
+    reports
+        .iter()
+        .map(|r| (r.stages, r.replicas, r.front))
+        .collect()
+}
+
+/// Trains `EPOCHS` epochs of `config` on `devices` devices; the weights
+/// and the shapes.
+fn train(config: &TrainerConfig, devices: usize) -> (Vec<f32>, Vec<(usize, usize, usize)>) {
+    let device: Device<B> = Default::default();
+    let mut trainer = config
+        .init(stack(), vec![device; devices], || AdamConfig::new().init(), loss)
+        .unwrap();
+    let data = dataset();
+    let reports: Vec<EpochReport> = (0..EPOCHS)
+        .map(|_| trainer.fit_epoch(&data, &Rows).unwrap())
+        .collect();
+    (weights(&trainer.to_layer_stack()), shapes(&reports))
+}
+
+/// A rank: joins the group with one replica over 4 devices, trains, and
+/// writes its weights (little-endian f32) to `<out>-<rank>` and its shapes
+/// to `<out>-<rank>.shapes`; logs and checkpoints go under `<out>.run`.
+fn rank(out: &str) {
+    let mpi = Mpi::init().unwrap();
+    assert_eq!(mpi.size(), 2);
+    let run = PathBuf::from(format!("{out}.run"));
+    let config = config()
+        .with_replicas(config().replicas.with_nodes(Some(NodeConfig::new())))
+        .with_output_dir(Some(run.clone()))
+        .with_checkpoint(Some(CheckpointConfig::new(run.join("checkpoints"))));
+    let (weights, shapes) = train(&config, 4);
+    let bytes: Vec<u8> = weights.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let rank = mpi.rank();
+    std::fs::write(format!("{out}-{rank}"), bytes).unwrap();
+    std::fs::write(format!("{out}-{rank}.shapes"), format!("{shapes:?}")).unwrap();
+}
+
+fn read_and_remove(path: &Path) -> Vec<u8> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let _ = std::fs::remove_file(path);
+    bytes
+}
+
+#[test]
+fn two_processes_train_with_freezing_and_pipelining_as_one_process_of_two_replicas() {
+    const TEST: &str =
+        "two_processes_train_with_freezing_and_pipelining_as_one_process_of_two_replicas";
+    if let Ok(out) = std::env::var(OUT) {
+        return rank(&out);
+    }
+    // One process, two replicas of the pipeline over 8 devices.
+    let (expected, expected_shapes) = train(&config(), 8);
+    println!("one process, (K, R, front) by epoch: {expected_shapes:?}");
+    // AutoFreeze moved the front, AutoPipe shortened the pipeline, R held.
+    assert_eq!(expected_shapes[0], (4, 2, 4));
+    assert!(expected_shapes.iter().all(|&(_, r, _)| r == 2));
+    assert!(expected_shapes[EPOCHS - 1].0 < 4, "{expected_shapes:?}");
+    let out = std::env::temp_dir().join(format!(
+        "burn-elastic-dp-trainer-nodes-{}",
+        std::process::id()
+    ));
+    let job = mpirun(TEST, 2, false, &[(OUT, out.display().to_string())]);
+    let (status, stderr) = finish(job, Duration::from_secs(300));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the MPI job failed ({status:?}):\n{stderr}"
+    );
+    let of = |rank: usize, tail: &str| PathBuf::from(format!("{}-{rank}{tail}", out.display()));
+    let trained: Vec<Vec<u8>> = (0..2).map(|r| read_and_remove(&of(r, ""))).collect();
+    let shapes: Vec<String> = (0..2)
+        .map(|r| String::from_utf8(read_and_remove(&of(r, ".shapes"))).unwrap())
+        .collect();
+    assert_eq!(trained[0], trained[1], "the weights of ranks 0 and 1 differ");
+    assert_eq!(shapes[0], shapes[1], "the ranks ran different shapes");
+    // Each rank runs one of the two replicas: the same K and front.
+    let local: Vec<_> = expected_shapes.iter().map(|&(k, _, f)| (k, 1, f)).collect();
+    assert_eq!(shapes[0], format!("{local:?}"));
+    let actual: Vec<f32> = trained[0]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(actual.len(), expected.len());
+    let worst = actual
+        .iter()
+        .zip(&expected)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    let scale = expected.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    assert!(worst <= 1e-4 * scale, "weights differ by {worst}");
+    println!("two ranks against one process: weights differ by at most {worst}");
+    // Training moved the weights.
+    assert_ne!(expected, weights(&stack()));
+    // Every rank wrote its own logs and checkpoints.
+    let run = PathBuf::from(format!("{}.run", out.display()));
+    for r in 0..2 {
+        let dir = run.join(format!("rank-{r}"));
+        assert!(dir.join("epochs.jsonl").is_file(), "{}", dir.display());
+        assert!(
+            run.join("checkpoints").join(format!("rank-{r}")).is_dir(),
+            "rank {r}'s checkpoints"
+        );
+    }
+    let _ = std::fs::remove_dir_all(run);
+}
+
+#[test]
+fn what_cannot_work_across_processes_is_refused_before_any_work() {
+    let across = config().with_replicas(config().replicas.with_nodes(Some(NodeConfig::new())));
+    assert!(across.check(4).is_ok());
+    let dp = across.clone().with_parts(Parts::new());
+    let error = dp
+        .init(stack(), vec![Default::default(); 4], || AdamConfig::new().init(), loss)
+        .err()
+        .expect("AutoDP across processes is refused")
+        .to_string();
+    assert!(
+        error.starts_with("parts.dp = true is not accepted") && error.contains("--no-dp"),
+        "{error}"
+    );
+    let profiled = across.with_costs(CostModel::Profiled { repeats: 1 });
+    let error = profiled.check(4).unwrap_err().to_string();
+    assert!(
+        error.starts_with("costs = Profiled is not accepted")
+            && error.contains("CostModel::Parameters"),
+        "{error}"
+    );
+}
