@@ -17,6 +17,8 @@
 mod cli;
 #[path = "train/console.rs"]
 mod console;
+#[path = "train/mpi_job.rs"]
+mod mpi_job;
 
 use std::path::Path;
 
@@ -33,6 +35,7 @@ use serde::Serialize;
 
 use cli::Args;
 use console::{Console, Pretraining, print_summary};
+use mpi_job::MpiJob;
 
 /// Why a run stopped: a one-line message and the exit code, 2 for flags
 /// that cannot work together, 1 for paths the file system refuses and for
@@ -70,23 +73,31 @@ impl Failure {
 }
 
 fn main() {
+    // Under mpirun (feature `mpi`): MPI first, then everything else.
+    let job = MpiJob::start();
     // Freed tensors' memory reused, not returned to the system and faulted
     // in again every step (see `examples::allocator`).
     examples::allocator::keep_freed_memory();
     examples::init_logging();
     let args = Args::parse();
-    if let Err(failure) = run(&args) {
+    if let Err(failure) = job.and_then(|job| run(&args, &job)) {
         eprintln!("error: {}", failure.message);
         std::process::exit(failure.code);
     }
 }
 
 /// The whole job: the flags checked, the model pretrained (or loaded),
-/// fine-tuned each way asked, the summary printed, the results saved.
-fn run(args: &Args) -> Result<(), Failure> {
+/// fine-tuned each way asked, the summary printed, the results saved (by
+/// rank 0 of a job across processes; see `train/mpi_job.rs`).
+fn run(args: &Args, job: &MpiJob) -> Result<(), Failure> {
+    let args = &job.adapt_args(args)?;
     let (mut spec, config) = args.check()?;
+    let config = job.adapt_config(config, args.devices as usize)?;
     let prepared = prepare(args, &mut spec)?;
     let (runs, strongest, trained) = finetune_runs(args, &spec, config, &prepared)?;
+    if !job.is_leader() {
+        return job.save_model(&args.output_dir, &trained);
+    }
     let strongest_name = strongest.as_ref().map(|s| strongest::name(s.winner));
     print_summary(&runs, spec.samples, strongest_name.as_deref());
     if let (Some(file), Some(job)) = (&args.eval_file, &prepared.sst) {

@@ -49,7 +49,7 @@ pub(crate) enum BackendName {
     Tch,
 }
 
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(
     about = "PipeTransformer fine-tuning end to end: pretrain a tiny transformer on generated data, fine-tune it on a related task with freezing, pipelining, replicas and caching, next to plain Burn training",
     after_help = "F = frozen layers, K = pipeline stages, R = data-parallel replicas, M = micro-batches per replica, balance = units per stage. On a CPU the devices are logical: threads sharing the cores."
