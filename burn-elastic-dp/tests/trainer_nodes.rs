@@ -71,8 +71,7 @@ impl Batcher<B, Item, (Tensor<B, 2>, Tensor<B, 1, Int>)> for Rows {
         let y: Vec<i64> = items.iter().map(|(_, y)| *y).collect();
         let n = items.len();
         (
-            Tensor::<B, 1>::from_data(TensorData::new(x, [n * WIDTH]), device)
-                .reshape([n, WIDTH]),
+            Tensor::<B, 1>::from_data(TensorData::new(x, [n * WIDTH]), device).reshape([n, WIDTH]),
             Tensor::from_data(TensorData::new(y, [n]), device),
         )
     }
@@ -104,8 +103,14 @@ fn config() -> TrainerConfig {
 struct Collect(Vec<f32>);
 impl<Be: Backend> ModuleVisitor<Be> for Collect {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Be, D>>) {
-        self.0
-            .extend(param.val().to_data().convert::<f32>().to_vec::<f32>().unwrap());
+        self.0.extend(
+            param
+                .val()
+                .to_data()
+                .convert::<f32>()
+                .to_vec::<f32>()
+                .unwrap(),
+        );
     }
 }
 
@@ -130,7 +135,12 @@ fn shapes(reports: &[EpochReport]) -> Vec<(usize, usize, usize)> {
 fn train(config: &TrainerConfig, devices: usize) -> (Vec<f32>, Vec<(usize, usize, usize)>) {
     let device: Device<B> = Default::default();
     let mut trainer = config
-        .init(stack(), vec![device; devices], || AdamConfig::new().init(), loss)
+        .init(
+            stack(),
+            vec![device; devices],
+            || AdamConfig::new().init(),
+            loss,
+        )
         .unwrap();
     let data = dataset();
     let reports: Vec<EpochReport> = (0..EPOCHS)
@@ -192,7 +202,10 @@ fn two_processes_train_with_freezing_and_pipelining_as_one_process_of_two_replic
     let shapes: Vec<String> = (0..2)
         .map(|r| String::from_utf8(read_and_remove(&of(r, ".shapes"))).unwrap())
         .collect();
-    assert_eq!(trained[0], trained[1], "the weights of ranks 0 and 1 differ");
+    assert_eq!(
+        trained[0], trained[1],
+        "the weights of ranks 0 and 1 differ"
+    );
     assert_eq!(shapes[0], shapes[1], "the ranks ran different shapes");
     // Each rank runs one of the two replicas: the same K and front.
     let local: Vec<_> = expected_shapes.iter().map(|&(k, _, f)| (k, 1, f)).collect();
@@ -231,7 +244,12 @@ fn what_cannot_work_across_processes_is_refused_before_any_work() {
     assert!(across.check(4).is_ok());
     let dp = across.clone().with_parts(Parts::new());
     let error = dp
-        .init(stack(), vec![Default::default(); 4], || AdamConfig::new().init(), loss)
+        .init(
+            stack(),
+            vec![Default::default(); 4],
+            || AdamConfig::new().init(),
+            loss,
+        )
         .err()
         .expect("AutoDP across processes is refused")
         .to_string();
