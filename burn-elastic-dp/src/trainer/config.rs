@@ -166,7 +166,8 @@ pub struct TrainerConfig {
     /// Replicas stuck in their own computation past the step's bound have
     /// left the group already ([`ElasticError::Timeout`](crate::ElasticError::Timeout)'s
     /// `lost`); with this on the survivors redo the step. With one replica
-    /// left (or none), or this off, the step fails.
+    /// left (or none), or this off, or a group across processes (which
+    /// cannot shrink), the step fails.
     #[config(default = true)]
     pub recover_replicas: bool,
     /// Checkpoints (and where [`Trainer::resume`] reads them); `None`

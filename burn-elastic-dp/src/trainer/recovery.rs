@@ -49,7 +49,9 @@ where
     pub(super) fn optimizer_step(&mut self, lr: f64) -> Result<(), TrainerError> {
         match self.group.step(lr) {
             Ok(()) => Ok(()),
-            Err(ElasticError::PartialStep { failed, source }) if self.config.recover_replicas => {
+            Err(ElasticError::PartialStep { failed, source })
+                if self.config.recover_replicas && !self.group.spans_processes() =>
+            {
                 tracing::warn!(error = %source, ?failed, "replicas failed their optimizer step; they leave the group");
                 for &replica in failed.iter().rev() {
                     self.group.remove_replica(replica)?;
@@ -64,9 +66,14 @@ where
     /// the replica the error names leaves and the survivors redo the step (a
     /// failure of that replica's own, not a non-finite loss, which the same
     /// batch would give again, and another replica left), or the survivors
-    /// of a step that left stuck replicas behind redo it.
+    /// of a step that left stuck replicas behind redo it. Never in a group
+    /// across processes: it cannot shrink, and the step fails with its own
+    /// error.
     fn recoverable(&self, error: &ElasticError) -> Option<Recovery> {
-        if !self.config.recover_replicas || self.group.num_replicas() == 0 {
+        if !self.config.recover_replicas
+            || self.group.num_replicas() == 0
+            || self.group.spans_processes()
+        {
             return None;
         }
         match error {
