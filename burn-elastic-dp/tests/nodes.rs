@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use burn::backend::Autodiff;
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, SgdConfig};
@@ -26,7 +26,7 @@ use burn_pipe::{Pipeline, PipelineConfig};
 
 mod common;
 
-use common::{finish, mpirun, numbers};
+use common::{finish, flat_weights, mpirun, numbers};
 
 /// The backend the tests run on: Flex, or LibTorch on the CPU with the
 /// `test-tch` feature (`.ci/tch`).
@@ -130,29 +130,6 @@ fn pipeline_config() -> PipelineConfig {
         .with_balance(Some(vec![3, 3]))
 }
 
-/// Every float parameter's values, in visiting order.
-struct Collect(Vec<f32>);
-impl<Be: Backend> ModuleVisitor<Be> for Collect {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Be, D>>) {
-        self.0.extend(
-            param
-                .val()
-                .to_data()
-                .convert::<f32>()
-                .to_vec::<f32>()
-                .unwrap(),
-        );
-    }
-}
-
-fn weights(stack: &LayerStack<Types>) -> Vec<f32> {
-    let mut collect = Collect(Vec::new());
-    stack.first().visit(&mut collect);
-    stack.middle().iter().for_each(|u| u.visit(&mut collect));
-    stack.last().visit(&mut collect);
-    collect.0
-}
-
 fn group_config(timeout_ms: u64) -> ReplicaConfig {
     ReplicaConfig::new()
         .with_pipeline(pipeline_config())
@@ -199,7 +176,7 @@ fn child(role: &str) {
             let report = group.train_step(x, y, loss, 0.5).unwrap();
             assert_eq!(report.shards.len(), replicas);
         }
-        let bytes: Vec<u8> = weights(&group.to_layer_stack())
+        let bytes: Vec<u8> = flat_weights(&group.to_layer_stack())
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();
@@ -270,16 +247,16 @@ fn in_one_process(replicas: usize) -> (Vec<f32>, Vec<f32>) {
             SgdConfig::new().init()
         })
         .unwrap();
-    let initial = weights(&single.to_layer_stack());
+    let initial = flat_weights(&single.to_layer_stack());
     for step in 0..STEPS {
         let (x, y) = batch(100 + step);
         single.train_step(x.clone(), y.clone(), loss, 0.5).unwrap();
         group.train_step(x, y, loss, 0.5).unwrap();
     }
-    let expected = weights(&single.to_layer_stack());
+    let expected = flat_weights(&single.to_layer_stack());
     // Training moved the weights.
     assert!(initial.iter().zip(&expected).any(|(a, b)| a != b));
-    (expected, weights(&group.to_layer_stack()))
+    (expected, flat_weights(&group.to_layer_stack()))
 }
 
 /// The largest difference between `actual` and `expected`, against 1e-4

@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
-use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn_elastic_dp::{
@@ -29,7 +28,7 @@ use burn_pipe::PipelineConfig;
 
 mod common;
 
-use common::{B, Types, block, finish, loss, mpirun, numbers};
+use common::{B, Types, block, finish, flat_weights, loss, mpirun, numbers};
 
 const WIDTH: usize = 8;
 const UNITS: usize = 8;
@@ -100,28 +99,6 @@ fn config() -> TrainerConfig {
         .with_seed(3)
 }
 
-struct Collect(Vec<f32>);
-impl<Be: Backend> ModuleVisitor<Be> for Collect {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Be, D>>) {
-        self.0.extend(
-            param
-                .val()
-                .to_data()
-                .convert::<f32>()
-                .to_vec::<f32>()
-                .unwrap(),
-        );
-    }
-}
-
-fn weights(stack: &LayerStack<Types>) -> Vec<f32> {
-    let mut collect = Collect(Vec::new());
-    stack.first().visit(&mut collect);
-    stack.middle().iter().for_each(|u| u.visit(&mut collect));
-    stack.last().visit(&mut collect);
-    collect.0
-}
-
 /// The shape each epoch ran with and the front after it: `(K, R, front)`.
 fn shapes(reports: &[EpochReport]) -> Vec<(usize, usize, usize)> {
     reports
@@ -146,7 +123,7 @@ fn train(config: &TrainerConfig, devices: usize) -> (Vec<f32>, Vec<(usize, usize
     let reports: Vec<EpochReport> = (0..EPOCHS)
         .map(|_| trainer.fit_epoch(&data, &Rows).unwrap())
         .collect();
-    (weights(&trainer.to_layer_stack()), shapes(&reports))
+    (flat_weights(&trainer.to_layer_stack()), shapes(&reports))
 }
 
 /// A rank: joins the group with one replica over 4 devices, trains, and
@@ -224,7 +201,7 @@ fn two_processes_train_with_freezing_and_pipelining_as_one_process_of_two_replic
     assert!(worst <= 1e-4 * scale, "weights differ by {worst}");
     println!("two ranks against one process: weights differ by at most {worst}");
     // Training moved the weights.
-    assert_ne!(expected, weights(&stack()));
+    assert_ne!(expected, flat_weights(&stack()));
     // Every rank wrote its own logs and checkpoints.
     let run = PathBuf::from(format!("{}.run", out.display()));
     for r in 0..2 {

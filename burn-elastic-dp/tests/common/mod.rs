@@ -4,10 +4,11 @@
 #![allow(dead_code)] // each test binary uses a part
 
 use burn::backend::Autodiff;
+use burn::module::{ModuleVisitor, Param};
 use burn::nn::Linear;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;
-use burn_freeze::StackMarker;
+use burn_freeze::{LayerStack, StackMarker, StackTypes};
 
 /// The backend the tests run on: Flex, or LibTorch on the CPU with the
 /// `test-tch` feature (`.ci/tch`).
@@ -75,6 +76,31 @@ pub fn block(seed: u64, width: usize) -> Block<B> {
             ))),
         },
     }
+}
+
+/// Every float parameter's values, in visiting order.
+struct Flatten(Vec<f32>);
+
+impl<Be: Backend> ModuleVisitor<Be> for Flatten {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Be, D>>) {
+        self.0.extend(
+            param
+                .val()
+                .to_data()
+                .convert::<f32>()
+                .to_vec::<f32>()
+                .unwrap(),
+        );
+    }
+}
+
+/// Every weight of `stack`, unit after unit, in one list.
+pub fn flat_weights<S: StackTypes>(stack: &LayerStack<S>) -> Vec<f32> {
+    let mut flatten = Flatten(Vec::new());
+    stack.first().visit(&mut flatten);
+    stack.middle().iter().for_each(|u| u.visit(&mut flatten));
+    stack.last().visit(&mut flatten);
+    flatten.0
 }
 
 /// Waits for `child` at most `bound` (then kills it); its status and stderr.
