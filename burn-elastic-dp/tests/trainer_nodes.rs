@@ -1,7 +1,7 @@
 //! The PipeTransformer trainer across the processes of an MPI job: two ranks
-//! of one replica each, AutoFreeze, AutoPipe and AutoCache on (AutoDP off:
+//! of one replica each (then two each), AutoFreeze, AutoPipe and AutoCache on (AutoDP off:
 //! a group across processes keeps its replicas), train the same batches as
-//! one process with a group of two replicas, end bit for bit identical, at
+//! one process with as many replicas, end bit for bit identical, at
 //! the same freeze front and shape, each writing its logs and checkpoints
 //! into its own `rank-<r>` directory; a configuration that cannot work
 //! across processes is refused before any work.
@@ -34,6 +34,7 @@ const WIDTH: usize = 8;
 const UNITS: usize = 8;
 const EPOCHS: usize = 3;
 const OUT: &str = "ELASTIC_DP_TRAINER_NODE_OUT";
+const DEVICES: &str = "ELASTIC_DP_TRAINER_NODE_DEVICES";
 
 /// 8 units of equal cost, the same weights in every process.
 fn stack() -> LayerStack<Types> {
@@ -126,18 +127,20 @@ fn train(config: &TrainerConfig, devices: usize) -> (Vec<f32>, Vec<(usize, usize
     (flat_weights(&trainer.to_layer_stack()), shapes(&reports))
 }
 
-/// A rank: joins the group with one replica over 4 devices, trains, and
-/// writes its weights (little-endian f32) to `<out>-<rank>` and its shapes
-/// to `<out>-<rank>.shapes`; logs and checkpoints go under `<out>.run`.
+/// A rank: joins the group with `ELASTIC_DP_TRAINER_NODE_DEVICES` devices
+/// (4 per replica), trains, and writes its weights (little-endian f32) to
+/// `<out>-<rank>` and its shapes to `<out>-<rank>.shapes`; logs and
+/// checkpoints go under `<out>.run`.
 fn rank(out: &str) {
     let mpi = Mpi::init().unwrap();
     assert_eq!(mpi.size(), 2);
+    let devices: usize = std::env::var(DEVICES).unwrap().parse().unwrap();
     let run = PathBuf::from(format!("{out}.run"));
     let config = config()
         .with_replicas(config().replicas.with_nodes(Some(NodeConfig::new())))
         .with_output_dir(Some(run.clone()))
         .with_checkpoint(Some(CheckpointConfig::new(run.join("checkpoints"))));
-    let (weights, shapes) = train(&config, 4);
+    let (weights, shapes) = train(&config, devices);
     let bytes: Vec<u8> = weights.iter().flat_map(|v| v.to_le_bytes()).collect();
     let rank = mpi.rank();
     std::fs::write(format!("{out}-{rank}"), bytes).unwrap();
@@ -151,28 +154,41 @@ fn read_and_remove(path: &Path) -> Vec<u8> {
 }
 
 #[test]
-fn two_processes_train_with_freezing_and_pipelining_as_one_process_of_two_replicas() {
+fn two_processes_train_with_freezing_and_pipelining_as_one_process_with_as_many_replicas() {
     const TEST: &str =
-        "two_processes_train_with_freezing_and_pipelining_as_one_process_of_two_replicas";
+        "two_processes_train_with_freezing_and_pipelining_as_one_process_with_as_many_replicas";
     if let Ok(out) = std::env::var(OUT) {
         return rank(&out);
     }
-    // One process, two replicas of the pipeline over 8 devices.
-    let (expected, expected_shapes) = train(&config(), 8);
+    // One replica per rank, then two (burn-collective inside each rank, MPI
+    // between them; the pipeline shortens without the group resizing).
+    for per_rank in [1, 2] {
+        across_two_processes(TEST, per_rank);
+    }
+}
+
+/// Two ranks of `per_rank` replicas against one process of twice as many.
+fn across_two_processes(test: &str, per_rank: usize) {
+    let replicas = 2 * per_rank;
+    let (expected, expected_shapes) = train(&config(), 4 * replicas);
     println!("one process, (K, R, front) by epoch: {expected_shapes:?}");
     // AutoFreeze moved the front, AutoPipe shortened the pipeline, R held.
-    assert_eq!(expected_shapes[0], (4, 2, 4));
-    assert!(expected_shapes.iter().all(|&(_, r, _)| r == 2));
+    assert_eq!(expected_shapes[0], (4, replicas, 4));
+    assert!(expected_shapes.iter().all(|&(_, r, _)| r == replicas));
     assert!(expected_shapes[EPOCHS - 1].0 < 4, "{expected_shapes:?}");
     let out = std::env::temp_dir().join(format!(
-        "burn-elastic-dp-trainer-nodes-{}",
+        "burn-elastic-dp-trainer-nodes-{}-{per_rank}",
         std::process::id()
     ));
-    let job = mpirun(TEST, 2, false, &[(OUT, out.display().to_string())]);
+    let vars = [
+        (OUT, out.display().to_string()),
+        (DEVICES, (4 * per_rank).to_string()),
+    ];
+    let job = mpirun(test, 2, false, &vars);
     let (status, stderr) = finish(job, Duration::from_secs(300));
     assert!(
         status.is_some_and(|s| s.success()),
-        "the MPI job failed ({status:?}):\n{stderr}"
+        "{per_rank} per rank: the MPI job failed ({status:?}):\n{stderr}"
     );
     let of = |rank: usize, tail: &str| PathBuf::from(format!("{}-{rank}{tail}", out.display()));
     let trained: Vec<Vec<u8>> = (0..2).map(|r| read_and_remove(&of(r, ""))).collect();
@@ -181,11 +197,17 @@ fn two_processes_train_with_freezing_and_pipelining_as_one_process_of_two_replic
         .collect();
     assert_eq!(
         trained[0], trained[1],
-        "the weights of ranks 0 and 1 differ"
+        "{per_rank} per rank: the weights of ranks 0 and 1 differ"
     );
-    assert_eq!(shapes[0], shapes[1], "the ranks ran different shapes");
-    // Each rank runs one of the two replicas: the same K and front.
-    let local: Vec<_> = expected_shapes.iter().map(|&(k, _, f)| (k, 1, f)).collect();
+    assert_eq!(
+        shapes[0], shapes[1],
+        "{per_rank} per rank: the ranks ran different shapes"
+    );
+    // Each rank runs its share of the replicas: the same K and front.
+    let local: Vec<_> = expected_shapes
+        .iter()
+        .map(|&(k, _, f)| (k, per_rank, f))
+        .collect();
     assert_eq!(shapes[0], format!("{local:?}"));
     let actual: Vec<f32> = trained[0]
         .chunks_exact(4)
@@ -198,8 +220,11 @@ fn two_processes_train_with_freezing_and_pipelining_as_one_process_of_two_replic
         .map(|(a, b)| (a - b).abs())
         .fold(0.0, f32::max);
     let scale = expected.iter().fold(1.0f32, |m, v| m.max(v.abs()));
-    assert!(worst <= 1e-4 * scale, "weights differ by {worst}");
-    println!("two ranks against one process: weights differ by at most {worst}");
+    assert!(
+        worst <= 1e-4 * scale,
+        "{per_rank} per rank: weights differ by {worst}"
+    );
+    println!("two ranks of {per_rank} against one process: weights differ by at most {worst}");
     // Training moved the weights.
     assert_ne!(expected, flat_weights(&stack()));
     // Every rank wrote its own logs and checkpoints.
