@@ -152,15 +152,37 @@ impl UnitCosts {
     /// ```
     pub fn ideal_speedup(&self, fronts: &[usize], cache: bool) -> f64 {
         let full = self.work(0, 0) * fronts.len() as f64;
-        let mut previous = 0;
-        let mut work = 0.0;
-        for &front in fronts {
-            let front = front.min(self.len());
-            let cached = if cache { previous.min(front) } else { 0 };
-            work += self.work(front, cached);
-            previous = front;
-        }
+        let work: f64 = self
+            .epoch_fronts(fronts, cache)
+            .into_iter()
+            .map(|(front, cached)| self.work(front, cached))
+            .sum();
         full / work
+    }
+
+    /// Each epoch's `(front, cached)` for epochs that train with frozen
+    /// units `fronts[T]` (at most every unit): with `cache`, the units the
+    /// epoch before froze are served from the cache, the newly frozen ones
+    /// still run (to fill it); without, none is cached.
+    ///
+    /// ```
+    /// use burn_pipe::UnitCosts;
+    ///
+    /// let costs = UnitCosts::scaled(&[1.0; 4], 0.5);
+    /// assert_eq!(costs.epoch_fronts(&[0, 2, 3, 9], true), vec![(0, 0), (2, 0), (3, 2), (4, 3)]);
+    /// assert_eq!(costs.epoch_fronts(&[0, 2], false), vec![(0, 0), (2, 0)]);
+    /// ```
+    pub fn epoch_fronts(&self, fronts: &[usize], cache: bool) -> Vec<(usize, usize)> {
+        let mut previous = 0;
+        fronts
+            .iter()
+            .map(|&front| {
+                let front = front.min(self.len());
+                let cached = if cache { previous.min(front) } else { 0 };
+                previous = front;
+                (front, cached)
+            })
+            .collect()
     }
 }
 

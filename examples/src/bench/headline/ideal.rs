@@ -24,14 +24,9 @@ pub(super) fn profile(spec: &JobSpec, pretrained: &Pretrained) -> Vec<UnitProfil
 /// The front during each epoch of `run`: the one the epoch before ended
 /// with (nothing frozen in epoch 0).
 fn fronts_during(run: &RunRecord) -> Vec<usize> {
-    (0..run.epochs.len())
-        .map(|t| {
-            if t == 0 {
-                0
-            } else {
-                run.epochs[t - 1].report.front
-            }
-        })
+    std::iter::once(0)
+        .chain(run.epochs.iter().map(|epoch| epoch.report.front))
+        .take(run.epochs.len())
         .collect()
 }
 
@@ -41,14 +36,10 @@ fn fronts_during(run: &RunRecord) -> Vec<usize> {
 /// epoch is served from the cache and costs nothing.
 pub(super) fn modelled(profile: &[UnitProfile], run: &RunRecord, cache: bool) -> Vec<(f64, f64)> {
     let costs = UnitCosts::from_profile(profile);
-    let mut previous = 0;
-    fronts_during(run)
+    costs
+        .epoch_fronts(&fronts_during(run), cache)
         .into_iter()
-        .map(|front| {
-            let front = front.min(costs.len());
-            let cached = if cache { previous.min(front) } else { 0 };
-            previous = front;
-            // `0.0 +`: an empty f64 sum is -0.0.
+        .map(|(front, cached)| {
             let (mut frozen, mut active) = (0.0, 0.0);
             for unit in 0..costs.len() {
                 match UnitState::of(unit, front, cached) {
@@ -56,7 +47,7 @@ pub(super) fn modelled(profile: &[UnitProfile], run: &RunRecord, cache: bool) ->
                     state => frozen += costs.cost(unit, state),
                 }
             }
-            (0.0 + frozen, 0.0 + active)
+            (frozen, active)
         })
         .collect()
 }
