@@ -62,6 +62,6 @@ pub use mpi::{BUCKET_VALUES as MPI_BUCKET_VALUES, Mpi};
 pub use node::NodeConfig;
 pub use sampler::{BatchPolicy, ElasticSampler};
 pub use trainer::{
-    CacheableStack, CheckpointConfig, CostModel, EpochReport, FreezeRule, LayerSpec, Parts,
-    StackOptimizer, StepProgress, Trainer, TrainerConfig, TrainerError, Transition,
+    CacheableStack, CheckpointConfig, CostModel, EpochReport, FreezeRule, LayerSpec, MemoryConfig,
+    Parts, StackOptimizer, StepProgress, Trainer, TrainerConfig, TrainerError, Transition,
 };

@@ -5,7 +5,10 @@
 //! F, front, K, R, M and balance of every epoch equal the shape the trainer
 //! trains that epoch with: its starting shape, then each transition's.
 //! The units differ in size, so that balancing and compressing have
-//! choices to make.
+//! choices to make. Three starts: the paper's (one pipeline over every
+//! device, compressed under the starting largest stage), memory-aware
+//! AutoPipe under a budget that needs 4 stages, and memory-aware without a
+//! budget (pure data parallelism from the start).
 
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
@@ -13,10 +16,13 @@ use burn::nn::{Linear, LinearConfig};
 use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn_elastic_dp::plan::{ClusterConfig, Link, ModelSpec, PlanConfig, UnitSpec, plan};
+use burn_elastic_dp::shape::{MemoryFit, UnitCosts, initial_shape};
 use burn_elastic_dp::{
-    BatchPolicy, CostModel, FreezeRule, LayerSpec, Parts, ReplicaConfig, TrainerConfig,
+    BatchPolicy, CostModel, FreezeRule, LayerSpec, MemoryConfig, Parts, ReplicaConfig,
+    TrainerConfig,
 };
 use burn_freeze::{LayerStack, StackMarker};
+use burn_pipe::UnitMemory;
 
 mod common;
 
@@ -97,6 +103,7 @@ fn planned(config: &TrainerConfig, params: &[usize]) -> Vec<EpochShape> {
             backward_fixed: 0.0,
             measured: vec![],
             activation_bytes: 4 * WIDTH,
+            saved_bytes: 0,
             param_tensors: vec![4 * n],
         })
         .collect();
@@ -117,6 +124,7 @@ fn planned(config: &TrainerConfig, params: &[usize]) -> Vec<EpochShape> {
     .with_parts(config.parts)
     .with_costs(config.costs)
     .with_stages(config.stages)
+    .with_memory(config.memory.clone())
     .with_micro_batches(config.replicas.pipeline.micro_batches);
     plan(&plan_config, &model)
         .unwrap()
@@ -214,18 +222,69 @@ fn trained(config: &TrainerConfig) -> (Vec<EpochShape>, Vec<usize>) {
     (epochs, params)
 }
 
+/// Trains `config`, plans it, and checks that the two agree epoch by
+/// epoch; returns the epochs.
+fn agree(config: &TrainerConfig) -> Vec<EpochShape> {
+    let (trained, params) = trained(config);
+    let planned = planned(config, &params);
+    assert_eq!(planned, trained);
+    trained
+}
+
+/// The run reshapes: the front moves, the pipeline compresses and replicas
+/// grow.
+fn assert_reshapes(epochs: &[EpochShape]) {
+    let last = epochs.last().unwrap();
+    assert!(
+        last.front > 0 && last.stages < epochs[0].stages,
+        "{epochs:?}"
+    );
+    assert!(last.replicas > epochs[0].replicas, "{epochs:?}");
+}
+
 #[test]
 fn the_planner_decides_every_epoch_as_the_trainer_does() {
-    let config = job_config();
-    let (trained, params) = trained(&config);
-    let planned = planned(&config, &params);
-    assert_eq!(planned, trained);
-    // The run does reshape: the front moves, the pipeline compresses and
-    // replicas grow.
-    let last = trained.last().unwrap();
+    // The paper's start: one pipeline over the 4 devices.
+    let epochs = agree(&job_config().with_stages(Some(DEVICES)));
+    assert_eq!(epochs[0].stages, DEVICES);
+    assert_reshapes(&epochs);
+}
+
+#[test]
+fn memory_aware_the_planner_decides_as_the_trainer_does() {
+    // A budget that holds the largest stage of the 4-stage balance (its
+    // parameters, gradients and Adam's two moments; activations are not
+    // measured here) and no 2-stage one: the run starts at K = 4 and falls
+    // as frozen units shed their gradients and optimizer state.
+    let device: Device<B> = Default::default();
+    let params = stack(&device).unit_params();
+    let costs = UnitCosts::from_params(&params, 1.0 / 3.0);
+    let fit = MemoryFit {
+        units: UnitMemory::from_param_counts(&params, 4),
+        device_bytes: u64::MAX,
+        batch: BatchPolicy::FixedGlobal { batch: BATCH },
+        micro_batches: None,
+        schedule: burn_pipe::Schedule::OneFOneB,
+        optimizer_slots: 2.0,
+    };
+    let (four, _) = initial_shape(&costs, 4, 1);
+    let budget = fit
+        .stage_memory(&four.balance, 0, DEVICES)
+        .iter()
+        .map(|m| m.total())
+        .max()
+        .unwrap();
+    let config = job_config().with_memory(MemoryConfig::new().with_device_bytes(Some(budget)));
+    let epochs = agree(&config);
+    assert_eq!((epochs[0].stages, epochs[0].replicas), (4, 1), "{epochs:?}");
+    assert_reshapes(&epochs);
+    // Without a budget every model fits one device: 1 stage, 4 replicas
+    // from the start, the same shape throughout.
+    let epochs = agree(&job_config());
     assert!(
-        last.front > 0 && last.stages < trained[0].stages,
-        "{trained:?}"
+        epochs
+            .iter()
+            .all(|e| (e.stages, e.replicas) == (1, DEVICES)),
+        "{epochs:?}"
     );
-    assert!(last.replicas > trained[0].replicas, "{trained:?}");
 }

@@ -28,6 +28,7 @@ mod config;
 mod error;
 mod forward_backward;
 mod loss;
+pub mod memory;
 mod microbatch;
 pub mod partition;
 mod pass;
@@ -44,6 +45,7 @@ mod worker;
 pub use config::{PipelineConfig, Schedule};
 pub use error::{PipeError, panic_message};
 pub use loss::MicroBatchLoss;
+pub use memory::{HeapCounter, MemoryQuery, StageMemory, UnitMemory, measure_unit_memory};
 pub use microbatch::micro_batch_sizes;
 pub use partition::{
     UnitCosts, UnitState, balance_exact, balance_greedy, compress, default_micro_batches,

@@ -201,7 +201,10 @@ pub fn largest_stage(costs: &[f64], balance: &[usize]) -> f64 {
 
 /// The contiguous partition of `costs` into `stages` non-empty stages that
 /// minimises the largest stage cost, found exactly by dynamic programming
-/// (`O(stages * n^2)`). Returns units per stage.
+/// (`O(stages * n^2)`); among the partitions with that largest stage, the
+/// one that balances the rest best (the least sum of squared stage costs),
+/// since the other stages' costs decide what each of their devices holds.
+/// Returns units per stage.
 ///
 /// # Panics
 /// When `stages` is 0 or larger than `costs.len()`.
@@ -213,6 +216,9 @@ pub fn largest_stage(costs: &[f64], balance: &[usize]) -> f64 {
 /// let balance = balance_exact(&costs, 2);
 /// assert_eq!(balance, vec![2, 1]);
 /// assert_eq!(largest_stage(&costs, &balance), 4.0);
+/// // The first unit decides the largest stage; the others are spread.
+/// let skewed = [100.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+/// assert_eq!(balance_exact(&skewed, 4), vec![1, 2, 2, 3]);
 /// ```
 pub fn balance_exact(costs: &[f64], stages: usize) -> Vec<usize> {
     let n = costs.len();
@@ -225,17 +231,35 @@ pub fn balance_exact(costs: &[f64], stages: usize) -> Vec<usize> {
         prefix[i + 1] = prefix[i] + c;
     }
     let sum = |a: usize, b: usize| prefix[b] - prefix[a];
-    // best[j][i]: least largest-stage cost of the first i units in j stages;
-    // cut[j][i]: where the last of those j stages starts.
+    // The least largest stage: best[j][i] is that of the first i units in j
+    // stages.
     let mut best = vec![vec![f64::INFINITY; n + 1]; stages + 1];
-    let mut cut = vec![vec![0usize; n + 1]; stages + 1];
     best[0][0] = 0.0;
     for j in 1..=stages {
         for i in j..=n - (stages - j) {
             for p in (j - 1)..i {
-                let candidate = best[j - 1][p].max(sum(p, i));
-                if candidate < best[j][i] {
-                    best[j][i] = candidate;
+                best[j][i] = best[j][i].min(best[j - 1][p].max(sum(p, i)));
+            }
+        }
+    }
+    // Within that bound (up to rounding of the prefix sums), the least sum
+    // of squared stage costs; cut[j][i] is where the last of the j stages
+    // starts.
+    let bound = best[stages][n];
+    let bound = bound + bound.abs() * 1e-9 + f64::MIN_POSITIVE;
+    let mut squares = vec![vec![f64::INFINITY; n + 1]; stages + 1];
+    let mut cut = vec![vec![0usize; n + 1]; stages + 1];
+    squares[0][0] = 0.0;
+    for j in 1..=stages {
+        for i in j..=n - (stages - j) {
+            for p in (j - 1)..i {
+                let stage = sum(p, i);
+                if stage > bound {
+                    continue;
+                }
+                let candidate = squares[j - 1][p] + stage * stage;
+                if candidate < squares[j][i] {
+                    squares[j][i] = candidate;
                     cut[j][i] = p;
                 }
             }
@@ -384,6 +408,51 @@ mod tests {
             }
         }
         assert!(strictly_better > 0);
+    }
+
+    /// Stage costs of `balance`.
+    fn stage_costs(costs: &[f64], balance: &[usize]) -> Vec<f64> {
+        let mut start = 0;
+        balance
+            .iter()
+            .map(|&n| {
+                start += n;
+                costs[start - n..start].iter().sum()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn among_equal_largest_stages_the_rest_is_balanced() {
+        // Today's [1, 1, 1, 5] had the same largest stage as [1, 2, 2, 3].
+        let skewed = [100.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+        let balance = balance_exact(&skewed, 4);
+        assert_eq!(stage_costs(&skewed, &balance), vec![100.0, 2.0, 2.0, 3.0]);
+        // Against brute force: the least largest stage, then the least sum
+        // of squares among the partitions that reach it.
+        let squares = |c: &[f64], b: &[usize]| stage_costs(c, b).iter().map(|s| s * s).sum::<f64>();
+        for seed in 0..40 {
+            for n in 2..9 {
+                let mut costs = costs(seed, n);
+                // Skew some instances so that ties in the largest stage are common.
+                if seed % 2 == 0 {
+                    costs[seed as usize % n] *= 50.0;
+                }
+                for stages in 1..=n {
+                    let ours = balance_exact(&costs, stages);
+                    let largest = largest_stage(&costs, &ours);
+                    let best = all_balances(n, stages)
+                        .into_iter()
+                        .filter(|b| largest_stage(&costs, b) <= largest)
+                        .map(|b| squares(&costs, &b))
+                        .fold(f64::INFINITY, f64::min);
+                    assert!(
+                        squares(&costs, &ours) <= best * (1.0 + 1e-12),
+                        "costs {costs:?}, {stages} stages: {ours:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

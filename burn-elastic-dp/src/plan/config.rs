@@ -104,10 +104,17 @@ pub struct PlanConfig {
     /// epoch. [`FreezeRule::ChangeRate`] decides from gradients during the
     /// run: it cannot be planned.
     pub freeze: FreezeRule,
-    /// Stages per pipeline at the start; `None`: one node's devices (at
-    /// most the unit count).
+    /// Stages per pipeline at the start, as the trainer's
+    /// [`TrainerConfig::stages`](crate::TrainerConfig::stages); `None`:
+    /// memory-aware AutoPipe, the fewest stages (a divisor of the devices)
+    /// whose every stage fits [`memory`](Self::memory)'s budget (without one:
+    /// 1 stage on every device). The paper starts at one node's devices.
     #[config(default = "None")]
     pub stages: Option<usize>,
+    /// The per-device memory budget, as the trainer's (the units' memory is
+    /// [`ModelSpec::unit_memory`]).
+    #[config(default = "crate::MemoryConfig::new()")]
+    pub memory: crate::MemoryConfig,
     /// Pass order on each stage.
     #[config(default = "Schedule::OneFOneB")]
     pub schedule: Schedule,
@@ -222,12 +229,20 @@ impl PlanConfig {
             }
         }
         let units = model.units.len();
-        let stages = self.initial_stages(model);
-        check(stages >= 1 && stages <= units.min(c.devices()), || {
-            format!(
-                "stages must be in 1..={} (units and devices), got {stages}",
-                units.min(c.devices())
-            )
+        if let Some(stages) = self.stages {
+            check(stages >= 1 && stages <= units.min(c.devices()), || {
+                format!(
+                    "stages must be in 1..={} (units and devices), got {stages}",
+                    units.min(c.devices())
+                )
+            })?;
+        }
+        check(self.memory.device_bytes != Some(0), || {
+            "the device memory must be at least 1 byte, got 0".into()
+        })?;
+        let slots = self.memory.optimizer_slots;
+        check(slots.is_finite() && (0.0..=16.0).contains(&slots), || {
+            format!("optimizer slots must be in [0, 16] copies of the parameters, got {slots}")
         })?;
         let batch = match self.batch {
             BatchPolicy::FixedGlobal { batch } | BatchPolicy::PerReplica { batch } => batch,
@@ -264,16 +279,6 @@ impl PlanConfig {
             })?;
         }
         Ok(())
-    }
-
-    /// Stages per pipeline at the start.
-    pub fn initial_stages(&self, model: &ModelSpec) -> usize {
-        self.stages.unwrap_or_else(|| {
-            self.cluster
-                .devices_per_node
-                .min(model.units.len())
-                .min(self.cluster.devices())
-        })
     }
 
     /// Layers frozen in `epoch` of a model of `layers` layers: nothing with

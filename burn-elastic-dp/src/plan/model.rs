@@ -72,6 +72,10 @@ pub struct UnitSpec {
     pub measured: Vec<MeasuredPass>,
     /// Bytes of the unit's output per sample (what the next stage receives).
     pub activation_bytes: usize,
+    /// Bytes the unit's forward pass keeps for its backward pass, per
+    /// sample (memory-aware AutoPipe's activations); 0 when unknown.
+    #[serde(default)]
+    pub saved_bytes: u64,
     /// Bytes of each trainable parameter tensor, in the order the replica
     /// group all-reduces them.
     pub param_tensors: Vec<usize>,
@@ -90,7 +94,7 @@ impl UnitSpec {
     ///
     /// let mut unit = UnitSpec {
     ///     name: "mlp".into(), forward: 1e-3, backward: 2e-3, forward_fixed: 1e-4,
-    ///     backward_fixed: 0.0, measured: vec![], activation_bytes: 0, param_tensors: vec![],
+    ///     backward_fixed: 0.0, measured: vec![], activation_bytes: 0, saved_bytes: 0, param_tensors: vec![],
     /// };
     /// assert!((unit.forward_time(10.0) - 0.0101).abs() < 1e-12);
     /// unit.measured = vec![
@@ -119,7 +123,7 @@ impl UnitSpec {
     /// let mut unit = UnitSpec {
     ///     name: "mlp".into(), forward: 0.0, backward: 0.0, forward_fixed: 0.0,
     ///     backward_fixed: 0.0, measured: vec![pass(4, Some(0.004)), pass(8, Some(0.006))],
-    ///     activation_bytes: 0, param_tensors: vec![],
+    ///     activation_bytes: 0, saved_bytes: 0, param_tensors: vec![],
     /// };
     /// assert!((unit.frozen_forward_time(6.0) - 0.005).abs() < 1e-12);
     /// unit.measured[1].frozen_forward = None;
@@ -156,7 +160,7 @@ impl UnitSpec {
 ///
 /// let unit = |name: &str| UnitSpec {
 ///     name: name.into(), forward: 1e-3, backward: 2e-3, forward_fixed: 0.0,
-///     backward_fixed: 0.0, measured: vec![], activation_bytes: 4096, param_tensors: vec![4096, 64],
+///     backward_fixed: 0.0, measured: vec![], activation_bytes: 4096, saved_bytes: 0, param_tensors: vec![4096, 64],
 /// };
 /// let model = ModelSpec {
 ///     model: "toy".into(), source: "made up".into(),
@@ -249,6 +253,15 @@ impl ModelSpec {
     /// or each unit's forward plus backward seconds per sample with a
     /// frozen unit at its forward seconds, as the trainer's profile costs
     /// them (the times are the ones here: `repeats` is not used).
+    /// The units' memory figures: parameter bytes and saved activation
+    /// bytes per sample, what memory-aware AutoPipe reads.
+    pub fn unit_memory(&self) -> burn_pipe::UnitMemory {
+        burn_pipe::UnitMemory::new(
+            self.units.iter().map(|u| u.param_bytes() as u64).collect(),
+            self.units.iter().map(|u| u.saved_bytes).collect(),
+        )
+    }
+
     pub fn unit_costs(&self, model: CostModel) -> UnitCosts {
         match model {
             CostModel::Parameters { frozen_factor } => {

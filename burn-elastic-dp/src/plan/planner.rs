@@ -13,7 +13,7 @@ use crate::plan::model::ModelSpec;
 use crate::plan::step::{Layout, StepTime, simulate_step};
 use crate::plan::transition::transition_cost;
 use crate::sampler::BatchPolicy;
-use crate::shape::{initial_shape, reshape};
+use crate::shape::{MemoryFit, StartError, reshape, starting_shape};
 
 /// One epoch's seconds, split.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -123,7 +123,7 @@ fn sum_times(epochs: &[EpochPlan]) -> EpochTime {
 ///
 /// let unit = |name: String| UnitSpec {
 ///     name, forward: 1e-3, backward: 2e-3, forward_fixed: 0.0, backward_fixed: 0.0,
-///     measured: vec![], activation_bytes: 1 << 12, param_tensors: vec![1 << 20],
+///     measured: vec![], activation_bytes: 1 << 12, saved_bytes: 0, param_tensors: vec![1 << 20],
 /// };
 /// let model = ModelSpec {
 ///     model: "toy".into(), source: "made up".into(),
@@ -134,7 +134,8 @@ fn sum_times(epochs: &[EpochPlan]) -> EpochTime {
 /// let config = PlanConfig::new(
 ///     ClusterConfig::new(4, 1, link, link), BatchPolicy::PerReplica { batch: 64 }, 6400, 4,
 ///     FreezeRule::AlphaSchedule { alpha: 0.5 },
-/// );
+/// )
+/// .with_stages(Some(4)); // the paper's start; `None`: the fewest stages that fit
 /// let plan = plan(&config, &model).unwrap();
 /// assert_eq!(plan.epochs[0].stages, 4);
 /// assert!(plan.epochs.last().unwrap().replicas > 1);
@@ -157,9 +158,20 @@ fn run(
     let map = model.layer_map()?;
     let devices = config.cluster.devices();
     let costs = model.unit_costs(config.costs);
-    let k0 = config.initial_stages(model);
-    let (mut shape, initial_largest) = initial_shape(&costs, k0, devices / k0);
-    let rules = config.reshaping(initial_largest);
+    // The trainer's start and fit (memory-aware AutoPipe, or the paper's
+    // fixed start).
+    let fit = MemoryFit::for_run(
+        config.stages,
+        &config.memory,
+        &model.unit_memory(),
+        config.batch,
+        config.micro_batches,
+        config.schedule,
+    );
+    let fixed = config.stages.map(|k| (k, devices / k));
+    let (mut shape, initial_largest) = starting_shape(&costs, fixed, fit.as_ref(), devices)
+        .map_err(|error| PlanError::Invalid(start_message(&error)))?;
+    let rules = config.reshaping(initial_largest).with_memory(fit);
     let mut epochs: Vec<EpochPlan> = Vec::with_capacity(config.epochs);
     for epoch in 0..config.epochs {
         let previous = epochs.last();
@@ -230,4 +242,23 @@ fn run(
         });
     }
     Ok(epochs)
+}
+
+/// The planner's message for a start that does not fit (the trainer's
+/// `TrainerError::DoesNotFit` and `StageDoesNotFit` say the same).
+fn start_message(error: &StartError) -> String {
+    match error {
+        StartError::NoFit(no) if no.alone => format!(
+            "unit {} alone needs {} bytes but a device holds {}: no pipeline of up to {} stages fits",
+            no.unit, no.needed, no.budget, no.stages
+        ),
+        StartError::NoFit(no) => format!(
+            "the stage starting at unit {} needs {} bytes but a device holds {}: no pipeline of up to {} stages fits",
+            no.unit, no.needed, no.budget, no.stages
+        ),
+        StartError::StageOver(over) => format!(
+            "stage {} of the {}-stage start needs {} bytes but a device holds {}",
+            over.stage, over.stages, over.needed, over.budget
+        ),
+    }
 }

@@ -54,6 +54,7 @@ fn vit_b16() -> ModelSpec {
                     backward_fixed: 0.0,
                     measured: vec![],
                     activation_bytes: 197 * d * 4,
+                    saved_bytes: 0,
                     param_tensors,
                 }
             })
@@ -70,6 +71,8 @@ fn paper(epochs: usize) -> PlanConfig {
         epochs,
         FreezeRule::AlphaSchedule { alpha: 1.0 / 3.0 },
     )
+    // The paper's start: one node's 8 devices.
+    .with_stages(Some(8))
 }
 
 #[test]
@@ -154,6 +157,7 @@ fn on_a_cpu(parallelism: f64) -> PlanConfig {
         FreezeRule::AlphaSchedule { alpha: 1.0 / 3.0 },
     )
     .with_parts(Parts::new().with_dp(false).with_cache(false))
+    .with_stages(Some(4))
     .with_transitions(TransitionCost::new())
 }
 

@@ -9,7 +9,8 @@ use burn_freeze::{Activation, ActivationCache, AutoFreeze, LayerStack, StackType
 use super::config::TrainerConfig;
 use super::error::TrainerError;
 use super::log::JsonLog;
-use super::transition::{ShapeQuery, device_lists, shape_rule, starting_costs};
+use super::memory::{measure_pending, starting_memory};
+use super::transition::{device_lists, starting_costs};
 use super::{StackOptimizer, Trainer};
 
 impl<S, O, T> Trainer<S, O, T>
@@ -30,8 +31,9 @@ where
     ) -> Result<Self, TrainerError> {
         config.check(devices.len())?;
         let units = stack.num_units();
-        let stages = config.stages.unwrap_or(devices.len());
-        if stages > units {
+        if let Some(stages) = config.stages
+            && stages > units
+        {
             return Err(TrainerError::TooManyStages { stages, units });
         }
         let map = config.layer_map(units)?;
@@ -41,8 +43,10 @@ where
             None => None,
         };
         let (costs, profile_pending) = starting_costs(&stack, config.costs);
-        let replicas = config.replicas_for(stages, stages, devices.len());
-        let (shape, initial_largest) = shape_rule(&costs, ShapeQuery::Start { stages, replicas });
+        let memory = starting_memory(&stack);
+        let memory_pending = measure_pending(&config, &memory);
+        let (shape, initial_largest) = config.start_shape(&costs, &memory, devices.len())?;
+        let replicas = shape.replicas;
         let pipeline = (config.replicas.pipeline.clone()).with_balance(Some(shape.balance.clone()));
         let mut group = (config.replicas.clone()).with_pipeline(pipeline).init(
             stack,
@@ -64,6 +68,8 @@ where
             loss: Arc::new(loss),
             costs,
             profile_pending,
+            memory,
+            memory_pending,
             initial_largest,
             base_replicas: replicas,
             devices,

@@ -89,6 +89,8 @@ where
             initial_largest: self.initial_largest,
             base_replicas: self.base_replicas,
             profile_pending: self.profile_pending,
+            memory: Some(self.memory.clone()),
+            memory_pending: self.memory_pending,
             files: Vec::new(),
         };
         let path = write(config, state, &model, &optimizer)?;
@@ -166,6 +168,10 @@ where
         trainer.initial_largest = state.initial_largest;
         trainer.base_replicas = state.base_replicas;
         trainer.profile_pending = state.profile_pending;
+        if let Some(memory) = state.memory {
+            trainer.memory = memory;
+            trainer.memory_pending = state.memory_pending;
+        }
         trainer.auto.load_state(state.freeze, state.policy);
         if let Some((epoch, cursor, len)) = state.sampler {
             let mut sampler = ElasticSampler::new(len, trainer.config.batch, trainer.config.seed)?;
@@ -211,6 +217,12 @@ struct RunState {
     pub initial_largest: f64,
     pub base_replicas: usize,
     pub profile_pending: bool,
+    /// The units' memory figures (absent in checkpoints from before
+    /// memory-aware AutoPipe).
+    #[serde(default)]
+    pub memory: Option<burn_pipe::UnitMemory>,
+    #[serde(default)]
+    pub memory_pending: bool,
     /// (file, CRC-32, length) of the weights and optimizer files.
     pub files: Vec<(String, u32, u64)>,
 }

@@ -130,10 +130,16 @@ pub struct TrainerConfig {
     /// The policy's layers in units.
     #[config(default = "LayerSpec::PerUnit")]
     pub layers: LayerSpec,
-    /// Pipeline stages at the start (1 to the device count); `None`: one
-    /// pipeline over every device, as the paper starts.
+    /// Pipeline stages at the start (1 to the device count); `None`:
+    /// memory-aware AutoPipe picks the fewest stages whose every stage fits
+    /// [`memory`](Self::memory)'s budget (without one: 1 stage on every
+    /// device, pure data parallelism), and later shapes keep that fit. The
+    /// paper starts at one pipeline over every device: `Some(devices)`.
     #[config(default = "None")]
     pub stages: Option<usize>,
+    /// The per-device memory budget of memory-aware AutoPipe.
+    #[config(default = "super::MemoryConfig::new()")]
+    pub memory: super::MemoryConfig,
     /// Samples per step as replicas come and go.
     #[config(default = "BatchPolicy::FixedGlobal { batch: 32 }")]
     pub batch: BatchPolicy,
@@ -236,6 +242,17 @@ impl TrainerConfig {
                 return Err(invalid("layers.layers", 0, "at least 1"));
             }
         }
+        if self.memory.device_bytes == Some(0) {
+            return Err(invalid("memory.device_bytes", 0, "at least 1 byte"));
+        }
+        let slots = self.memory.optimizer_slots;
+        if !(slots.is_finite() && (0.0..=16.0).contains(&slots)) {
+            return Err(invalid(
+                "memory.optimizer_slots",
+                slots,
+                "[0, 16] copies of the parameters",
+            ));
+        }
         if let Some(stages) = self.stages
             && !(1..=devices).contains(&stages)
         {
@@ -292,25 +309,35 @@ impl TrainerConfig {
             ));
         }
         // Every shape the run can reach must have a sample per micro-batch
-        // of every replica: K halves from its start, R = devices / K.
+        // of every replica: K halves from its start (the paper's rule) or
+        // falls to any divisor of the devices (memory-aware), R = devices /
+        // K; the start is at most every device.
         let start = self.stages.unwrap_or(devices);
-        let mut stages = start;
-        loop {
-            let replicas = self.replicas_for(stages, start, devices);
-            let micro = self.replicas.pipeline.micro_batches_for(stages);
-            let needed = replicas * micro;
-            if self.batch.global_batch(replicas) < needed {
-                return Err(TrainerError::BatchTooSmall {
-                    batch: self.batch.global_batch(replicas),
-                    stages,
-                    replicas,
-                    micro_batches: micro,
-                });
+        let moves = self.parts.freeze && self.parts.pipe;
+        let mut reachable: Vec<usize> =
+            std::iter::successors(Some(start), |&k| (k > 1 && moves).then_some(k / 2)).collect();
+        if self.stages.is_none() || self.memory.device_bytes.is_some() {
+            reachable.extend(crate::shape::stage_counts(devices, start));
+        }
+        reachable.sort_unstable();
+        reachable.dedup();
+        for stages in reachable {
+            // A memory-aware start at `stages` runs devices / stages replicas.
+            for replicas in [
+                self.replicas_for(stages, start, devices),
+                (devices / stages).max(1),
+            ] {
+                let micro = self.replicas.pipeline.micro_batches_for(stages);
+                let needed = replicas * micro;
+                if self.batch.global_batch(replicas) < needed {
+                    return Err(TrainerError::BatchTooSmall {
+                        batch: self.batch.global_batch(replicas),
+                        stages,
+                        replicas,
+                        micro_batches: micro,
+                    });
+                }
             }
-            if stages == 1 || !(self.parts.freeze && self.parts.pipe) {
-                break;
-            }
-            stages /= 2;
         }
         Ok(())
     }

@@ -31,6 +31,37 @@ pub enum TrainerError {
         /// Micro-batches per replica at that shape.
         micro_batches: usize,
     },
+    /// No pipeline over the devices fits the per-device memory budget.
+    #[error(
+        "{} needs {needed} bytes (parameters, gradients, optimizer state and activations) but a device holds {budget} (MemoryConfig::device_bytes, train's --device-memory): raise the budget, lower the batch or add devices (tried up to {stages} stages)",
+        if *alone { format!("unit {unit} alone") } else { format!("the stage starting at unit {unit}") }
+    )]
+    DoesNotFit {
+        /// The unit (or the first unit of the stage) that does not fit.
+        unit: usize,
+        /// Whether the unit does not fit a device even alone.
+        alone: bool,
+        /// Bytes it needs.
+        needed: u64,
+        /// Bytes a device holds.
+        budget: u64,
+        /// The most stages tried.
+        stages: usize,
+    },
+    /// The configured starting pipeline has a stage over the budget.
+    #[error(
+        "stage {stage} of the {stages}-stage start needs {needed} bytes but a device holds {budget} (MemoryConfig::device_bytes, train's --device-memory): more stages, a smaller batch, or leave the stages to memory-aware AutoPipe"
+    )]
+    StageDoesNotFit {
+        /// The stage.
+        stage: usize,
+        /// Stages at the start.
+        stages: usize,
+        /// Bytes it needs.
+        needed: u64,
+        /// Bytes a device holds.
+        budget: u64,
+    },
     /// More stages asked for than the model has units.
     #[error("{stages} stages asked for a model of {units} units: at most one stage per unit")]
     TooManyStages {
@@ -105,5 +136,25 @@ pub(super) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainerError + '
     move |source| TrainerError::Io {
         path: path.to_path_buf(),
         source,
+    }
+}
+
+impl From<crate::shape::StartError> for TrainerError {
+    fn from(error: crate::shape::StartError) -> Self {
+        match error {
+            crate::shape::StartError::NoFit(no) => TrainerError::DoesNotFit {
+                unit: no.unit,
+                alone: no.alone,
+                needed: no.needed,
+                budget: no.budget,
+                stages: no.stages,
+            },
+            crate::shape::StartError::StageOver(over) => TrainerError::StageDoesNotFit {
+                stage: over.stage,
+                stages: over.stages,
+                needed: over.needed,
+                budget: over.budget,
+            },
+        }
     }
 }

@@ -20,6 +20,7 @@ mod config;
 mod epoch;
 mod error;
 mod log;
+mod memory;
 mod recovery;
 mod transition;
 
@@ -37,6 +38,7 @@ pub use checkpoint::CheckpointConfig;
 pub use config::{CostModel, FreezeRule, LayerSpec, Parts, TrainerConfig};
 pub use error::TrainerError;
 pub use log::{EpochReport, Transition};
+pub use memory::MemoryConfig;
 
 use crate::error::ElasticError;
 use crate::group::{GroupReport, ReplicaGroup};
@@ -117,6 +119,7 @@ type SharedLoss<S, T> = Arc<
 /// let loss = move |logits, y| cross_entropy.forward(logits, y);
 /// let mut trainer = TrainerConfig::new()
 ///     .with_freeze(FreezeRule::Fronts { layers: vec![0, 3] })
+///     .with_stages(Some(2)) // the paper's start (without it: 1 stage, 2 replicas)
 ///     .with_batch(BatchPolicy::FixedGlobal { batch: 8 })
 ///     .with_costs(CostModel::Parameters { frozen_factor: 1.0 / 3.0 })
 ///     .with_replicas(ReplicaConfig::new().with_pipeline(PipelineConfig::new().with_micro_batches(Some(2))))
@@ -136,6 +139,10 @@ pub struct Trainer<S: StackTypes, O, T> {
     costs: UnitCosts,
     /// Whether the costs still wait for the first batch's profile.
     profile_pending: bool,
+    /// The units' memory: parameters, and activations once measured.
+    memory: burn_pipe::UnitMemory,
+    /// Whether the activations still wait for the first batch.
+    memory_pending: bool,
     /// The largest stage's cost at the start: no later stage exceeds it.
     initial_largest: f64,
     /// Replicas at the start (the learning rate's reference).
@@ -366,6 +373,7 @@ where
         let batch = || fetch(dataset, batcher, indices, &device);
         let (mut input, mut targets) = batch()?;
         self.profile_if_pending(&input)?;
+        self.measure_memory_if_pending(&input)?;
         let lr = self.learning_rate();
         let report = loop {
             match self.forward_backward(indices, input, targets) {

@@ -14,43 +14,27 @@ use super::log::Transition;
 use super::{StackOptimizer, Trainer};
 use crate::error::ElasticError;
 use crate::group::ReplicaGroup;
-use crate::shape::{Reshaping, Shape, UnitCosts, initial_shape, reshape};
+use crate::shape::{MemoryFit, Reshaping, Shape, UnitCosts, reshape};
 
-/// What [`shape_rule`] is asked.
-pub(super) enum ShapeQuery<'a> {
-    /// The starting pipeline: `stages` stages balanced on the units' active
-    /// costs, `replicas` replicas.
-    Start { stages: usize, replicas: usize },
-    /// The shape after the front moved to `front` from `current`, with the
-    /// parts that run, over `devices` devices, no stage costlier than
-    /// `initial_largest`.
-    After {
-        front: usize,
-        current: &'a Shape,
-        parts: Parts,
-        devices: usize,
-        initial_largest: f64,
-    },
+/// What the shape rule is asked after the front moved to `front` from
+/// `current`, with the parts that run, over `devices` devices: no stage
+/// costlier than `initial_largest` (the paper's rule) or, with `memory`,
+/// every stage within the memory budget (memory-aware AutoPipe).
+pub(super) struct ShapeQuery<'a> {
+    pub front: usize,
+    pub current: &'a Shape,
+    pub parts: Parts,
+    pub devices: usize,
+    pub initial_largest: f64,
+    pub memory: Option<MemoryFit>,
 }
 
-/// The trainer's one call of the shape rule (AutoPipe and AutoDP's decision):
-/// the shape asked for on `costs`, and the largest stage's cost of a
-/// starting shape (the bound every later shape keeps; passed through after a
-/// move).
-pub(super) fn shape_rule(costs: &UnitCosts, query: ShapeQuery<'_>) -> (Shape, f64) {
-    match query {
-        ShapeQuery::Start { stages, replicas } => initial_shape(costs, stages, replicas),
-        ShapeQuery::After {
-            front,
-            current,
-            parts,
-            devices,
-            initial_largest,
-        } => {
-            let rules = Reshaping::for_parts(parts, devices, initial_largest);
-            (reshape(costs, front, current, &rules), initial_largest)
-        }
-    }
+/// The trainer's one call of the shape rule after a move (AutoPipe and
+/// AutoDP's decision; the start is [`TrainerConfig::start_shape`](super::TrainerConfig)).
+pub(super) fn shape_rule(costs: &UnitCosts, query: ShapeQuery<'_>) -> Shape {
+    let rules = Reshaping::for_parts(query.parts, query.devices, query.initial_largest)
+        .with_memory(query.memory);
+    reshape(costs, query.front, query.current, &rules)
 }
 
 /// The unit costs before any profile: parameter counts, and whether a
@@ -111,21 +95,9 @@ where
         let stack = self.group.to_layer_stack();
         let profile = profile_units(&stack, input.clone(), &self.devices[0], repeats);
         self.costs = UnitCosts::from_profile(&profile);
-        let current = self.shape();
-        let (shape, initial_largest) = shape_rule(
-            &self.costs,
-            ShapeQuery::Start {
-                stages: current.stages(),
-                replicas: current.replicas,
-            },
-        );
-        if shape != current {
-            self.group
-                .repartition(&shape.balance, device_lists(&self.devices, &shape))?;
-        }
-        tracing::info!(balance = ?shape.balance, "unit costs profiled; pipeline balanced on them");
-        self.initial_largest = initial_largest;
         self.profile_pending = false;
+        self.restart_shape()?;
+        tracing::info!(balance = ?self.shape().balance, "unit costs profiled; pipeline balanced on them");
         Ok(())
     }
 
@@ -167,14 +139,15 @@ where
         let start = Instant::now();
         let front = self.group.front();
         let before = self.shape();
-        let (after, _) = shape_rule(
+        let after = shape_rule(
             &self.costs,
-            ShapeQuery::After {
+            ShapeQuery {
                 front,
                 current: &before,
                 parts: self.config.parts,
                 devices: self.devices.len(),
                 initial_largest: self.initial_largest,
+                memory: self.memory_fit(),
             },
         );
         if after.stages() == before.stages() && after.replicas == before.replicas {

@@ -22,7 +22,7 @@ use burn::collective::AllReduceStrategy;
 use burn_elastic_dp::plan::{
     ClusterConfig, Link, ModelSpec, Plan, PlanConfig, ReduceTiming, TransitionCost, plan,
 };
-use burn_elastic_dp::{AllReduce, BatchPolicy, CostModel, FreezeRule, Parts};
+use burn_elastic_dp::{AllReduce, BatchPolicy, CostModel, FreezeRule, MemoryConfig, Parts};
 use burn_pipe::Schedule;
 use clap::{Parser, ValueEnum};
 use examples::plan::calibrate::{self, CalibrationOptions};
@@ -120,9 +120,14 @@ struct Args {
     /// AutoFreeze's alpha, in (0, 1).
     #[arg(long, default_value_t = 1.0 / 3.0, value_parser = open_unit("alpha"))]
     alpha: f64,
-    /// Stages per pipeline at the start (default: devices per node).
+    /// Stages per pipeline at the start (default: devices per node, the
+    /// paper's start; with --device-memory: the fewest that fit, as train).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     stages: Option<u32>,
+    /// Bytes one device holds for its stage (parameters, gradients, Adam's
+    /// state, activations): memory-aware AutoPipe, as train's flag.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    device_memory: Option<u64>,
     /// Micro-batches per step (default: burn-pipe's choice for K).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
     micro_batches: Option<u32>,
@@ -252,7 +257,7 @@ fn costs(args: &Args) -> Result<ModelSpec, PlanCliError> {
     Ok(costs)
 }
 
-fn config(args: &Args, nodes: usize) -> PlanConfig {
+fn config(args: &Args, nodes: usize, units: usize) -> PlanConfig {
     let intra = Link::new(args.intra_gbs * 1e9, args.intra_latency_us * 1e-6);
     let inter = Link::new(args.inter_gbps * 1e9 / 8.0, args.inter_latency_us * 1e-6);
     let batch = args.batch as usize;
@@ -267,7 +272,18 @@ fn config(args: &Args, nodes: usize) -> PlanConfig {
         args.epochs as usize,
         FreezeRule::AlphaSchedule { alpha: args.alpha },
     )
-    .with_stages(args.stages.map(|k| k as usize))
+    .with_stages(match (args.stages, args.device_memory) {
+        (Some(k), _) => Some(k as usize),
+        // Memory-aware AutoPipe picks the start.
+        (None, Some(_)) => None,
+        // The paper's start: one node's devices.
+        (None, None) => Some(
+            (args.devices_per_node as usize)
+                .min(units)
+                .min(nodes * args.devices_per_node as usize),
+        ),
+    })
+    .with_memory(MemoryConfig::new().with_device_bytes(args.device_memory))
     .with_micro_batches(args.micro_batches.map(|m| m as usize))
     .with_schedule(match args.schedule {
         ScheduleArg::Gpipe => Schedule::GPipe,
@@ -328,7 +344,7 @@ fn run_plan(args: &Args, costs: &ModelSpec) -> Result<(), PlanCliError> {
             args.devices_per_node
         )));
     }
-    let config = config(args, args.nodes as usize);
+    let config = config(args, args.nodes as usize, costs.units.len());
     let planned = plan(&config, costs)?;
     println!("model: {} ({})", costs.model, costs.source);
     println!(
@@ -395,7 +411,7 @@ fn run_scaling(args: &Args, costs: &ModelSpec) -> Result<(), PlanCliError> {
             )));
         }
         let nodes = (gpus / per_node) as usize;
-        let config = config(args, nodes);
+        let config = config(args, nodes, costs.units.len());
         let p = plan(&config, costs)?;
         let no_t = plan(
             &config.clone().with_transitions(TransitionCost::new()),

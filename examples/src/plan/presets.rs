@@ -196,6 +196,7 @@ impl Shape {
                     backward_fixed: 0.0,
                     measured: Vec::new(),
                     activation_bytes: u.output_elems * bytes_per_elem,
+                    saved_bytes: 0,
                     param_tensors: u.tensors.iter().map(|n| n * bytes_per_elem).collect(),
                 }
             })

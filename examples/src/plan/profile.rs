@@ -153,6 +153,7 @@ pub fn profile(shape: &Shape, batches: &[usize], repeats: usize) -> ModelSpec {
                     })
                     .collect(),
                 activation_bytes: u.output_elems * 4,
+                saved_bytes: 0,
                 param_tensors: u.tensors.iter().map(|n| n * 4).collect(),
             }
         })

@@ -262,6 +262,7 @@ pub fn predict_train(
         FreezeRule::AlphaSchedule { alpha: log.alpha },
     )
     .with_parts(Parts::new().with_dp(false).with_cache(false))
+    .with_stages(Some(log.stages))
     .with_pass_overhead(overhead)
     .with_optimizer_per_tensor(step.optimizer_per_tensor)
     .with_backward_per_tensor(step.accumulate_per_tensor)

@@ -1,0 +1,66 @@
+//! Per-unit memory measured on a batch: parameter bytes from the units'
+//! parameter counts, activation bytes from the heap the forward pass keeps
+//! alive (with [`HeapCounter`] installed; on another allocator, or on a
+//! device whose memory is not the heap, activations stay unknown).
+
+use burn::tensor::Device;
+use burn::tensor::backend::Backend;
+use burn_freeze::{Activation, AutodiffActivation, Differentiable, LayerStack, StackTypes, Unit};
+
+use super::{HeapCounter, UnitMemory, float_bytes};
+
+/// Each unit's parameter bytes and, with [`HeapCounter`] installed, the
+/// bytes its forward pass on `input` keeps for the backward pass, per
+/// sample: the live heap after the unit's forward (its graph and output
+/// held) less the live heap before. Every unit runs on `device`, from a
+/// copy of the stack; nothing is trained. Without the counter the
+/// activation figures are 0 (unknown).
+pub fn measure_unit_memory<S>(
+    stack: &LayerStack<S>,
+    input: S::Input,
+    device: &Device<S::Backend>,
+) -> UnitMemory
+where
+    S: StackTypes,
+    S::Output: Differentiable<S::Backend>,
+{
+    let mut memory =
+        UnitMemory::from_param_counts(&stack.unit_params(), float_bytes::<S::Backend>());
+    if !HeapCounter::installed() {
+        return memory;
+    }
+    let samples = input.batch_size().max(1) as u64;
+    let sync = || <S::Backend as Backend>::sync(device).expect("device sync");
+    let mut kept = Vec::with_capacity(stack.num_units());
+    sync();
+    let before = HeapCounter::current();
+    let hidden = stack.first().forward(input);
+    sync();
+    kept.push(HeapCounter::current().saturating_sub(before));
+    // Each unit from a leaf of the previous output, as a pipeline stage
+    // starts: what it keeps is its own graph and output.
+    let mut held = vec![];
+    let mut hidden = hidden;
+    for unit in stack.middle() {
+        let leaf = S::Hidden::from_inner(hidden.inner()).require_grad();
+        sync();
+        let before = HeapCounter::current();
+        let out = unit.forward(leaf.clone());
+        sync();
+        kept.push(HeapCounter::current().saturating_sub(before));
+        held.push(leaf);
+        hidden = out;
+    }
+    let leaf = S::Hidden::from_inner(hidden.inner()).require_grad();
+    sync();
+    let before = HeapCounter::current();
+    let out = stack.last().forward(leaf.clone());
+    sync();
+    kept.push(HeapCounter::current().saturating_sub(before));
+    drop((out, leaf, held));
+    memory.activations = kept
+        .into_iter()
+        .map(|bytes| (bytes as u64).div_ceil(samples))
+        .collect();
+    memory
+}
