@@ -14,8 +14,8 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{AdamConfig, Optimizer};
 use burn::prelude::*;
 use burn_elastic_dp::{
-    BatchPolicy, CostModel, ElasticError, FreezeRule, Parts, ReplicaConfig, TrainerConfig,
-    TrainerError,
+    BatchPolicy, CostModel, ElasticError, FreezeRule, MemoryConfig, Parts, ReplicaConfig,
+    TrainerConfig, TrainerError,
 };
 use burn_freeze::{CacheConfig, FreezableStack, LayerStack, TrainableUnits};
 use burn_pipe::PipelineConfig;
@@ -129,8 +129,11 @@ const LR: f64 = 1e-2;
 /// The elastic run's configuration: per-unit layers frozen 0, 4, 6 in
 /// epochs 0, 1, 2; parameter-count costs (deterministic shapes); 2
 /// micro-batches per replica; a fixed global batch of 16.
+/// The paper's start on 4 devices (one pipeline over all of them), so that
+/// the run compresses; memory-aware starts are tested in `memory.rs`.
 fn elastic_config() -> TrainerConfig {
     TrainerConfig::new()
+        .with_stages(Some(4))
         .with_freeze(FreezeRule::Fronts {
             layers: vec![0, 4, 6],
         })
@@ -457,6 +460,16 @@ fn bad_configurations_are_refused_before_any_work() {
             "micro-batches",
         ),
         (
+            elastic_config().with_memory(MemoryConfig::new().with_device_bytes(Some(0))),
+            4,
+            "device_bytes",
+        ),
+        (
+            elastic_config().with_memory(MemoryConfig::new().with_optimizer_slots(-1.0)),
+            4,
+            "optimizer_slots",
+        ),
+        (
             elastic_config().with_costs(CostModel::Profiled { repeats: 0 }),
             4,
             "repeats",
@@ -482,6 +495,7 @@ fn bad_configurations_are_refused_before_any_work() {
     }
     // More stages than units.
     let error = elastic_config()
+        .with_stages(Some(9))
         .with_batch(BatchPolicy::FixedGlobal { batch: 64 })
         .init(stack(), vec![device; 9], || AdamConfig::new().init(), loss)
         .err()
@@ -549,7 +563,7 @@ fn a_run_resumed_from_a_checkpoint_gives_the_losses_of_an_uninterrupted_one() {
     let device: Device<B> = Default::default();
     let data = dataset(64);
     let config = |dir: &std::path::Path| {
-        elastic_config().with_checkpoint(Some(
+        elastic_config().with_stages(Some(2)).with_checkpoint(Some(
             burn_elastic_dp::CheckpointConfig::new(dir.to_path_buf()).with_every_steps(3),
         ))
     };

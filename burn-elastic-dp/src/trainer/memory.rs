@@ -110,6 +110,35 @@ where
     O: StackOptimizer<S>,
     T: Activation<S::Backend> + Send + 'static,
 {
+    /// The units' memory figures: parameter bytes, and the activation bytes
+    /// per sample measured on the first batch (0 until then, or where the
+    /// heap is not counted).
+    pub fn unit_memory(&self) -> &UnitMemory {
+        &self.memory
+    }
+
+    /// The estimate of what each stage of the current shape holds (see
+    /// [`UnitMemory::stages`]), at the current front.
+    pub fn stage_memory(&self) -> Vec<burn_pipe::StageMemory> {
+        let fit = self.memory_fit().unwrap_or_else(|| {
+            let unlimited = MemoryConfig::new();
+            MemoryFit::for_run(
+                None,
+                &unlimited,
+                &self.memory,
+                self.config.batch,
+                self.config.replicas.pipeline.micro_batches,
+                self.config.replicas.pipeline.schedule,
+            )
+            .expect("a fit without stages")
+        });
+        fit.stage_memory(
+            &self.shape().balance,
+            self.group.front(),
+            self.devices.len(),
+        )
+    }
+
     /// The fit the shape rule keeps now (see [`TrainerConfig::memory_fit`]).
     pub(super) fn memory_fit(&self) -> Option<MemoryFit> {
         self.config.memory_fit(&self.memory)

@@ -30,6 +30,24 @@ where
         return memory;
     }
     let samples = input.batch_size().max(1) as u64;
+    // Twice: the first pass also pays one-time allocations (the backend's
+    // and the graph's first buffers); the second is what a step keeps.
+    let _ = kept_bytes(stack, input.clone(), device);
+    let kept = kept_bytes(stack, input, device);
+    memory.activations = kept
+        .into_iter()
+        .map(|bytes| (bytes as u64).div_ceil(samples))
+        .collect();
+    memory
+}
+
+/// The live heap each unit's forward pass on `input` leaves behind, its
+/// graph and output held.
+fn kept_bytes<S>(stack: &LayerStack<S>, input: S::Input, device: &Device<S::Backend>) -> Vec<usize>
+where
+    S: StackTypes,
+    S::Output: Differentiable<S::Backend>,
+{
     let sync = || <S::Backend as Backend>::sync(device).expect("device sync");
     let mut kept = Vec::with_capacity(stack.num_units());
     sync();
@@ -39,7 +57,10 @@ where
     kept.push(HeapCounter::current().saturating_sub(before));
     // Each unit from a leaf of the previous output, as a pipeline stage
     // starts: what it keeps is its own graph and output.
+    // Every graph and leaf held to the end, as a stage holds a
+    // micro-batch's until its backward pass.
     let mut held = vec![];
+    let mut outputs = vec![hidden.clone()];
     let mut hidden = hidden;
     for unit in stack.middle() {
         let leaf = S::Hidden::from_inner(hidden.inner()).require_grad();
@@ -49,6 +70,7 @@ where
         sync();
         kept.push(HeapCounter::current().saturating_sub(before));
         held.push(leaf);
+        outputs.push(out.clone());
         hidden = out;
     }
     let leaf = S::Hidden::from_inner(hidden.inner()).require_grad();
@@ -57,10 +79,6 @@ where
     let out = stack.last().forward(leaf.clone());
     sync();
     kept.push(HeapCounter::current().saturating_sub(before));
-    drop((out, leaf, held));
-    memory.activations = kept
-        .into_iter()
-        .map(|bytes| (bytes as u64).div_ceil(samples))
-        .collect();
-    memory
+    drop((out, leaf, held, outputs));
+    kept
 }
