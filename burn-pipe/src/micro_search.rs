@@ -31,7 +31,9 @@ pub enum MicroSearchError {
         sizes: Vec<usize>,
     },
     /// A size's profile with another number of units than the first's.
-    #[error("the profile at micro-batch size {size} has {units} units, expected {expected} (at least 1)")]
+    #[error(
+        "the profile at micro-batch size {size} has {units} units, expected {expected} (at least 1)"
+    )]
     UnitCount {
         /// The micro-batch size.
         size: usize,
@@ -57,7 +59,9 @@ pub enum MicroSearchError {
         batch: usize,
     },
     /// A size to profile beyond the samples at hand.
-    #[error("cannot profile micro-batches of {size} samples on a batch of {batch}: sizes must be 1 to {batch}")]
+    #[error(
+        "cannot profile micro-batches of {size} samples on a batch of {batch}: sizes must be 1 to {batch}"
+    )]
     SizeTooLarge {
         /// The size asked for.
         size: usize,
@@ -403,11 +407,19 @@ fn run_schedule(schedule: Schedule, stages: &[Vec<(f64, f64)>]) -> f64 {
             while let Some(&op) = ops[s].get(next[s]) {
                 let (ready, duration) = match op {
                     Op::Forward(n) => {
-                        let ready = if s == 0 { Some(0.0) } else { forward_done[s - 1][n] };
+                        let ready = if s == 0 {
+                            Some(0.0)
+                        } else {
+                            forward_done[s - 1][n]
+                        };
                         (ready, stages[s][n].0)
                     }
                     Op::Backward(n) => {
-                        let from_next = if s + 1 == k { Some(0.0) } else { backward_done[s + 1][n] };
+                        let from_next = if s + 1 == k {
+                            Some(0.0)
+                        } else {
+                            backward_done[s + 1][n]
+                        };
                         let ready = from_next.zip(forward_done[s][n]).map(|(a, b)| a.max(b));
                         (ready, stages[s][n].1)
                     }
@@ -477,7 +489,13 @@ pub fn choose_micro_batches(
     let best = candidates
         .iter()
         .copied()
-        .reduce(|best, c| if c.predicted_step_s < best.predicted_step_s { c } else { best })
+        .reduce(|best, c| {
+            if c.predicted_step_s < best.predicted_step_s {
+                c
+            } else {
+                best
+            }
+        })
         .ok_or(MicroSearchError::NoSamples)?;
     Ok(MicroBatchChoice {
         micro_batches: best.micro_batches,

@@ -118,7 +118,10 @@ where
         .map(|&size| {
             let part = match size == batch {
                 true => input.clone(),
-                false => input.clone().split_batch(&[size, batch - size]).swap_remove(0),
+                false => input
+                    .clone()
+                    .split_batch(&[size, batch - size])
+                    .swap_remove(0),
             };
             tracing::debug!(size, "profiling every unit at a micro-batch size");
             profile_units(stack, part, device, repeats)

@@ -171,8 +171,14 @@ fn times_between_measured_sizes_are_interpolated() {
     let f = |n| times.unit_seconds(0, n).0;
     assert!(close(f(4), 0.016));
     assert!(close(f(6), (0.016 + 0.064) / 2.0));
-    assert!(close(f(1), f(2)), "below the smallest size: the smallest's time");
-    assert!(close(f(16), 2.0 * 0.064), "above the largest: its time per sample");
+    assert!(
+        close(f(1), f(2)),
+        "below the smallest size: the smallest's time"
+    );
+    assert!(
+        close(f(16), 2.0 * 0.064),
+        "above the largest: its time per sample"
+    );
     assert_eq!(times.sizes(), &[2, 4, 8]);
 }
 
@@ -199,11 +205,18 @@ fn bad_tables_and_queries_are_errors() {
     let one = vec![unit(0, 0)];
     assert!(matches!(
         MicroBatchTimes::new(vec![1, 2], vec![one.clone(), vec![one[0]; 2]]),
-        Err(MicroSearchError::UnitCount { size: 2, units: 2, expected: 1 })
+        Err(MicroSearchError::UnitCount {
+            size: 2,
+            units: 2,
+            expected: 1
+        })
     ));
     assert!(matches!(
         MicroBatchTimes::new(vec![1, 2], vec![one]),
-        Err(MicroSearchError::ProfileCount { profiles: 1, sizes: 2 })
+        Err(MicroSearchError::ProfileCount {
+            profiles: 1,
+            sizes: 2
+        })
     ));
 
     let times = MicroBatchTimes::from_fn(&[1, 2], 2, unit).unwrap();
@@ -211,7 +224,10 @@ fn bad_tables_and_queries_are_errors() {
     let choose = |balance: &[usize], states: &[UnitState], batch| {
         choose_micro_batches(&times, &query(balance, states, batch))
     };
-    assert_eq!(choose(&[1, 1], &training, 0), Err(MicroSearchError::NoSamples));
+    assert_eq!(
+        choose(&[1, 1], &training, 0),
+        Err(MicroSearchError::NoSamples)
+    );
     for balance in [&[][..], &[2, 0], &[1, 2], &[1]] {
         assert!(matches!(
             choose(balance, &training, 4),
@@ -220,16 +236,26 @@ fn bad_tables_and_queries_are_errors() {
     }
     assert!(matches!(
         choose(&[1, 1], &training[..1], 4),
-        Err(MicroSearchError::StateCount { states: 1, units: 2 })
+        Err(MicroSearchError::StateCount {
+            states: 1,
+            units: 2
+        })
     ));
     for m in [0, 5] {
         assert_eq!(
             predict_step(&times, &query(&[1, 1], &training, 4), m),
-            Err(MicroSearchError::MicroBatchCount { micro_batches: m, batch: 4 })
+            Err(MicroSearchError::MicroBatchCount {
+                micro_batches: m,
+                batch: 4
+            })
         );
     }
     // Errors read as one line naming the accepted range.
-    let message = MicroSearchError::MicroBatchCount { micro_batches: 5, batch: 4 }.to_string();
+    let message = MicroSearchError::MicroBatchCount {
+        micro_batches: 5,
+        batch: 4,
+    }
+    .to_string();
     assert!(message.contains("1 to 4"), "{message}");
 }
 

@@ -73,6 +73,7 @@ where
             steps: 0,
             mid_epoch: false,
             log,
+            micro: Default::default(),
             config,
         })
     }
