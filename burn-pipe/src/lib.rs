@@ -24,7 +24,8 @@
 //! `placement.rs` (stages on devices),
 //! `pass.rs` (the threads of one pass), `wiring.rs` (the channels),
 //! `worker.rs` (one stage's thread), `schedule.rs` (the order of passes),
-//! `microbatch.rs` (splitting), `micro_search.rs` (M by measurement),
+//! `microbatch.rs` (splitting), `micro_search.rs` (M by measurement, on
+//! the table of `micro_times.rs`),
 //! `report.rs`, `partition.rs`, `profile.rs`.
 
 mod config;
@@ -32,6 +33,7 @@ mod error;
 mod forward_backward;
 mod loss;
 mod micro_search;
+mod micro_times;
 mod microbatch;
 pub mod partition;
 mod pass;
@@ -49,9 +51,10 @@ pub use config::{PipelineConfig, Schedule};
 pub use error::{PipeError, panic_message};
 pub use loss::MicroBatchLoss;
 pub use micro_search::{
-    MicroBatchCandidate, MicroBatchChoice, MicroBatchQuery, MicroBatchTimes, MicroSearchError,
-    choose_micro_batches, micro_batch_candidates, micro_batch_profile_sizes, predict_step,
+    MicroBatchCandidate, MicroBatchChoice, MicroBatchQuery, MicroSearchError, choose_micro_batches,
+    choose_micro_batches_where, micro_batch_candidates, predict_step,
 };
+pub use micro_times::{MicroBatchTimes, micro_batch_profile_sizes};
 pub use microbatch::micro_batch_sizes;
 pub use partition::{
     UnitCosts, UnitState, balance_exact, balance_greedy, compress, default_micro_batches,

@@ -13,9 +13,9 @@
 use burn::serde::{Deserialize, Serialize};
 
 use crate::config::Schedule;
+use crate::micro_times::MicroBatchTimes;
 use crate::microbatch::micro_batch_sizes;
 use crate::partition::{UnitState, default_micro_batches};
-use crate::profile::UnitProfile;
 use crate::schedule::{Op, stage_ops};
 
 /// What is wrong with a timing table or a query.
@@ -58,6 +58,14 @@ pub enum MicroSearchError {
         /// Samples per replica.
         batch: usize,
     },
+    /// No candidate accepted.
+    #[error(
+        "none of the {searched} micro-batch counts searched is allowed: allow at least one of 1 to {searched}"
+    )]
+    NoCandidate {
+        /// Candidates searched.
+        searched: usize,
+    },
     /// A size to profile beyond the samples at hand.
     #[error(
         "cannot profile micro-batches of {size} samples on a batch of {batch}: sizes must be 1 to {batch}"
@@ -87,167 +95,6 @@ pub enum MicroSearchError {
         /// Units in the table.
         units: usize,
     },
-}
-
-/// Each unit's forward and backward time at several micro-batch sizes: a
-/// profile per size ([`profile_micro_batches`](crate::profile_micro_batches)
-/// measures one), read at any size by linear interpolation between the
-/// measured sizes. Below the smallest size a micro-batch costs what the
-/// smallest did; above the largest, the largest's time per sample.
-///
-/// ```
-/// use std::time::Duration;
-/// use burn_pipe::{MicroBatchTimes, UnitProfile};
-///
-/// // Two units; a micro-batch of n samples costs n ms forward, 2n ms backward.
-/// let times = MicroBatchTimes::from_fn(&[1, 4], 2, |_unit, n| UnitProfile {
-///     forward: Duration::from_millis(n as u64),
-///     backward: Duration::from_millis(2 * n as u64),
-/// })?;
-/// assert_eq!(times.units(), 2);
-/// let (forward, backward) = times.unit_seconds(0, 2);
-/// assert!((forward - 0.002).abs() < 1e-12 && (backward - 0.004).abs() < 1e-12);
-/// assert!((times.unit_seconds(1, 8).0 - 0.008).abs() < 1e-12);
-/// # Ok::<(), burn_pipe::MicroSearchError>(())
-/// ```
-#[derive(Debug, Clone, PartialEq)]
-pub struct MicroBatchTimes {
-    sizes: Vec<usize>,
-    /// `profiles[i][u]`: unit `u` at `sizes[i]` samples.
-    profiles: Vec<Vec<UnitProfile>>,
-}
-
-impl MicroBatchTimes {
-    /// From one profile per size (`profiles[i]`, every unit at `sizes[i]`
-    /// samples). Fails when there is no size, the sizes are not strictly
-    /// increasing from 1 up, or the profiles differ in their (non-zero)
-    /// number of units.
-    pub fn new(
-        sizes: Vec<usize>,
-        profiles: Vec<Vec<UnitProfile>>,
-    ) -> Result<Self, MicroSearchError> {
-        check_sizes(&sizes)?;
-        if profiles.len() != sizes.len() {
-            return Err(MicroSearchError::ProfileCount {
-                profiles: profiles.len(),
-                sizes: sizes.len(),
-            });
-        }
-        let expected = profiles[0].len();
-        for (profile, &size) in profiles.iter().zip(&sizes) {
-            if profile.len() != expected || expected == 0 {
-                return Err(MicroSearchError::UnitCount {
-                    size,
-                    units: profile.len(),
-                    expected,
-                });
-            }
-        }
-        Ok(Self { sizes, profiles })
-    }
-
-    /// A table of `units` units at `sizes`, unit `u` at `n` samples timed
-    /// `time(u, n)`: synthetic tables, for tests and what-if studies.
-    pub fn from_fn(
-        sizes: &[usize],
-        units: usize,
-        time: impl Fn(usize, usize) -> UnitProfile,
-    ) -> Result<Self, MicroSearchError> {
-        let profiles = sizes
-            .iter()
-            .map(|&n| (0..units).map(|u| time(u, n)).collect())
-            .collect();
-        Self::new(sizes.to_vec(), profiles)
-    }
-
-    /// Units timed.
-    pub fn units(&self) -> usize {
-        self.profiles[0].len()
-    }
-
-    /// The measured sizes, increasing.
-    pub fn sizes(&self) -> &[usize] {
-        &self.sizes
-    }
-
-    /// Unit `unit`'s forward and backward seconds on a micro-batch of `size`
-    /// samples.
-    ///
-    /// # Panics
-    /// When `unit >= units()`.
-    pub fn unit_seconds(&self, unit: usize, size: usize) -> (f64, f64) {
-        let point = |i: usize| {
-            let p = &self.profiles[i][unit];
-            (p.forward.as_secs_f64(), p.backward.as_secs_f64())
-        };
-        let last = self.sizes.len() - 1;
-        match self.sizes.binary_search(&size) {
-            Ok(i) => point(i),
-            Err(0) => point(0),
-            Err(i) if i > last => {
-                let (f, b) = point(last);
-                let scale = size as f64 / self.sizes[last] as f64;
-                (f * scale, b * scale)
-            }
-            Err(i) => {
-                let (lo, hi) = (self.sizes[i - 1] as f64, self.sizes[i] as f64);
-                let w = (size as f64 - lo) / (hi - lo);
-                let ((f0, b0), (f1, b1)) = (point(i - 1), point(i));
-                (f0 + w * (f1 - f0), b0 + w * (b1 - b0))
-            }
-        }
-    }
-
-    /// A stage's forward and backward seconds on `size` samples: the sum
-    /// over `units` of each unit's, under the one cost rule (a frozen unit
-    /// runs forward only, a cached one not at all).
-    fn stage_seconds(
-        &self,
-        units: std::ops::Range<usize>,
-        states: &[UnitState],
-        size: usize,
-    ) -> (f64, f64) {
-        units.fold((0.0, 0.0), |(f, b), u| {
-            let (uf, ub) = self.unit_seconds(u, size);
-            match states[u] {
-                UnitState::Training => (f + uf, b + ub),
-                UnitState::Frozen => (f + uf, b),
-                UnitState::Cached => (f, b),
-            }
-        })
-    }
-}
-
-/// At least one size, strictly increasing from 1 up.
-pub(crate) fn check_sizes(sizes: &[usize]) -> Result<(), MicroSearchError> {
-    if sizes.is_empty() {
-        return Err(MicroSearchError::NoSizes);
-    }
-    if sizes[0] == 0 || sizes.windows(2).any(|w| w[0] >= w[1]) {
-        return Err(MicroSearchError::BadSizes {
-            sizes: sizes.to_vec(),
-        });
-    }
-    Ok(())
-}
-
-/// The sizes at which to profile for batches of up to `batch` samples per
-/// replica: the powers of two below `batch`, and `batch` itself.
-///
-/// ```
-/// assert_eq!(burn_pipe::micro_batch_profile_sizes(12), vec![1, 2, 4, 8, 12]);
-/// assert_eq!(burn_pipe::micro_batch_profile_sizes(1), vec![1]);
-/// assert!(burn_pipe::micro_batch_profile_sizes(0).is_empty());
-/// ```
-pub fn micro_batch_profile_sizes(batch: usize) -> Vec<usize> {
-    let mut sizes: Vec<usize> = (0..usize::BITS)
-        .map(|p| 1usize << p)
-        .take_while(|&n| n < batch)
-        .collect();
-    if batch > 0 {
-        sizes.push(batch);
-    }
-    sizes
 }
 
 /// The micro-batch counts searched for `stages` stages and a batch of
@@ -474,6 +321,40 @@ pub fn choose_micro_batches(
     times: &MicroBatchTimes,
     query: &MicroBatchQuery<'_>,
 ) -> Result<MicroBatchChoice, MicroSearchError> {
+    choose_micro_batches_where(times, query, |_| true)
+}
+
+/// [`choose_micro_batches`] among the candidates `allowed` accepts (say,
+/// those whose micro-batches of `micro_batch` samples keep the activations
+/// in flight within a memory budget); every candidate is still listed in
+/// the choice. Fails as `choose_micro_batches` does, and when `allowed`
+/// accepts none.
+///
+/// ```
+/// use std::time::Duration;
+/// use burn_pipe::{choose_micro_batches_where, MicroBatchQuery, MicroBatchTimes, Schedule, UnitProfile, UnitState};
+///
+/// let times = MicroBatchTimes::from_fn(&[1, 32], 2, |_, n| UnitProfile {
+///     forward: Duration::from_millis(n as u64),
+///     backward: Duration::from_millis(n as u64),
+/// })?;
+/// let query = MicroBatchQuery {
+///     balance: &[1, 1],
+///     states: &[UnitState::Training; 2],
+///     batch_per_replica: 32,
+///     schedule: Schedule::OneFOneB,
+/// };
+/// // At most 4 samples per micro-batch.
+/// let choice = choose_micro_batches_where(&times, &query, |c| c.micro_batch <= 4)?;
+/// assert!(choice.micro_batches >= 8);
+/// assert!(choose_micro_batches_where(&times, &query, |_| false).is_err());
+/// # Ok::<(), burn_pipe::MicroSearchError>(())
+/// ```
+pub fn choose_micro_batches_where(
+    times: &MicroBatchTimes,
+    query: &MicroBatchQuery<'_>,
+    allowed: impl Fn(&MicroBatchCandidate) -> bool,
+) -> Result<MicroBatchChoice, MicroSearchError> {
     check_query(times.units(), query)?;
     let stages = query.balance.len();
     let candidates = micro_batch_candidates(stages, query.batch_per_replica)
@@ -486,17 +367,18 @@ pub fn choose_micro_batches(
             })
         })
         .collect::<Result<Vec<_>, MicroSearchError>>()?;
+    // The first least: the smaller M on a tie.
     let best = candidates
         .iter()
+        .filter(|c| allowed(c))
         .copied()
-        .reduce(|best, c| {
-            if c.predicted_step_s < best.predicted_step_s {
-                c
-            } else {
-                best
-            }
+        .reduce(|best, c| match c.predicted_step_s < best.predicted_step_s {
+            true => c,
+            false => best,
         })
-        .ok_or(MicroSearchError::NoSamples)?;
+        .ok_or(MicroSearchError::NoCandidate {
+            searched: candidates.len(),
+        })?;
     Ok(MicroBatchChoice {
         micro_batches: best.micro_batches,
         predicted_step_s: best.predicted_step_s,

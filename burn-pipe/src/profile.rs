@@ -6,7 +6,8 @@ use burn::tensor::Device;
 use burn::tensor::backend::AutodiffBackend;
 use burn_freeze::{Activation, AutodiffActivation, Differentiable, LayerStack, StackTypes, Unit};
 
-use crate::micro_search::{MicroBatchTimes, MicroSearchError, check_sizes};
+use crate::micro_search::MicroSearchError;
+use crate::micro_times::{MicroBatchTimes, check_sizes};
 use crate::partition::{UnitCosts, UnitState};
 
 /// Measured time of one unit for one batch.

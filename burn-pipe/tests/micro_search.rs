@@ -297,3 +297,29 @@ fn the_profile_times_every_unit_at_every_size_of_the_real_stack() {
         Err(MicroSearchError::BadSizes { .. })
     ));
 }
+
+#[test]
+fn a_bound_on_the_micro_batch_size_picks_the_fastest_within_it() {
+    // Steep below 8 samples: unbounded, 4 micro-batches of 8 win at K = 4.
+    let times = table(4, |n| n.max(8) as f64);
+    let training = [UnitState::Training; 4];
+    let q = query(&[1, 1, 1, 1], &training, 32);
+    let bounded =
+        burn_pipe::choose_micro_batches_where(&times, &q, |c| c.micro_batch <= 4).unwrap();
+    let fastest_within = bounded
+        .candidates
+        .iter()
+        .filter(|c| c.micro_batch <= 4)
+        .min_by(|a, b| a.predicted_step_s.total_cmp(&b.predicted_step_s))
+        .unwrap();
+    assert_eq!(bounded.micro_batches, fastest_within.micro_batches);
+    assert_eq!(bounded.micro_batches, 8);
+    assert_eq!(
+        bounded.candidates,
+        choose_micro_batches(&times, &q).unwrap().candidates
+    );
+    assert_eq!(
+        burn_pipe::choose_micro_batches_where(&times, &q, |_| false),
+        Err(MicroSearchError::NoCandidate { searched: 24 })
+    );
+}
