@@ -372,9 +372,12 @@ pub fn choose_micro_batches_where(
         .iter()
         .filter(|c| allowed(c))
         .copied()
-        .reduce(|best, c| match c.predicted_step_s < best.predicted_step_s {
-            true => c,
-            false => best,
+        .reduce(|best, c| {
+            if c.predicted_step_s < best.predicted_step_s {
+                c
+            } else {
+                best
+            }
         })
         .ok_or(MicroSearchError::NoCandidate {
             searched: candidates.len(),

@@ -117,12 +117,11 @@ where
     let profiles = sizes
         .iter()
         .map(|&size| {
-            let part = match size == batch {
-                true => input.clone(),
-                false => input
-                    .clone()
-                    .split_batch(&[size, batch - size])
-                    .swap_remove(0),
+            let part = if size == batch {
+                input.clone()
+            } else {
+                let mut parts = input.clone().split_batch(&[size, batch - size]);
+                parts.swap_remove(0)
             };
             tracing::debug!(size, "profiling every unit at a micro-batch size");
             profile_units(stack, part, device, repeats)

@@ -126,10 +126,12 @@ where
         let units = self.group.num_units();
         let front = self.group.front();
         let parts = self.config.parts;
-        let cached = match parts.cache && parts.freeze && self.group.cache().is_some() {
-            // Stage 0's frozen units, as the pipeline serves them (never the last unit).
-            true => front.min(shape.balance[0]).min(units - 1),
-            false => 0,
+        // Stage 0's frozen units, as the pipeline serves them (never the
+        // last unit), when the cache serves them.
+        let cached = if parts.cache && parts.freeze && self.group.cache().is_some() {
+            front.min(shape.balance[0]).min(units - 1)
+        } else {
+            0
         };
         let states: Vec<UnitState> = (0..units)
             .map(|u| UnitState::of(u, front, cached))
@@ -178,9 +180,10 @@ where
     /// (chosen or configured) at its current length, the configured rule
     /// at another.
     pub(super) fn micro_batches(&self, stages: usize) -> usize {
-        match self.group.num_replicas() > 0 && self.group.num_stages() == stages {
-            true => self.group.micro_batches(),
-            false => self.config.replicas.pipeline.micro_batches_for(stages),
+        if self.group.num_replicas() > 0 && self.group.num_stages() == stages {
+            self.group.micro_batches()
+        } else {
+            self.config.replicas.pipeline.micro_batches_for(stages)
         }
     }
 }
