@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
 use burn::optim::AdamConfig;
 use burn::prelude::*;
@@ -20,20 +19,14 @@ use burn_pipe::{
 
 mod common;
 
-use common::{B, Types, block, loss, numbers};
+use common::{B, Rows, Types, block_stack, loss, numbers};
 
 const WIDTH: usize = 8;
 const UNITS: usize = 8;
 const BATCH: usize = 32;
 
 fn stack() -> LayerStack<Types> {
-    let stack = LayerStack::new(
-        block(1, WIDTH),
-        (0..UNITS as u64 - 2).map(|u| block(2 + u, WIDTH)).collect(),
-        block(UNITS as u64, WIDTH),
-    );
-    stack.materialize();
-    stack
+    block_stack(UNITS, WIDTH)
 }
 
 type Item = ([f32; WIDTH], i64);
@@ -49,21 +42,6 @@ fn dataset(len: usize) -> InMemDataset<Item> {
             })
             .collect(),
     )
-}
-
-#[derive(Clone)]
-struct Rows;
-
-impl Batcher<B, Item, (Tensor<B, 2>, Tensor<B, 1, Int>)> for Rows {
-    fn batch(&self, items: Vec<Item>, device: &Device<B>) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
-        let n = items.len();
-        let x: Vec<f32> = items.iter().flat_map(|(x, _)| *x).collect();
-        let y: Vec<i64> = items.iter().map(|(_, y)| *y).collect();
-        (
-            Tensor::<B, 1>::from_data(TensorData::new(x, [n * WIDTH]), device).reshape([n, WIDTH]),
-            Tensor::from_data(TensorData::new(y, [n]), device),
-        )
-    }
 }
 
 /// Half the units frozen after epoch 0 (K = 4, R = 1 -> K = 2, R = 2 on
