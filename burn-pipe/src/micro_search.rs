@@ -7,8 +7,10 @@
 //! The paper fixes M per pipeline length
 //! ([`default_micro_batches`](crate::default_micro_batches)); with a small
 //! batch per replica that cuts micro-batches below the size where the
-//! device stops gaining, and a shorter pipeline with fewer, larger
-//! micro-batches is faster.
+//! device stops gaining, and fewer, larger micro-batches are faster despite
+//! the longer bubble. The model leaves out the cost of sending activations
+//! between stages and of a larger micro-batch's memory (bound it with
+//! [`choose_micro_batches_where`]).
 
 use burn::serde::{Deserialize, Serialize};
 
