@@ -39,8 +39,15 @@ pub struct PipelineConfig {
     /// Forward/backward order.
     #[config(default = "Schedule::OneFOneB")]
     pub schedule: Schedule,
-    /// Micro-batches per mini-batch; `None` picks the paper's choice for the
-    /// number of stages (see [`default_micro_batches`](crate::default_micro_batches)).
+    /// Micro-batches per mini-batch. `Some(m)` always holds, at every
+    /// number of stages. `None`: the paper's choice for the number of stages
+    /// ([`default_micro_batches`](crate::default_micro_batches)), here and
+    /// wherever costs are not measured (the planner, and burn-elastic-dp's
+    /// trainer with parameter-count costs); burn-elastic-dp's trainer with
+    /// profiled costs instead chooses M for each shape from unit times
+    /// measured at several micro-batch sizes
+    /// ([`choose_micro_batches`](crate::choose_micro_batches)) and sets it
+    /// with [`Pipeline::set_micro_batches`].
     #[config(default = "None")]
     pub micro_batches: Option<usize>,
     /// Units per stage; `None` balances the stages by parameter count with
@@ -52,6 +59,52 @@ pub struct PipelineConfig {
     /// the step fails, in milliseconds (at least 1).
     #[config(default = 120_000)]
     pub timeout_ms: u64,
+}
+
+impl<S: StackTypes, O> Pipeline<S, O> {
+    /// Sets the micro-batch count of the passes that follow (`None`: the
+    /// paper's count for the number of stages, see
+    /// [`PipelineConfig::micro_batches`]); gradients already accumulated are
+    /// kept. Fails, changing nothing, on `Some(0)`.
+    ///
+    /// ```
+    /// use burn::backend::{Autodiff, Flex};
+    /// use burn::nn::{Linear, LinearConfig};
+    /// use burn::optim::SgdConfig;
+    /// use burn::prelude::*;
+    /// use burn_freeze::LayerStack;
+    /// use burn_pipe::PipelineConfig;
+    ///
+    /// #[derive(Module, Debug)]
+    /// pub struct Dense<B: Backend> { linear: Linear<B> }
+    /// impl<B: Backend> Dense<B> {
+    ///     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> { self.linear.forward(x) }
+    /// }
+    /// burn_freeze::unit!(Dense<B>: Tensor<B, 2> => Tensor<B, 2>);
+    /// type B = Autodiff<Flex>;
+    /// let device = Default::default();
+    /// let dense = || Dense::<B> { linear: LinearConfig::new(4, 4).init(&device) };
+    /// let stack = LayerStack::new(dense(), vec![dense()], dense());
+    /// let mut pipeline = PipelineConfig::new().init(stack, vec![device; 3], || SgdConfig::new().init())?;
+    /// assert_eq!(pipeline.micro_batches(), 16);
+    /// pipeline.set_micro_batches(Some(3))?;
+    /// assert_eq!(pipeline.micro_batches(), 3);
+    /// assert!(pipeline.set_micro_batches(Some(0)).is_err());
+    /// # Ok::<(), burn_pipe::PipeError>(())
+    /// ```
+    pub fn set_micro_batches(&mut self, micro_batches: Option<usize>) -> Result<(), PipeError> {
+        if micro_batches == Some(0) {
+            return Err(PipeError::NoMicroBatches);
+        }
+        self.config.micro_batches = micro_batches;
+        Ok(())
+    }
+
+    /// The micro-batch count of the next pass, at the current number of
+    /// stages.
+    pub fn micro_batches(&self) -> usize {
+        self.config.micro_batches_for(self.stages.len())
+    }
 }
 
 impl PipelineConfig {

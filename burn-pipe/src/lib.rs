@@ -14,7 +14,9 @@
 //! ([`balance_exact`]), the paper's greedy rule for comparison, freeze-aware
 //! costs ([`UnitCosts`]), pipeline compression ([`compress`]) and the default micro-batch
 //! count; [`profile_units`] measures per-unit forward and backward time on
-//! the real backend.
+//! the real backend, and [`profile_micro_batches`] at several micro-batch
+//! sizes, from which [`choose_micro_batches`] picks the micro-batch count
+//! with the fastest predicted step.
 //!
 //! Files, one concern each: `config.rs` (the configuration and `init`),
 //! `pipeline.rs` (the public API), `forward_backward.rs` (a training pass),
@@ -22,13 +24,17 @@
 //! `placement.rs` (stages on devices),
 //! `pass.rs` (the threads of one pass), `wiring.rs` (the channels),
 //! `worker.rs` (one stage's thread), `schedule.rs` (the order of passes),
-//! `microbatch.rs` (splitting), `report.rs`, `partition.rs`, `profile.rs`.
+//! `microbatch.rs` (splitting), `micro_search.rs` (M by measurement, on
+//! the table of `micro_times.rs`),
+//! `report.rs`, `partition.rs`, `profile.rs`.
 
 mod config;
 mod error;
 mod forward_backward;
 mod loss;
 pub mod memory;
+mod micro_search;
+mod micro_times;
 mod microbatch;
 pub mod partition;
 mod pass;
@@ -46,12 +52,17 @@ pub use config::{PipelineConfig, Schedule};
 pub use error::{PipeError, panic_message};
 pub use loss::MicroBatchLoss;
 pub use memory::{HeapCounter, MemoryQuery, StageMemory, UnitMemory, measure_unit_memory};
+pub use micro_search::{
+    MicroBatchCandidate, MicroBatchChoice, MicroBatchQuery, MicroSearchError, choose_micro_batches,
+    choose_micro_batches_where, micro_batch_candidates, predict_step,
+};
+pub use micro_times::{MicroBatchTimes, micro_batch_profile_sizes};
 pub use microbatch::micro_batch_sizes;
 pub use partition::{
     UnitCosts, UnitState, balance_exact, balance_greedy, compress, default_micro_batches,
     largest_stage, unit_param_costs,
 };
 pub use pipeline::Pipeline;
-pub use profile::{UnitProfile, profile_units};
+pub use profile::{UnitProfile, profile_micro_batches, profile_units};
 pub use report::StepReport;
 pub use schedule::{Op, peak_in_flight, stage_ops};

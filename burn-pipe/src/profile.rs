@@ -4,8 +4,10 @@ use std::time::{Duration, Instant};
 
 use burn::tensor::Device;
 use burn::tensor::backend::AutodiffBackend;
-use burn_freeze::{AutodiffActivation, Differentiable, LayerStack, StackTypes, Unit};
+use burn_freeze::{Activation, AutodiffActivation, Differentiable, LayerStack, StackTypes, Unit};
 
+use crate::micro_search::MicroSearchError;
+use crate::micro_times::{MicroBatchTimes, check_sizes};
 use crate::partition::{UnitCosts, UnitState};
 
 /// Measured time of one unit for one batch.
@@ -88,6 +90,44 @@ where
     best.into_iter()
         .map(|p| p.expect("at least one repeat"))
         .collect()
+}
+
+/// [`profile_units`] at each micro-batch size of `sizes` (increasing, 1 to
+/// the batch; [`micro_batch_profile_sizes`](crate::micro_batch_profile_sizes)
+/// picks a few), each on the first `size` samples of `input` (split as the
+/// pipeline splits a batch): the table [`choose_micro_batches`](crate::choose_micro_batches)
+/// reads. Fails, before timing anything, on a size beyond the batch or
+/// sizes that are not strictly increasing from 1.
+pub fn profile_micro_batches<S>(
+    stack: &LayerStack<S>,
+    input: S::Input,
+    device: &Device<S::Backend>,
+    sizes: &[usize],
+    repeats: usize,
+) -> Result<MicroBatchTimes, MicroSearchError>
+where
+    S: StackTypes,
+    S::Output: Differentiable<S::Backend>,
+{
+    let batch = input.batch_size();
+    if let Some(&size) = sizes.iter().find(|&&size| size > batch) {
+        return Err(MicroSearchError::SizeTooLarge { size, batch });
+    }
+    check_sizes(sizes)?;
+    let profiles = sizes
+        .iter()
+        .map(|&size| {
+            let part = if size == batch {
+                input.clone()
+            } else {
+                let mut parts = input.clone().split_batch(&[size, batch - size]);
+                parts.swap_remove(0)
+            };
+            tracing::debug!(size, "profiling every unit at a micro-batch size");
+            profile_units(stack, part, device, repeats)
+        })
+        .collect();
+    MicroBatchTimes::new(sizes.to_vec(), profiles)
 }
 
 /// Runs `forward`, then a backward pass seeded with the output itself.

@@ -1,6 +1,6 @@
 //! The group's shape, changed at a step boundary: its replica count
 //! (resizing, removing a replica), its stages (repartitioning every
-//! replica's pipeline alike) and its freeze front.
+//! replica's pipeline alike), its micro-batch count and its freeze front.
 
 use burn::optim::Optimizer;
 use burn::prelude::*;
@@ -125,6 +125,26 @@ where
         if stage0_moves {
             self.dissolve();
         }
+        Ok(())
+    }
+
+    /// Sets every replica's micro-batch count for the steps that follow
+    /// (see [`Pipeline::set_micro_batches`]; `None`: the paper's count for
+    /// the number of stages), new replicas included. Fails, changing
+    /// nothing, on `Some(0)`.
+    pub fn set_micro_batches(&mut self, micro_batches: Option<usize>) -> Result<(), ElasticError> {
+        if micro_batches == Some(0) {
+            return Err(ElasticError::Replica {
+                replica: 0,
+                source: burn_pipe::PipeError::NoMicroBatches,
+            });
+        }
+        for (replica, pipeline) in self.replicas.iter_mut().enumerate() {
+            pipeline
+                .set_micro_batches(micro_batches)
+                .map_err(|source| ElasticError::Replica { replica, source })?;
+        }
+        self.config.pipeline.micro_batches = micro_batches;
         Ok(())
     }
 

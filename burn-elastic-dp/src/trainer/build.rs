@@ -79,6 +79,7 @@ where
             steps: 0,
             mid_epoch: false,
             log,
+            micro: Default::default(),
             config,
         })
     }

@@ -154,7 +154,9 @@ pub struct TrainerConfig {
     #[config(default = "CostModel::Profiled { repeats: 3 }")]
     pub costs: CostModel,
     /// Each replica group's settings: the pipeline's schedule, micro-batches
-    /// (`None`: the paper's count for each K) and waits, the all-reduce.
+    /// (`None`: with profiled costs, chosen for each shape from unit times
+    /// measured at a few micro-batch sizes; otherwise the paper's count for
+    /// each K) and waits, the all-reduce.
     #[config(default = "ReplicaConfig::new()")]
     pub replicas: ReplicaConfig,
     /// Seed of the sample order.

@@ -23,6 +23,8 @@ pub(super) struct EpochTally {
     transitions: Vec<Transition>,
     /// The shape the epoch's last step ran with.
     ran_with: Shape,
+    /// The micro-batch count its last step ran with.
+    ran_micro_batches: Option<usize>,
 }
 
 /// What the epoch's end adds to its tally: the freeze state after it and
@@ -31,7 +33,8 @@ pub(super) struct EpochEnd {
     pub epoch: usize,
     pub frozen_layers: usize,
     pub front: usize,
-    /// Micro-batches per replica at the shape the epoch ran with.
+    /// Micro-batches per replica at the shape the epoch ran with, for an
+    /// epoch whose steps reported none (otherwise its last step's count).
     pub micro_batches: usize,
     /// Cache hits and misses now.
     pub cache_after: (u64, u64),
@@ -51,6 +54,7 @@ impl EpochTally {
             bubble: 0.0,
             transitions: Vec::new(),
             ran_with: shape,
+            ran_micro_batches: None,
         }
     }
 
@@ -68,6 +72,8 @@ impl EpochTally {
         self.all_reduce += report.all_reduce.iter().copied().max().unwrap_or_default();
         self.bubble += bubble_seconds(&report.replicas);
         self.ran_with = shape;
+        let micro_batches = report.replicas.first().map(|r| r.micro_batches);
+        self.ran_micro_batches = micro_batches.or(self.ran_micro_batches);
         StepProgress {
             samples,
             epoch_samples: self.samples,
@@ -103,7 +109,7 @@ impl EpochTally {
             front: end.front,
             stages: self.ran_with.stages(),
             replicas: self.ran_with.replicas,
-            micro_batches: end.micro_batches,
+            micro_batches: self.ran_micro_batches.unwrap_or(end.micro_batches),
             balance: self.ran_with.balance,
             transitions: self.transitions,
             cache_hits: end.cache_after.0 - self.cache_before.0,

@@ -5,6 +5,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use burn_pipe::MicroBatchChoice;
 use serde::{Deserialize, Serialize};
 
 use super::error::{TrainerError, io};
@@ -27,6 +28,11 @@ pub struct Transition {
     pub replicas: (usize, usize),
     /// Micro-batches per replica (M) after it.
     pub micro_batches: usize,
+    /// How M was chosen from measured micro-batch times (every candidate's
+    /// predicted step), or `None` where the paper's rule or a configured
+    /// count holds (see [`Trainer::micro_batch_choice`](super::Trainer::micro_batch_choice)).
+    #[serde(default)]
+    pub micro_batch_choice: Option<MicroBatchChoice>,
     /// Units per stage after it.
     pub balance: Vec<usize>,
     /// Wall-clock time of the transition (freezing, repartitioning,
@@ -45,6 +51,11 @@ impl Transition {
             K = format!("{} -> {}", self.stages.0, self.stages.1),
             R = format!("{} -> {}", self.replicas.0, self.replicas.1),
             M = self.micro_batches,
+            M_by = if self.micro_batch_choice.is_some() { "measurement" } else { "rule" },
+            predicted_ms = self
+                .micro_batch_choice
+                .as_ref()
+                .map(|c| format!("{:.2}", c.predicted_step_s * 1e3)),
             balance = ?self.balance,
             ms = format!("{:.1}", self.millis),
             "transition"

@@ -9,7 +9,10 @@
 //! AutoDP applied to the group: the shape rule's one call), `checkpoint.rs`
 //! (save and resume), `epoch.rs` (an epoch's running figures), `config.rs`
 //! (the one `Config` and its checks), `build.rs` (a trainer made from
-//! it), `bounds.rs` (the optimizer and stack
+//! it), `memory.rs` (memory-aware AutoPipe: the budget, the units' memory
+//! and the start that fits), `micro.rs` (the micro-batch count, chosen from
+//! measured times),
+//! `bounds.rs` (the optimizer and stack
 //! bounds, named once), `log.rs` (transition
 //! and epoch records, JSON lines), `error.rs`.
 
@@ -21,6 +24,7 @@ mod epoch;
 mod error;
 mod log;
 mod memory;
+mod micro;
 mod recovery;
 mod transition;
 
@@ -156,6 +160,8 @@ pub struct Trainer<S: StackTypes, O, T> {
     /// Whether an epoch is under way (started, not finished).
     mid_epoch: bool,
     log: Option<JsonLog>,
+    /// The micro-batch count's times and choice (`micro.rs`).
+    micro: micro::MicroBatchRule,
 }
 
 /// A batch drawn from the sampler, and where the sampler stood before it
@@ -374,6 +380,7 @@ where
         let (mut input, mut targets) = batch()?;
         self.profile_if_pending(&input)?;
         self.measure_memory_if_pending(&input)?;
+        self.micro_batches_if_pending(&input);
         let lr = self.learning_rate();
         let report = loop {
             match self.forward_backward(indices, input, targets) {
@@ -450,11 +457,6 @@ where
         self.mid_epoch = false;
         self.save_checkpoint()?;
         Ok(report)
-    }
-
-    /// Micro-batches per replica with `stages` stages.
-    fn micro_batches(&self, stages: usize) -> usize {
-        self.config.replicas.pipeline.micro_batches_for(stages)
     }
 
     /// Cache hits (full and partial) and misses so far.

@@ -158,6 +158,7 @@ where
         } else {
             self.reshape_through_one(&after, |_| Ok(()))?;
         }
+        let micro_batch_choice = self.choose_micro_batches();
         let record = Transition {
             epoch: self.epoch,
             step: self.steps,
@@ -166,6 +167,7 @@ where
             stages: (before.stages(), after.stages()),
             replicas: (before.replicas, after.replicas),
             micro_batches: self.micro_batches(after.stages()),
+            micro_batch_choice,
             balance: after.balance,
             millis: start.elapsed().as_secs_f64() * 1e3,
         };

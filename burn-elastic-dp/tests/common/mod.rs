@@ -78,6 +78,41 @@ pub fn block(seed: u64, width: usize) -> Block<B> {
     }
 }
 
+/// `units` blocks of width `width`, unit `u` drawn from seed `u + 1`,
+/// materialised (every call gives the same weights).
+pub fn block_stack(units: usize, width: usize) -> LayerStack<Types> {
+    let stack = LayerStack::new(
+        block(1, width),
+        (2..units as u64).map(|u| block(u, width)).collect(),
+        block(units as u64, width),
+    );
+    stack.materialize();
+    stack
+}
+
+/// Batches `(features, label)` rows on a device: inputs `[n, W]`, labels `[n]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Rows;
+
+impl<const W: usize>
+    burn::data::dataloader::batcher::Batcher<B, ([f32; W], i64), (Tensor<B, 2>, Tensor<B, 1, Int>)>
+    for Rows
+{
+    fn batch(
+        &self,
+        items: Vec<([f32; W], i64)>,
+        device: &Device<B>,
+    ) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
+        let n = items.len();
+        let x: Vec<f32> = items.iter().flat_map(|(x, _)| *x).collect();
+        let y: Vec<i64> = items.iter().map(|(_, y)| *y).collect();
+        (
+            Tensor::<B, 1>::from_data(TensorData::new(x, [n * W]), device).reshape([n, W]),
+            Tensor::from_data(TensorData::new(y, [n]), device),
+        )
+    }
+}
+
 /// Every float parameter's values, in visiting order.
 struct Flatten(Vec<f32>);
 

@@ -1,0 +1,258 @@
+//! The trainer's micro-batch count: chosen from micro-batch times for each
+//! shape (at the first step and after each transition) and run, logged with
+//! each transition; the paper's rule where costs are parameter counts; a
+//! configured count always holds.
+
+use std::time::Duration;
+
+use burn::data::dataset::InMemDataset;
+use burn::optim::AdamConfig;
+use burn::prelude::*;
+use burn_elastic_dp::{
+    BatchPolicy, CostModel, FreezeRule, ReplicaConfig, Trainer, TrainerConfig, TrainerError,
+};
+use burn_freeze::{LayerStack, TrainableUnits};
+use burn_pipe::{
+    MicroBatchQuery, MicroBatchTimes, PipelineConfig, UnitProfile, UnitState, choose_micro_batches,
+    default_micro_batches, micro_batch_candidates, micro_batch_profile_sizes,
+};
+
+mod common;
+
+use common::{B, Rows, Types, block_stack, loss, numbers};
+
+const WIDTH: usize = 8;
+const UNITS: usize = 8;
+const BATCH: usize = 32;
+
+fn stack() -> LayerStack<Types> {
+    block_stack(UNITS, WIDTH)
+}
+
+type Item = ([f32; WIDTH], i64);
+
+fn dataset(len: usize) -> InMemDataset<Item> {
+    let values = numbers(11, len * WIDTH);
+    InMemDataset::new(
+        values
+            .chunks(WIDTH)
+            .map(|x| {
+                let x: [f32; WIDTH] = x.try_into().unwrap();
+                (x, i64::from(x[0] + x[1] > 0.0))
+            })
+            .collect(),
+    )
+}
+
+/// Half the units frozen after epoch 0 (K = 4, R = 1 -> K = 2, R = 2 on
+/// parameter costs), a global batch of 32.
+fn config() -> TrainerConfig {
+    TrainerConfig::new()
+        .with_freeze(FreezeRule::Fronts {
+            layers: vec![0, UNITS / 2],
+        })
+        .with_batch(BatchPolicy::FixedGlobal { batch: BATCH })
+        .with_costs(CostModel::Parameters {
+            frozen_factor: 1.0 / 3.0,
+        })
+        .with_seed(5)
+}
+
+type Run = Trainer<
+    Types,
+    burn::optim::adaptor::OptimizerAdaptor<burn::optim::Adam, TrainableUnits<Types>, B>,
+    Tensor<B, 1, Int>,
+>;
+
+fn trainer(config: TrainerConfig) -> Run {
+    let device: Device<B> = Default::default();
+    config
+        .init(stack(), vec![device; 4], || AdamConfig::new().init(), loss)
+        .unwrap()
+}
+
+/// Per-sample time that rises steeply below 8 samples: a micro-batch of
+/// fewer costs as much as one of 8 (1 ms forward, 2 ms backward per sample).
+fn steep_below_8() -> MicroBatchTimes {
+    MicroBatchTimes::from_fn(&micro_batch_profile_sizes(BATCH), UNITS, |_, n| {
+        UnitProfile {
+            forward: Duration::from_millis(n.max(8) as u64),
+            backward: Duration::from_millis(2 * n.max(8) as u64),
+        }
+    })
+    .unwrap()
+}
+
+fn tempdir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("micro-batches-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn the_chosen_micro_batch_count_is_what_runs_at_every_shape() {
+    let out = tempdir("chosen");
+    let mut trainer = trainer(config().with_output_dir(Some(out.clone())));
+    assert_eq!(trainer.group().micro_batches(), default_micro_batches(4));
+    let choice = trainer
+        .set_micro_batch_times(steep_below_8())
+        .unwrap()
+        .cloned();
+    // K = 4 on 32 samples: 4 micro-batches of 8, not the paper's 16 of 2.
+    let choice = choice.expect("no count configured: M is chosen");
+    assert_eq!(choice.micro_batches, 4);
+    assert_eq!(choice.paper_micro_batches, 16);
+    assert_eq!(trainer.group().micro_batches(), 4);
+
+    let data = dataset(4 * BATCH);
+    let first = trainer.fit_epoch(&data, &Rows).unwrap();
+    assert_eq!((first.stages, first.replicas), (4, 1));
+    assert_eq!(first.micro_batches, 4, "the steps ran with the chosen M");
+    assert_eq!(first.samples, 4 * BATCH);
+
+    // After the transition: K = 2, R = 2, 16 samples per replica, half
+    // the units cached; M chosen again for that shape.
+    let [transition] = first.transitions.as_slice() else {
+        panic!("one transition: {:?}", first.transitions);
+    };
+    assert_eq!((transition.stages, transition.replicas), ((4, 2), (1, 2)));
+    let shape = trainer.shape();
+    let states: Vec<UnitState> = (0..UNITS)
+        .map(|u| UnitState::of(u, UNITS / 2, (UNITS / 2).min(shape.balance[0])))
+        .collect();
+    let expected = choose_micro_batches(
+        &steep_below_8(),
+        &MicroBatchQuery {
+            balance: &shape.balance,
+            states: &states,
+            batch_per_replica: BATCH / 2,
+            schedule: trainer.config().replicas.pipeline.schedule,
+        },
+    )
+    .unwrap();
+    assert_eq!(transition.micro_batch_choice.as_ref(), Some(&expected));
+    assert_eq!(transition.micro_batches, expected.micro_batches);
+    assert_eq!(expected.micro_batches, 2);
+    assert_ne!(expected.micro_batches, default_micro_batches(2));
+    assert_eq!(trainer.micro_batch_choice(), Some(&expected));
+
+    let second = trainer.fit_epoch(&data, &Rows).unwrap();
+    assert_eq!((second.stages, second.replicas), (2, 2));
+    assert_eq!(second.micro_batches, 2);
+    for r in 0..trainer.group().num_replicas() {
+        assert_eq!(trainer.group().replica(r).micro_batches(), 2);
+    }
+    // The log has M and how it was chosen next to it.
+    let lines = std::fs::read_to_string(out.join("transitions.jsonl")).unwrap();
+    assert!(
+        lines.contains("\"micro_batches\":2,\"micro_batch_choice\":{\"micro_batches\":2"),
+        "{lines}"
+    );
+    let epochs = std::fs::read_to_string(out.join("epochs.jsonl")).unwrap();
+    assert!(epochs.contains("\"micro_batches\":4"), "{epochs}");
+    let _ = std::fs::remove_dir_all(out);
+}
+
+#[test]
+fn parameter_costs_keep_the_papers_count() {
+    let mut trainer = trainer(config());
+    let report = trainer.fit_epoch(&dataset(2 * BATCH), &Rows).unwrap();
+    assert_eq!(report.micro_batches, default_micro_batches(4));
+    assert_eq!(
+        report.transitions[0].micro_batches,
+        default_micro_batches(2)
+    );
+    assert_eq!(report.transitions[0].micro_batch_choice, None);
+    assert!(trainer.micro_batch_choice().is_none());
+}
+
+#[test]
+fn a_configured_count_holds_over_measured_times() {
+    let pipeline = PipelineConfig::new().with_micro_batches(Some(8));
+    let mut trainer = trainer(config().with_replicas(ReplicaConfig::new().with_pipeline(pipeline)));
+    assert!(
+        trainer
+            .set_micro_batch_times(steep_below_8())
+            .unwrap()
+            .is_none()
+    );
+    let report = trainer.fit_epoch(&dataset(2 * BATCH), &Rows).unwrap();
+    assert_eq!(report.micro_batches, 8);
+    assert_eq!(report.transitions[0].micro_batches, 8);
+    assert_eq!(trainer.group().micro_batches(), 8);
+}
+
+#[test]
+fn a_table_of_another_model_is_refused() {
+    let mut trainer = trainer(config());
+    let times = MicroBatchTimes::from_fn(&[1, 2], UNITS - 1, |_, _| UnitProfile {
+        forward: Duration::from_millis(1),
+        backward: Duration::from_millis(1),
+    })
+    .unwrap();
+    let error = trainer.set_micro_batch_times(times).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            TrainerError::InvalidConfig {
+                field: "micro_batch_times",
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(trainer.micro_batch_choice().is_none());
+    assert_eq!(trainer.group().micro_batches(), default_micro_batches(4));
+}
+
+#[test]
+fn profiled_costs_measure_micro_batch_times_on_the_first_batch() {
+    let mut trainer = trainer(config().with_costs(CostModel::Profiled { repeats: 1 }));
+    assert!(
+        trainer.micro_batch_choice().is_none(),
+        "nothing measured before the first batch"
+    );
+    let report = trainer.fit_epoch(&dataset(2 * BATCH), &Rows).unwrap();
+    // Whatever the clock said: the chosen M is the one that ran, it keeps a
+    // sample per micro-batch, and each transition chose again.
+    let transition = &report.transitions[0];
+    let after = transition
+        .micro_batch_choice
+        .as_ref()
+        .expect("chosen after the transition");
+    assert_eq!(after.micro_batches, transition.micro_batches);
+    assert_eq!(trainer.micro_batch_choice(), Some(after));
+    let per_replica = BATCH / transition.replicas.1;
+    assert!((1..=per_replica).contains(&after.micro_batches));
+    let searched: Vec<usize> = after.candidates.iter().map(|c| c.micro_batches).collect();
+    assert_eq!(
+        searched,
+        micro_batch_candidates(transition.stages.1, per_replica)
+    );
+    assert!(report.micro_batches >= 1 && report.micro_batches <= BATCH);
+    assert_eq!(trainer.group().micro_batches(), after.micro_batches);
+}
+
+#[test]
+fn the_group_sets_every_replicas_count_and_refuses_zero() {
+    let device: Device<B> = Default::default();
+    let mut group = ReplicaConfig::new()
+        .init(stack(), vec![vec![device; 2]; 2], || {
+            AdamConfig::new().init()
+        })
+        .unwrap();
+    assert_eq!(group.micro_batches(), default_micro_batches(2));
+    assert!(group.set_micro_batches(Some(0)).is_err());
+    assert_eq!(group.micro_batches(), default_micro_batches(2));
+    group.set_micro_batches(Some(3)).unwrap();
+    assert_eq!(
+        (
+            group.replica(0).micro_batches(),
+            group.replica(1).micro_batches()
+        ),
+        (3, 3)
+    );
+    assert_eq!(group.config().pipeline.micro_batches, Some(3));
+    group.set_micro_batches(None).unwrap();
+    assert_eq!(group.micro_batches(), default_micro_batches(2));
+}

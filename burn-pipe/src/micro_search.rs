@@ -1,0 +1,393 @@
+//! Choosing the micro-batch count M by measurement: each unit's forward and
+//! backward time profiled at a few micro-batch sizes ([`MicroBatchTimes`]),
+//! and the step time of every candidate M predicted by running the
+//! pipeline's schedule on those times ([`predict_step`]); the fastest wins
+//! ([`choose_micro_batches`]). Pure functions: no clock, no device.
+//!
+//! The paper fixes M per pipeline length
+//! ([`default_micro_batches`](crate::default_micro_batches)); with a small
+//! batch per replica that cuts micro-batches below the size where the
+//! device stops gaining, and fewer, larger micro-batches are faster despite
+//! the longer bubble. The model leaves out the cost of sending activations
+//! between stages and of a larger micro-batch's memory (bound it with
+//! [`choose_micro_batches_where`]).
+
+use burn::serde::{Deserialize, Serialize};
+
+use crate::config::Schedule;
+use crate::micro_times::MicroBatchTimes;
+use crate::microbatch::micro_batch_sizes;
+use crate::partition::{UnitState, default_micro_batches};
+use crate::schedule::{Op, stage_ops};
+
+/// What is wrong with a timing table or a query.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MicroSearchError {
+    /// No micro-batch size measured.
+    #[error("a timing table needs at least one micro-batch size, got none")]
+    NoSizes,
+    /// Sizes not strictly increasing from 1 up.
+    #[error("micro-batch sizes {sizes:?} must be at least 1 and strictly increasing")]
+    BadSizes {
+        /// The sizes given.
+        sizes: Vec<usize>,
+    },
+    /// A size's profile with another number of units than the first's.
+    #[error(
+        "the profile at micro-batch size {size} has {units} units, expected {expected} (at least 1)"
+    )]
+    UnitCount {
+        /// The micro-batch size.
+        size: usize,
+        /// Units in its profile.
+        units: usize,
+        /// Units in the first size's profile.
+        expected: usize,
+    },
+    /// Not one profile per size.
+    #[error("{profiles} profiles given for {sizes} micro-batch sizes: give one per size")]
+    ProfileCount {
+        /// Profiles given.
+        profiles: usize,
+        /// Sizes given.
+        sizes: usize,
+    },
+    /// More micro-batches than samples, or none.
+    #[error("{micro_batches} micro-batches of a batch of {batch}: M must be 1 to {batch}")]
+    MicroBatchCount {
+        /// M asked for.
+        micro_batches: usize,
+        /// Samples per replica.
+        batch: usize,
+    },
+    /// No candidate accepted.
+    #[error(
+        "none of the {searched} micro-batch counts searched is allowed: allow at least one of 1 to {searched}"
+    )]
+    NoCandidate {
+        /// Candidates searched.
+        searched: usize,
+    },
+    /// A size to profile beyond the samples at hand.
+    #[error(
+        "cannot profile micro-batches of {size} samples on a batch of {batch}: sizes must be 1 to {batch}"
+    )]
+    SizeTooLarge {
+        /// The size asked for.
+        size: usize,
+        /// Samples in the batch.
+        batch: usize,
+    },
+    /// No sample per replica.
+    #[error("the batch per replica must be at least 1 sample, got 0")]
+    NoSamples,
+    /// A balance that does not cover the timed units with non-empty stages.
+    #[error("balance {balance:?} does not split the {units} timed units into non-empty stages")]
+    BadBalance {
+        /// Units per stage, as given.
+        balance: Vec<usize>,
+        /// Units in the table.
+        units: usize,
+    },
+    /// Not one state per unit.
+    #[error("{states} unit states given for {units} timed units: give one per unit")]
+    StateCount {
+        /// States given.
+        states: usize,
+        /// Units in the table.
+        units: usize,
+    },
+}
+
+/// The micro-batch counts searched for `stages` stages and a batch of
+/// `batch` samples per replica: 1 up to the paper's range's top, 6K (or the
+/// paper's own count when larger), never more than the samples, so every
+/// micro-batch has at least one.
+///
+/// ```
+/// assert_eq!(burn_pipe::micro_batch_candidates(4, 32), (1..=24).collect::<Vec<_>>());
+/// assert_eq!(burn_pipe::micro_batch_candidates(2, 8), (1..=8).collect::<Vec<_>>());
+/// assert_eq!(burn_pipe::micro_batch_candidates(1, 32), (1..=6).collect::<Vec<_>>());
+/// ```
+pub fn micro_batch_candidates(stages: usize, batch: usize) -> Vec<usize> {
+    let top = (6 * stages).max(default_micro_batches(stages));
+    (1..=top.min(batch)).collect()
+}
+
+/// One shape whose micro-batch count is asked for.
+#[derive(Debug, Clone, Copy)]
+pub struct MicroBatchQuery<'a> {
+    /// Units per stage (K = its length).
+    pub balance: &'a [usize],
+    /// Each unit's state (see [`UnitState::of`]).
+    pub states: &'a [UnitState],
+    /// Samples per replica per step.
+    pub batch_per_replica: usize,
+    /// The pipeline's schedule.
+    pub schedule: Schedule,
+}
+
+/// One candidate micro-batch count and its predicted step.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(crate = "burn::serde")]
+pub struct MicroBatchCandidate {
+    /// M.
+    pub micro_batches: usize,
+    /// Samples in its largest micro-batch.
+    pub micro_batch: usize,
+    /// Predicted seconds of one replica's forward and backward pass.
+    pub predicted_step_s: f64,
+}
+
+/// What [`choose_micro_batches`] chose, and every candidate it weighed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(crate = "burn::serde")]
+pub struct MicroBatchChoice {
+    /// The chosen M.
+    pub micro_batches: usize,
+    /// Its predicted seconds per step (one replica's pass).
+    pub predicted_step_s: f64,
+    /// The paper's M for this K ([`default_micro_batches`]), for comparison.
+    pub paper_micro_batches: usize,
+    /// Every candidate, by increasing M.
+    pub candidates: Vec<MicroBatchCandidate>,
+}
+
+impl MicroBatchChoice {
+    /// The predicted step of `micro_batches`, if it was a candidate.
+    pub fn predicted(&self, micro_batches: usize) -> Option<f64> {
+        self.candidates
+            .iter()
+            .find(|c| c.micro_batches == micro_batches)
+            .map(|c| c.predicted_step_s)
+    }
+}
+
+/// Checks a query against a table of `units` units.
+fn check_query(units: usize, query: &MicroBatchQuery<'_>) -> Result<(), MicroSearchError> {
+    if query.batch_per_replica == 0 {
+        return Err(MicroSearchError::NoSamples);
+    }
+    let balance = query.balance;
+    if balance.is_empty() || balance.contains(&0) || balance.iter().sum::<usize>() != units {
+        return Err(MicroSearchError::BadBalance {
+            balance: balance.to_vec(),
+            units,
+        });
+    }
+    if query.states.len() != units {
+        return Err(MicroSearchError::StateCount {
+            states: query.states.len(),
+            units,
+        });
+    }
+    Ok(())
+}
+
+/// Predicted seconds of one replica's forward and backward pass of the
+/// query's shape with `micro_batches` micro-batches (1 to the batch): the
+/// schedule's passes ([`stage_ops`]) run on each stage in order, each as
+/// soon as its stage is free and its input (the previous stage's forward,
+/// the next stage's backward) has arrived, every pass taking the table's
+/// time at its micro-batch's size. Sending a message costs nothing here.
+/// With K equal stages of time `t` per micro-batch, this is
+/// `(M + K - 1) t`.
+///
+/// ```
+/// use std::time::Duration;
+/// use burn_pipe::{predict_step, MicroBatchQuery, MicroBatchTimes, Schedule, UnitProfile, UnitState};
+///
+/// let times = MicroBatchTimes::from_fn(&[1, 8], 4, |_, n| UnitProfile {
+///     forward: Duration::from_millis(n as u64),
+///     backward: Duration::from_millis(2 * n as u64),
+/// })?;
+/// let query = MicroBatchQuery {
+///     balance: &[1, 1, 1, 1],
+///     states: &[UnitState::Training; 4],
+///     batch_per_replica: 8,
+///     schedule: Schedule::OneFOneB,
+/// };
+/// // 4 micro-batches of 2: (4 + 3) x 6 ms.
+/// assert!((predict_step(&times, &query, 4)? - 0.042).abs() < 1e-9);
+/// # Ok::<(), burn_pipe::MicroSearchError>(())
+/// ```
+pub fn predict_step(
+    times: &MicroBatchTimes,
+    query: &MicroBatchQuery<'_>,
+    micro_batches: usize,
+) -> Result<f64, MicroSearchError> {
+    check_query(times.units(), query)?;
+    let sizes = micro_batch_sizes(query.batch_per_replica, micro_batches).map_err(|_| {
+        MicroSearchError::MicroBatchCount {
+            micro_batches,
+            batch: query.batch_per_replica,
+        }
+    })?;
+    let mut start = 0;
+    let stages: Vec<Vec<(f64, f64)>> = query
+        .balance
+        .iter()
+        .map(|&n| {
+            let units = start..start + n;
+            start += n;
+            sizes
+                .iter()
+                .map(|&size| times.stage_seconds(units.clone(), query.states, size))
+                .collect()
+        })
+        .collect();
+    Ok(run_schedule(query.schedule, &stages))
+}
+
+/// The makespan of the schedule's passes on stages whose micro-batch `n`
+/// takes `stages[s][n]` seconds forward and backward.
+fn run_schedule(schedule: Schedule, stages: &[Vec<(f64, f64)>]) -> f64 {
+    let (k, m) = (stages.len(), stages[0].len());
+    let ops: Vec<Vec<Op>> = (0..k).map(|s| stage_ops(schedule, s, k, m)).collect();
+    let mut next = vec![0; k];
+    let mut clock = vec![0.0f64; k];
+    let mut forward_done = vec![vec![None::<f64>; m]; k];
+    let mut backward_done = vec![vec![None::<f64>; m]; k];
+    // Each round runs at least one pass (the schedules never deadlock), so
+    // at most 2 K M rounds.
+    for _ in 0..2 * k * m {
+        let mut progressed = false;
+        for s in 0..k {
+            while let Some(&op) = ops[s].get(next[s]) {
+                let (ready, duration) = match op {
+                    Op::Forward(n) => {
+                        let ready = if s == 0 {
+                            Some(0.0)
+                        } else {
+                            forward_done[s - 1][n]
+                        };
+                        (ready, stages[s][n].0)
+                    }
+                    Op::Backward(n) => {
+                        let from_next = if s + 1 == k {
+                            Some(0.0)
+                        } else {
+                            backward_done[s + 1][n]
+                        };
+                        let ready = from_next.zip(forward_done[s][n]).map(|(a, b)| a.max(b));
+                        (ready, stages[s][n].1)
+                    }
+                };
+                let Some(ready) = ready else { break };
+                let end = clock[s].max(ready) + duration;
+                clock[s] = end;
+                match op {
+                    Op::Forward(n) => forward_done[s][n] = Some(end),
+                    Op::Backward(n) => backward_done[s][n] = Some(end),
+                }
+                next[s] += 1;
+                progressed = true;
+            }
+        }
+        if !progressed {
+            break;
+        }
+    }
+    clock.into_iter().fold(0.0, f64::max)
+}
+
+/// The micro-batch count with the fastest predicted step
+/// ([`predict_step`]) among [`micro_batch_candidates`] for the query's
+/// shape (the smaller M on a tie: larger micro-batches, fewer messages).
+/// Fails on a query that does not fit the table: no sample, a balance that
+/// does not cover its units, not one state per unit.
+///
+/// Per-sample time that rises steeply below 8 samples: at K = 4 on 32
+/// samples, 4 micro-batches of 8 beat the paper's 16 of 2.
+///
+/// ```
+/// use std::time::Duration;
+/// use burn_pipe::{choose_micro_batches, MicroBatchQuery, MicroBatchTimes, Schedule, UnitProfile, UnitState};
+///
+/// let times = MicroBatchTimes::from_fn(&[1, 2, 4, 8, 16, 32], 4, |_, n| UnitProfile {
+///     forward: Duration::from_micros(100 * n.max(8) as u64),
+///     backward: Duration::from_micros(200 * n.max(8) as u64),
+/// })?;
+/// let choice = choose_micro_batches(&times, &MicroBatchQuery {
+///     balance: &[1, 1, 1, 1],
+///     states: &[UnitState::Training; 4],
+///     batch_per_replica: 32,
+///     schedule: Schedule::OneFOneB,
+/// })?;
+/// assert_eq!(choice.micro_batches, 4);
+/// assert_eq!(choice.paper_micro_batches, 16);
+/// assert!(choice.predicted(16).unwrap() > choice.predicted_step_s);
+/// # Ok::<(), burn_pipe::MicroSearchError>(())
+/// ```
+pub fn choose_micro_batches(
+    times: &MicroBatchTimes,
+    query: &MicroBatchQuery<'_>,
+) -> Result<MicroBatchChoice, MicroSearchError> {
+    choose_micro_batches_where(times, query, |_| true)
+}
+
+/// [`choose_micro_batches`] among the candidates `allowed` accepts (say,
+/// those whose micro-batches of `micro_batch` samples keep the activations
+/// in flight within a memory budget); every candidate is still listed in
+/// the choice. Fails as `choose_micro_batches` does, and when `allowed`
+/// accepts none.
+///
+/// ```
+/// use std::time::Duration;
+/// use burn_pipe::{choose_micro_batches_where, MicroBatchQuery, MicroBatchTimes, Schedule, UnitProfile, UnitState};
+///
+/// let times = MicroBatchTimes::from_fn(&[1, 32], 2, |_, n| UnitProfile {
+///     forward: Duration::from_millis(n as u64),
+///     backward: Duration::from_millis(n as u64),
+/// })?;
+/// let query = MicroBatchQuery {
+///     balance: &[1, 1],
+///     states: &[UnitState::Training; 2],
+///     batch_per_replica: 32,
+///     schedule: Schedule::OneFOneB,
+/// };
+/// // At most 4 samples per micro-batch.
+/// let choice = choose_micro_batches_where(&times, &query, |c| c.micro_batch <= 4)?;
+/// assert!(choice.micro_batches >= 8);
+/// assert!(choose_micro_batches_where(&times, &query, |_| false).is_err());
+/// # Ok::<(), burn_pipe::MicroSearchError>(())
+/// ```
+pub fn choose_micro_batches_where(
+    times: &MicroBatchTimes,
+    query: &MicroBatchQuery<'_>,
+    allowed: impl Fn(&MicroBatchCandidate) -> bool,
+) -> Result<MicroBatchChoice, MicroSearchError> {
+    check_query(times.units(), query)?;
+    let stages = query.balance.len();
+    let candidates = micro_batch_candidates(stages, query.batch_per_replica)
+        .into_iter()
+        .map(|m| {
+            Ok(MicroBatchCandidate {
+                micro_batches: m,
+                micro_batch: query.batch_per_replica.div_ceil(m),
+                predicted_step_s: predict_step(times, query, m)?,
+            })
+        })
+        .collect::<Result<Vec<_>, MicroSearchError>>()?;
+    // The first least: the smaller M on a tie.
+    let best = candidates
+        .iter()
+        .filter(|c| allowed(c))
+        .copied()
+        .reduce(|best, c| {
+            if c.predicted_step_s < best.predicted_step_s {
+                c
+            } else {
+                best
+            }
+        })
+        .ok_or(MicroSearchError::NoCandidate {
+            searched: candidates.len(),
+        })?;
+    Ok(MicroBatchChoice {
+        micro_batches: best.micro_batches,
+        predicted_step_s: best.predicted_step_s,
+        paper_micro_batches: default_micro_batches(stages),
+        candidates,
+    })
+}
