@@ -150,10 +150,9 @@ fn quick_real_run_writes_the_real_section() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let json: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(target.join("bench/headline.json")).unwrap(),
-    )
-    .unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(target.join("bench/headline.json")).unwrap())
+            .unwrap();
     let keys: Vec<&str> = json["real"]["rows"]
         .as_array()
         .unwrap()

@@ -203,8 +203,8 @@ fn find_strongest(
     finetune: impl FnMut(&JobSpec, &Method, &mut StepClock) -> Result<RunRecord, JobError>,
 ) -> Result<Strongest, BenchError> {
     let base = strongest_base(layers, costs);
-    let found = strongest::find(spec, &base, DEVICES, fits_without_budget, finetune)
-        .map_err(run_err)?;
+    let found =
+        strongest::find(spec, &base, DEVICES, fits_without_budget, finetune).map_err(run_err)?;
     println!("{}", found.summary());
     Ok(found)
 }

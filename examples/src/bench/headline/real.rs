@@ -32,8 +32,8 @@ use super::configs::{Configuration, DEVICES, configurations, strongest_row};
 use super::plots::plot_dir;
 use super::real_rows::{RealRow, RealTargets, print_rows, rows};
 use super::{Progress, find_strongest, run_err};
-use crate::bench::{BenchError, title, write_report};
 use crate::backend;
+use crate::bench::{BenchError, title, write_report};
 use crate::job::{JobSpec, ModelKind, Pretrained, RunRecord, SstJob};
 use crate::strongest::Strongest;
 
@@ -392,9 +392,8 @@ fn write_section(
     saved: Option<serde_json::Map<String, serde_json::Value>>,
     report: &RealReport,
 ) -> Result<PathBuf, BenchError> {
-    let mut json = saved.unwrap_or_else(|| {
-        serde_json::Map::from_iter([("bench".to_string(), "headline".into())])
-    });
+    let mut json = saved
+        .unwrap_or_else(|| serde_json::Map::from_iter([("bench".to_string(), "headline".into())]));
     let section = serde_json::to_value(report).map_err(run_err)?;
     json.insert("real".into(), section);
     write_report("headline", &json)

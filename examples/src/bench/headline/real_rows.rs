@@ -83,7 +83,9 @@ pub(super) fn rows(
             .iter()
             .position(|c| c.key == key)
             .map(|i| spreads[i])
-            .ok_or_else(|| BenchError::Run(format!("no configuration `{key}` in the real headline")))
+            .ok_or_else(|| {
+                BenchError::Run(format!("no configuration `{key}` in the real headline"))
+            })
     };
     let (plain, baseline, strongest) = (of("a")?, of("b")?, of(STRONGEST)?);
     let versus = |(seconds, accuracy): (Spread, Spread), (own_s, own_a): (Spread, Spread)| Versus {
