@@ -54,7 +54,15 @@ pub(super) fn spec(model: ModelKind, quick: bool) -> JobSpec {
     }
 }
 
-fn trainer(parts: Parts, alpha: f64, layers: usize) -> TrainerConfig {
+/// AutoPipe's unit costs in the generated task's headline: parameter
+/// counts, so every configuration gets the same shapes whatever the noise.
+pub(super) fn parameter_costs() -> CostModel {
+    CostModel::Parameters {
+        frozen_factor: 1.0 / 3.0,
+    }
+}
+
+fn trainer(parts: Parts, alpha: f64, layers: usize, costs: CostModel) -> TrainerConfig {
     TrainerConfig::new()
         .with_parts(parts)
         .with_freeze(FreezeRule::AlphaSchedule { alpha })
@@ -63,24 +71,22 @@ fn trainer(parts: Parts, alpha: f64, layers: usize) -> TrainerConfig {
             per_layer: 2,
             layers,
         })
-        .with_costs(CostModel::Parameters {
-            frozen_factor: 1.0 / 3.0,
-        })
+        .with_costs(costs)
 }
 
 /// The settings (b*) starts from before the search gives it its shape
 /// and turns freezing off (see [`crate::strongest::no_freeze_config`]).
-pub(super) fn strongest_base(layers: usize) -> TrainerConfig {
-    trainer(Parts::new(), 1.0 / 3.0, layers)
+pub(super) fn strongest_base(layers: usize, costs: CostModel) -> TrainerConfig {
+    trainer(Parts::new(), 1.0 / 3.0, layers, costs)
 }
 
 /// The (b*) row for the search's `winner`; it goes after (b).
-pub(super) fn strongest_row(layers: usize, winner: Candidate) -> Configuration {
+pub(super) fn strongest_row(layers: usize, costs: CostModel, winner: Candidate) -> Configuration {
     Configuration {
         key: STRONGEST,
         name: format!("{}, {DEVICES} dev", strongest::name(winner)),
         group: Group::Headline,
-        method: strongest::method(&strongest_base(layers), winner, DEVICES),
+        method: strongest::method(&strongest_base(layers, costs), winner, DEVICES),
     }
 }
 
@@ -88,11 +94,14 @@ pub(super) fn strongest_row(layers: usize, winner: Candidate) -> Configuration {
 pub(super) const STRONGEST: &str = "bstar";
 
 /// (a), (b), (c), then the ablations and the alpha sweep, for a model of
-/// `layers` layers.
-pub(super) fn configurations(layers: usize) -> Vec<Configuration> {
+/// `layers` layers, AutoPipe balancing on `costs`. (b) is the paper's
+/// baseline: a pipeline over every device (K = D, set explicitly, not the
+/// trainer's default start), nothing frozen; (c) starts where the trainer
+/// chooses.
+pub(super) fn configurations(layers: usize, costs: CostModel) -> Vec<Configuration> {
     let all = Parts::new();
     let trainer_method = |parts: Parts, alpha: f64| Method::Trainer {
-        config: trainer(parts, alpha, layers),
+        config: trainer(parts, alpha, layers, costs),
         devices: DEVICES,
     };
     let mut list = vec![
@@ -106,7 +115,11 @@ pub(super) fn configurations(layers: usize) -> Vec<Configuration> {
             key: "b",
             name: format!("(b) pipe+DP baseline, {DEVICES} dev"),
             group: Group::Headline,
-            method: trainer_method(all.with_freeze(false), 1.0 / 3.0),
+            method: Method::Trainer {
+                config: trainer(all.with_freeze(false), 1.0 / 3.0, layers, costs)
+                    .with_stages(Some(DEVICES)),
+                devices: DEVICES,
+            },
         },
         Configuration {
             key: "c",

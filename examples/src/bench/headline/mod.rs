@@ -32,19 +32,26 @@
 mod configs;
 mod ideal;
 mod plots;
+pub mod real;
+mod real_rows;
 mod rows;
 
 use std::path::PathBuf;
 use std::time::Instant;
 
+use burn_elastic_dp::CostModel;
 use burn_pipe::UnitProfile;
 use serde::{Deserialize, Serialize};
 
 use super::{BenchError, alloc, title, write_report};
 use crate::backend;
-use crate::job::{EpochRecord, JobSpec, ModelKind, Observer, Pretrained, RunRecord};
-use crate::strongest::{self, Strongest, fits_without_budget};
-use configs::{Configuration, DEVICES, configurations, spec, strongest_base, strongest_row};
+use crate::job::{
+    EpochRecord, JobError, JobSpec, Method, ModelKind, Observer, Pretrained, RunRecord,
+};
+use crate::strongest::{self, StepClock, Strongest, fits_without_budget};
+use configs::{
+    Configuration, DEVICES, configurations, parameter_costs, spec, strongest_base, strongest_row,
+};
 use ideal::profile;
 use plots::{draw, plot_dir};
 use rows::{Phases, Row, Targets, breakdown, print_breakdown, print_epochs, print_rows, row_c};
@@ -71,6 +78,10 @@ struct Report {
     breakdown: Vec<Phases>,
     targets: Targets,
     plots: Vec<PathBuf>,
+    /// The real task's section (`bench headline --real`), kept from the
+    /// file this run replaces.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    real: Option<serde_json::Value>,
 }
 
 /// Prints one line per epoch to stderr.
@@ -103,7 +114,8 @@ fn run_err<E: std::fmt::Display>(error: E) -> BenchError {
 pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
     let spec = spec(model, quick);
     spec.check().map_err(run_err)?;
-    let mut configurations = configurations(spec.layers);
+    let costs = parameter_costs();
+    let mut configurations = configurations(spec.layers, costs);
     print_start(&spec, quick);
     let (pretrained, pretrain_seconds) = pretrain(&spec);
     let profile = profile(&spec, &pretrained);
@@ -112,9 +124,12 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
         "unit profile (forward ms, backward ms per batch of {}): {unit_profile_ms:.2?}",
         spec.batch
     );
-    let strongest = find_strongest(&spec, &pretrained)?;
+    let strongest = find_strongest(&spec, spec.layers, costs, |short, method, clock| {
+        let (record, _) = short.finetune(&pretrained, "(b*) candidate", method, clock)?;
+        Ok(record)
+    })?;
     // After (a) and (b).
-    configurations.insert(2, strongest_row(spec.layers, strongest.winner));
+    configurations.insert(2, strongest_row(spec.layers, costs, strongest.winner));
     let runs = finetune_all(&spec, &pretrained, &configurations)?;
     let rows = rows::rows(&configurations, runs, &profile);
     print_rows(&rows, &spec);
@@ -144,6 +159,7 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
         breakdown,
         targets,
         plots,
+        real: real::saved_section(),
     };
     let path = write_report("headline", &report)?;
     println!(
@@ -177,21 +193,18 @@ fn pretrain(spec: &JobSpec) -> (Pretrained, f64) {
     (pretrained, pretrain_seconds)
 }
 
-/// (b*): each candidate fine-tuned for a few steps from `pretrained` on
-/// [`DEVICES`] devices, the fastest per step; printed.
-fn find_strongest(spec: &JobSpec, pretrained: &Pretrained) -> Result<Strongest, BenchError> {
-    let base = strongest_base(spec.layers);
-    let found = strongest::find(
-        spec,
-        &base,
-        DEVICES,
-        fits_without_budget,
-        |short, method, clock| {
-            let (record, _) = short.finetune(pretrained, "(b*) candidate", method, clock)?;
-            Ok(record)
-        },
-    )
-    .map_err(run_err)?;
+/// (b*): each candidate fine-tuned for a few steps by `finetune` on
+/// [`DEVICES`] devices (a model of `layers` layers, AutoPipe on `costs`),
+/// the fastest per step; printed.
+fn find_strongest(
+    spec: &JobSpec,
+    layers: usize,
+    costs: CostModel,
+    finetune: impl FnMut(&JobSpec, &Method, &mut StepClock) -> Result<RunRecord, JobError>,
+) -> Result<Strongest, BenchError> {
+    let base = strongest_base(layers, costs);
+    let found =
+        strongest::find(spec, &base, DEVICES, fits_without_budget, finetune).map_err(run_err)?;
     println!("{}", found.summary());
     Ok(found)
 }
@@ -238,15 +251,17 @@ fn finetune_all(
 /// Redraws the plots from `target/bench/headline.json` (a finished run),
 /// training nothing.
 pub fn replot() -> Result<(), BenchError> {
-    #[derive(Deserialize)]
-    struct Saved {
-        rows: Vec<Row>,
-    }
     let path = plot_dir().with_extension("json");
     let text = std::fs::read_to_string(&path)
         .map_err(|e| BenchError::Run(format!("cannot read {}: {e}", path.display())))?;
     let saved: Saved = serde_json::from_str(&text)
         .map_err(|e| BenchError::Run(format!("cannot parse {}: {e}", path.display())))?;
+    if saved.rows.is_empty() {
+        return Err(BenchError::Run(format!(
+            "{} holds no rows of the generated task's headline (only `--real`'s): run `bench headline` first",
+            path.display()
+        )));
+    }
     let plots = draw(&saved.rows)?;
     println!(
         "redrew {} plots in {} from {}",
@@ -255,4 +270,33 @@ pub fn replot() -> Result<(), BenchError> {
         path.display()
     );
     Ok(())
+}
+
+/// What `--replot` reads of `target/bench/headline.json`: the generated
+/// task's rows (none in a file only `--real` wrote) and the real section
+/// (absent from files written before it existed).
+#[derive(Deserialize)]
+struct Saved {
+    #[serde(default)]
+    rows: Vec<Row>,
+    #[serde(default)]
+    #[allow(dead_code)] // read to check that a saved section still parses
+    real: Option<real::RealReport>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_written_before_the_real_section_still_loads() {
+        let saved: Saved = serde_json::from_str(r#"{"bench":"headline","rows":[]}"#).unwrap();
+        assert!(saved.real.is_none() && saved.rows.is_empty());
+    }
+
+    #[test]
+    fn a_report_of_the_real_task_only_loads_without_rows() {
+        let saved: Saved = serde_json::from_str(r#"{"bench":"headline"}"#).unwrap();
+        assert!(saved.rows.is_empty());
+    }
 }
