@@ -23,7 +23,6 @@ use burn_freeze::{Cacheable, InnerBackendOf, InnerHidden, InnerInput, LayerStack
 use serde::{Deserialize, Serialize};
 
 pub use model::Pretrained;
-
 pub(crate) use model::{JobModel, with_model};
 pub use record::{EpochRecord, Observer, RunRecord, Silent};
 pub use sst::{SstJob, SstPairs, sst_accuracy};
