@@ -34,6 +34,21 @@ const CASES: &[(&str, &[&str], i32, &str)] = &[
         "sample count",
     ),
     ("train", &["--batch-size", "8"], 2, "micro-batches"),
+    ("train", &["--pretrain-batch-size", "0"], 2, "1..=4096"),
+    ("train", &["--pretrain-lr", "0"], 2, "(0, 1]"),
+    (
+        "train",
+        &[
+            "--samples",
+            "8",
+            "--batch-size",
+            "8",
+            "--pretrain-batch-size",
+            "32",
+        ],
+        2,
+        "pretraining: the batch must be 1 to the sample count (8)",
+    ),
     (
         "train",
         &["--plain", "--no-strongest"],

@@ -27,7 +27,8 @@ use burn_elastic_dp::{Parts, TrainerConfig};
 use clap::Parser;
 use examples::backend;
 use examples::job::{
-    JobError, JobSpec, Method, Observer, Pretrained, RunRecord, SstJob, sst_accuracy,
+    JobError, JobSpec, Method, Observer, PretrainSettings, Pretrained, RunRecord, SstJob,
+    sst_accuracy,
 };
 use examples::plots::{self, EpochMetric};
 use examples::strongest::{self, Strongest, fits_without_budget};
@@ -114,13 +115,15 @@ struct Prepared {
     sst: Option<SstJob>,
     /// Pretraining's epochs (none on the real path).
     pretraining: RunRecord,
+    /// Pretraining's learning rate and batch (none on the real path).
+    settings: Option<PretrainSettings>,
 }
 
 /// Loads the pretrained weights and SST-2 (the real path, `spec.samples`
 /// set to the training sentences) or pretrains on the generated task.
 fn prepare(args: &Args, spec: &mut JobSpec) -> Result<Prepared, Failure> {
     let Some((weights, data)) = args.real() else {
-        return Ok(pretrain(spec));
+        return Ok(pretrain(spec, args.pretraining()));
     };
     let (model, job) = spec
         .load_sst(weights, data, args.max_length as usize)
@@ -140,11 +143,12 @@ fn prepare(args: &Args, spec: &mut JobSpec) -> Result<Prepared, Failure> {
         model,
         sst: Some(job),
         pretraining: Pretraining::new().finish(),
+        settings: None,
     })
 }
 
-/// Pretrains on the generated task, a line per epoch.
-fn pretrain(spec: &JobSpec) -> Prepared {
+/// Pretrains on the generated task with `settings`, a line per epoch.
+fn pretrain(spec: &JobSpec, settings: PretrainSettings) -> Prepared {
     println!(
         "{:?} with {} blocks of width {} on {}; seed {}",
         spec.model,
@@ -154,15 +158,16 @@ fn pretrain(spec: &JobSpec) -> Prepared {
         spec.seed
     );
     println!(
-        "pretraining on the generated task ({} epochs of {} samples)",
-        spec.pretrain_epochs, spec.samples
+        "pretraining on the generated task ({} epochs of {} samples, batch {}, lr {:e}); fine-tuning at batch {}, lr {:e}",
+        spec.pretrain_epochs, spec.samples, settings.batch, settings.lr, spec.batch, spec.lr
     );
     let mut pretraining = Pretraining::new();
-    let model = spec.pretrain(&mut pretraining);
+    let model = spec.pretrain_with(settings, &mut pretraining);
     Prepared {
         model,
         sst: None,
         pretraining: pretraining.finish(),
+        settings: Some(settings),
     }
 }
 
@@ -303,6 +308,8 @@ struct Metrics<'a> {
     units: usize,
     parameters: usize,
     pretraining: &'a RunRecord,
+    /// Pretraining's learning rate and batch (the spec's are fine-tuning's).
+    pretrain_settings: Option<PretrainSettings>,
     /// (b*)'s search: each candidate's seconds per step and the winner.
     strongest: Option<&'a Strongest>,
     runs: &'a [RunRecord],
@@ -329,6 +336,7 @@ fn save_results(
         units: prepared.model.num_units(),
         parameters: prepared.model.num_params(),
         pretraining: &prepared.pretraining,
+        pretrain_settings: prepared.settings,
         strongest,
         runs,
     };

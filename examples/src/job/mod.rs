@@ -64,6 +64,17 @@ pub struct JobSpec {
     pub seed: u64,
 }
 
+/// How pretraining runs where it differs from fine-tuning: a fine-tuning
+/// run usually takes a smaller learning rate or a larger batch (fewer steps
+/// per epoch) than pretraining did.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PretrainSettings {
+    /// Adam's learning rate while pretraining.
+    pub lr: f64,
+    /// Samples per pretraining step.
+    pub batch: usize,
+}
+
 /// How to fine-tune.
 #[derive(Debug, Clone)]
 pub enum Method {
@@ -140,10 +151,39 @@ impl JobSpec {
     }
 
     /// Pretrains the model (plain training, `pretrain_epochs` epochs of
-    /// `samples` samples) and gives it a fresh classifier for fine-tuning;
-    /// the weights depend only on the spec.
+    /// `samples` samples at the spec's `lr` and `batch`) and gives it a
+    /// fresh classifier for fine-tuning; the weights depend only on the
+    /// spec.
     pub fn pretrain(&self, observer: &mut impl Observer) -> Pretrained {
-        with_model!(kind: self.model, M => self.pretrain_model::<M>(observer))
+        self.pretrain_with(
+            PretrainSettings {
+                lr: self.lr,
+                batch: self.batch,
+            },
+            observer,
+        )
+    }
+
+    /// [`pretrain`](Self::pretrain) at `pretraining`'s learning rate and
+    /// batch instead of the spec's, which are then fine-tuning's alone.
+    pub fn pretrain_with(
+        &self,
+        pretraining: PretrainSettings,
+        observer: &mut impl Observer,
+    ) -> Pretrained {
+        let spec = self.for_pretraining(pretraining);
+        with_model!(kind: self.model, M => spec.pretrain_model::<M>(observer))
+    }
+
+    /// The spec pretraining runs with: this one at `pretraining`'s
+    /// learning rate and batch ([`check`](Self::check) it before
+    /// [`pretrain_with`](Self::pretrain_with)).
+    pub fn for_pretraining(&self, pretraining: PretrainSettings) -> JobSpec {
+        JobSpec {
+            lr: pretraining.lr,
+            batch: pretraining.batch,
+            ..self.clone()
+        }
     }
 
     fn pretrain_model<M: JobModel>(&self, observer: &mut impl Observer) -> Pretrained {
