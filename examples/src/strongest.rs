@@ -16,7 +16,7 @@
 
 use std::time::Instant;
 
-use burn_elastic_dp::{Parts, TrainerConfig};
+use burn_elastic_dp::{Parts, TrainerConfig, TrainerError};
 use serde::{Deserialize, Serialize};
 
 use crate::job::{EpochRecord, JobError, JobSpec, Method, Observer, RunRecord};
@@ -49,9 +49,10 @@ impl std::fmt::Display for Candidate {
     }
 }
 
-/// The memory hook of the search: accepts every `K`. There is no
-/// per-device memory budget yet (another part of issue 20 adds it); until
-/// then every pipeline length is taken to fit.
+/// The search's own hook: accepts every `K`. The per-device memory budget
+/// is the trainer's ([`TrainerConfig::memory`]): a candidate with a stage
+/// over it is refused by the trainer (at init on its parameters, on the
+/// first batch on its measured activations) and [`find`] skips it.
 pub fn fits_without_budget(_stages: usize) -> bool {
     true
 }
@@ -217,14 +218,34 @@ pub fn find(
         };
         fits(k) && no_freeze_config(base, candidate).check(devices).is_ok()
     };
-    let candidates = candidates(devices, accepted, micro_batches);
-    pick_fastest(candidates, |candidate| {
+    let mut timed = Vec::new();
+    for candidate in candidates(devices, accepted, micro_batches) {
         let mut clock = StepClock::default();
-        let record = run(&short, &method(base, candidate, devices), &mut clock)?;
-        Ok(clock.seconds_per_step(WARM_UP_STEPS).unwrap_or_else(|| {
-            let steps: usize = record.epochs.iter().map(|e| e.report.steps).sum();
-            record.seconds / steps.max(1) as f64
-        }))
+        match run(&short, &method(base, candidate, devices), &mut clock) {
+            Ok(record) => {
+                let seconds = clock.seconds_per_step(WARM_UP_STEPS).unwrap_or_else(|| {
+                    let steps: usize = record.epochs.iter().map(|e| e.report.steps).sum();
+                    record.seconds / steps.max(1) as f64
+                });
+                timed.push((candidate, seconds));
+            }
+            // A candidate whose stages do not fit the memory budget.
+            Err(JobError::Trainer(
+                error @ (TrainerError::StageDoesNotFit { .. } | TrainerError::DoesNotFit { .. }),
+            )) => {
+                tracing::info!(%candidate, %error, "(b*) candidate does not fit the memory budget");
+                eprintln!("(b*) candidate {candidate} skipped: {error}");
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    let seconds = timed.clone();
+    pick_fastest(timed.into_iter().map(|(c, _)| c).collect(), |candidate| {
+        Ok(seconds
+            .iter()
+            .find(|(c, _)| *c == candidate)
+            .map(|(_, s)| *s)
+            .expect("timed above"))
     })
 }
 

@@ -20,6 +20,15 @@ const CASES: &[(&str, &[&str], i32, &str)] = &[
         "at most one stage per device",
     ),
     ("train", &["--micro-batches", "0"], 2, "1..=4096"),
+    ("train", &["--device-memory", "0"], 2, "0"),
+    // Less than one unit's parameters, gradients and Adam's state: refused
+    // before pretraining, naming the unit.
+    (
+        "train",
+        &["--device-memory", "1000"],
+        2,
+        "unit 0 alone needs",
+    ),
     ("train", &["--freeze-alpha", "2"], 2, "(0, 1)"),
     ("train", &["--freeze-alpha=-1"], 2, "(0, 1)"),
     ("train", &["--freeze-alpha", "nan"], 2, "(0, 1)"),

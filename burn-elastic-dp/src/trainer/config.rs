@@ -318,7 +318,7 @@ impl TrainerConfig {
         let moves = self.parts.freeze && self.parts.pipe;
         let mut reachable: Vec<usize> =
             std::iter::successors(Some(start), |&k| (k > 1 && moves).then_some(k / 2)).collect();
-        if self.stages.is_none() || self.memory.device_bytes.is_some() {
+        if self.stages.is_none() || (moves && self.memory.device_bytes.is_some()) {
             reachable.extend(crate::shape::stage_counts(devices, start));
         }
         reachable.sort_unstable();

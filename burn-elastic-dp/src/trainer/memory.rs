@@ -62,6 +62,34 @@ impl TrainerConfig {
         )
     }
 
+    /// Checks, before any work, that a stack whose units hold `unit_params`
+    /// parameters of `element_bytes` bytes each has a start that fits the
+    /// budget on `devices` devices (on parameters, gradients and optimizer
+    /// state: activations are measured on the first batch, which checks
+    /// again); returns that start, balanced on parameter counts.
+    ///
+    /// ```
+    /// use burn_elastic_dp::{MemoryConfig, TrainerConfig, TrainerError};
+    ///
+    /// let config = TrainerConfig::new().with_memory(MemoryConfig::new().with_device_bytes(Some(1000)));
+    /// // Each unit: 100 parameters of 4 bytes, with gradients and Adam 1600 bytes.
+    /// let error = config.check_memory(&[100; 8], 4, 4).unwrap_err();
+    /// assert!(matches!(error, TrainerError::DoesNotFit { unit: 0, alone: true, .. }));
+    /// let start = TrainerConfig::new().check_memory(&[100; 8], 4, 4).unwrap();
+    /// assert_eq!((start.stages(), start.replicas), (1, 4));
+    /// ```
+    pub fn check_memory(
+        &self,
+        unit_params: &[usize],
+        element_bytes: usize,
+        devices: usize,
+    ) -> Result<Shape, TrainerError> {
+        self.check(devices)?;
+        let memory = UnitMemory::from_param_counts(unit_params, element_bytes);
+        let costs = UnitCosts::from_params(unit_params, 1.0 / 3.0);
+        Ok(self.start_shape(&costs, &memory, devices)?.0)
+    }
+
     /// The starting shape on `costs` over `devices` devices and its largest
     /// stage's cost: the configured `stages` (which must fit a budget when
     /// one is given), else the fewest stages that fit.

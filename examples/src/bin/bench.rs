@@ -12,9 +12,10 @@
 
 use clap::{Parser, Subcommand};
 
-/// Counts heap bytes, for the peak-memory columns.
+/// Counts heap bytes, for the peak-memory columns and memory-aware
+/// AutoPipe's measured activations.
 #[global_allocator]
-static ALLOC: examples::bench::alloc::CountingAlloc = examples::bench::alloc::CountingAlloc;
+static ALLOC: burn_pipe::HeapCounter = burn_pipe::HeapCounter;
 
 #[derive(Debug, Parser)]
 #[command(about = "PipeTransformer benchmarks (ratios against a baseline from the same run)")]

@@ -23,7 +23,7 @@ mod mpi_job;
 use std::path::Path;
 
 use burn::data::dataset::Dataset;
-use burn_elastic_dp::{Parts, TrainerConfig};
+use burn_elastic_dp::{Parts, TrainerConfig, TrainerError};
 use clap::Parser;
 use examples::backend;
 use examples::job::{
@@ -67,11 +67,19 @@ impl Failure {
     /// A fine-tuning run's error: a size it refused is a flag's (exit 2).
     fn of_job(error: JobError) -> Self {
         match error {
-            JobError::Spec(_) => Self::usage(error),
+            JobError::Spec(_)
+            | JobError::Trainer(
+                TrainerError::DoesNotFit { .. } | TrainerError::StageDoesNotFit { .. },
+            ) => Self::usage(error),
             _ => Self::io(error),
         }
     }
 }
+
+/// The heap counted, so that memory-aware AutoPipe measures each unit's
+/// activations on the first batch (see `burn_pipe::HeapCounter`).
+#[global_allocator]
+static HEAP: burn_pipe::HeapCounter = burn_pipe::HeapCounter;
 
 fn main() {
     // Under mpirun (feature `mpi`): MPI first, then everything else.

@@ -175,6 +175,13 @@ impl JobSpec {
         with_model!(kind: self.model, M => spec.pretrain_model::<M>(observer))
     }
 
+    /// A fresh model of the fine-tuning's shape (its sizes, for checks
+    /// before any work; its weights are random).
+    pub fn fresh_model(&self) -> Pretrained {
+        let device = backend::device(0);
+        with_model!(kind: self.model, M => M::wrap(M::init(self, FINETUNE_CLASSES, &device)))
+    }
+
     /// The spec pretraining runs with: this one at `pretraining`'s
     /// learning rate and batch ([`check`](Self::check) it before
     /// [`pretrain_with`](Self::pretrain_with)).

@@ -124,6 +124,11 @@ impl Pretrained {
         with_model!(self, _M, stack => stack.num_units())
     }
 
+    /// Parameters of each unit.
+    pub fn unit_params(&self) -> Vec<usize> {
+        with_model!(self, _M, stack => stack.unit_params())
+    }
+
     /// Parameters of the model.
     pub fn num_params(&self) -> usize {
         with_model!(self, _M, stack => stack.unit_params().iter().sum())

@@ -28,9 +28,15 @@
 //! all-reduce and pipeline bubble, the modelled frozen forward and active
 //! forward/backward, and the rest (cache reads, batching, optimizer steps,
 //! threads and channels). PNG plots go to `target/bench/headline/`.
+//!
+//! Then memory-aware AutoPipe's estimate of a stage next to the measured
+//! peak heap of a one-stage run, and the memory-bound setting: a budget
+//! under which the model does not fit one device, with (b*) and (c) under
+//! it (`memory.rs`).
 
 mod configs;
 mod ideal;
+mod memory;
 mod plots;
 pub mod real;
 mod real_rows;
@@ -78,6 +84,9 @@ struct Report {
     breakdown: Vec<Phases>,
     targets: Targets,
     plots: Vec<PathBuf>,
+    /// Memory-aware AutoPipe: the estimate against the measured peak, and
+    /// the memory-bound setting's (b*) and (c).
+    memory: memory::MemoryReport,
     /// The real task's section (`bench headline --real`), kept from the
     /// file this run replaces.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -139,6 +148,16 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
     print_breakdown(&breakdown);
     let targets = Targets::of(c);
     targets.print(c);
+    let c_config = configurations
+        .iter()
+        .find_map(
+            |configuration| match (&configuration.method, configuration.key) {
+                (Method::Trainer { config, .. }, "c") => Some(config.clone()),
+                _ => None,
+            },
+        )
+        .ok_or_else(|| BenchError::Run("no (c) configuration".into()))?;
+    let memory = memory::run(&spec, &pretrained, &c_config)?;
     let plots = draw(&rows)?;
     let report = Report {
         bench: "headline",
@@ -159,6 +178,7 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
         breakdown,
         targets,
         plots,
+        memory,
         real: real::saved_section(),
     };
     let path = write_report("headline", &report)?;

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use burn_elastic_dp::{
-    BatchPolicy, CheckpointConfig, CostModel, FreezeRule, LayerSpec, Parts, ReplicaConfig,
-    TrainerConfig,
+    BatchPolicy, CheckpointConfig, CostModel, FreezeRule, LayerSpec, MemoryConfig, Parts,
+    ReplicaConfig, TrainerConfig,
 };
 use burn_pipe::PipelineConfig;
 use clap::{Parser, ValueEnum};
@@ -119,9 +119,17 @@ pub(crate) struct Args {
     /// Devices, 1 to 64 (on a CPU, logical devices sharing the cores).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub(crate) devices: u32,
-    /// Pipeline stages at the start, 1 to --devices (default: every device).
+    /// Pipeline stages at the start, 1 to --devices (default: the fewest
+    /// whose every stage fits --device-memory; without it, 1 stage on every
+    /// device).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub(crate) stages: Option<u32>,
+    /// Bytes one device holds for its stage (parameters, gradients, Adam's
+    /// state and the activations in flight, measured on the first batch),
+    /// at least 1; default: unlimited. On a CPU the logical devices share
+    /// the heap: this is how a run makes the model need a pipeline.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) device_memory: Option<u64>,
     /// Micro-batches per step and replica, 1 to 4096 (default: the paper's choice for K).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub(crate) micro_batches: Option<u32>,
@@ -237,6 +245,15 @@ impl Args {
         if !self.plain {
             config
                 .check(self.devices as usize)
+                .map_err(Failure::usage)?;
+        }
+        // The budget against the fine-tuned model's parameters (the real
+        // path's MiniLM is checked when loaded: its sizes come from its
+        // files).
+        if self.device_memory.is_some() && !self.plain && self.real().is_none() {
+            let params = spec.fresh_model().unit_params();
+            config
+                .check_memory(&params, 4, self.devices as usize)
                 .map_err(Failure::usage)?;
         }
         check_writable(&self.output_dir)?;
@@ -411,6 +428,7 @@ impl Args {
                 layers,
             })
             .with_stages(self.stages.map(|s| s as usize))
+            .with_memory(MemoryConfig::new().with_device_bytes(self.device_memory))
             .with_costs(
                 match self.costs.unwrap_or(if self.weights.is_some() {
                     Costs::Profiled
