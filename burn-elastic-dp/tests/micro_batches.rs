@@ -47,7 +47,10 @@ fn dataset(len: usize) -> InMemDataset<Item> {
 /// Half the units frozen after epoch 0 (K = 4, R = 1 -> K = 2, R = 2 on
 /// parameter costs), a global batch of 32.
 fn config() -> TrainerConfig {
+    // The paper's start (4 stages), so that M has a pipeline to fill; a run
+    // that starts at one stage keeps M = 1 and measures nothing.
     TrainerConfig::new()
+        .with_stages(Some(4))
         .with_freeze(FreezeRule::Fronts {
             layers: vec![0, UNITS / 2],
         })
@@ -231,6 +234,21 @@ fn profiled_costs_measure_micro_batch_times_on_the_first_batch() {
     );
     assert!(report.micro_batches >= 1 && report.micro_batches <= BATCH);
     assert_eq!(trainer.group().micro_batches(), after.micro_batches);
+}
+
+#[test]
+fn a_run_that_starts_at_one_stage_measures_nothing() {
+    // Memory-aware AutoPipe without a budget: K = 1, R = 4 from the start;
+    // one stage has no bubble and no rule lengthens the pipeline.
+    let mut trainer = trainer(
+        config()
+            .with_stages(None)
+            .with_costs(CostModel::Profiled { repeats: 1 }),
+    );
+    let report = trainer.fit_epoch(&dataset(2 * BATCH), &Rows).unwrap();
+    assert_eq!((report.stages, report.replicas), (1, 4));
+    assert!(trainer.micro_batch_choice().is_none());
+    assert_eq!(report.micro_batches, 1);
 }
 
 #[test]

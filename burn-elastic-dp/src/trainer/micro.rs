@@ -3,8 +3,9 @@
 //! micro-batch sizes on the first batch, and M is chosen for every shape
 //! the run takes (at its first step and after each transition) by
 //! burn-pipe's step model ([`choose_micro_batches`]), then set on the
-//! group. Otherwise (a fixed `micro_batches`, or parameter-count costs
-//! without a table given) the paper's rule holds
+//! group. A run that starts at one stage measures nothing (K never grows;
+//! one stage has no bubble: M = 1). Otherwise (a fixed `micro_batches`, or
+//! parameter-count costs without a table given) the paper's rule holds
 //! ([`PipelineConfig::micro_batches`](burn_pipe::PipelineConfig::micro_batches)).
 
 use burn_freeze::{Activation, Differentiable, StackTypes};
@@ -94,7 +95,12 @@ where
         }
         self.micro.pending = false;
         let unconfigured = self.config.replicas.pipeline.micro_batches.is_none();
+        // One stage has no bubble to fill, and no rule lengthens a pipeline:
+        // a run that starts at K = 1 keeps the paper's M = 1 and pays no
+        // profile (on MiniLM, as long as a fifth of a short run).
+        let pipelined = self.shape().stages() > 1;
         if let CostModel::Profiled { repeats } = self.config.costs
+            && pipelined
             && unconfigured
             && self.micro.times.is_none()
         {

@@ -96,8 +96,9 @@ pub(super) const STRONGEST: &str = "bstar";
 /// (a), (b), (c), then the ablations and the alpha sweep, for a model of
 /// `layers` layers, AutoPipe balancing on `costs`. (b) is the paper's
 /// baseline: a pipeline over every device (K = D, set explicitly, not the
-/// trainer's default start), nothing frozen; (c) starts where the trainer
-/// chooses.
+/// trainer's default start), nothing frozen; (c) and the alpha sweep start
+/// where memory-aware AutoPipe chooses; the ablations (freeze only, ...)
+/// at the paper's start, K = D.
 pub(super) fn configurations(layers: usize, costs: CostModel) -> Vec<Configuration> {
     let all = Parts::new();
     let trainer_method = |parts: Parts, alpha: f64| Method::Trainer {
@@ -137,12 +138,17 @@ pub(super) fn configurations(layers: usize, costs: CostModel) -> Vec<Configurati
         ("freeze+pipe+cache", "freeze+pipe+cache", all.with_dp(false)),
         ("freeze+pipe+dp", "freeze+pipe+dp", all.with_cache(false)),
     ];
+    // The paper's ablations at the paper's start (one pipeline over every
+    // device): from one stage, AutoPipe has nothing to compress.
     for (key, name, parts) in ablations {
         list.push(Configuration {
             key,
             name: name.into(),
             group: Group::Ablation,
-            method: trainer_method(parts, 1.0 / 3.0),
+            method: Method::Trainer {
+                config: trainer(parts, 1.0 / 3.0, layers, costs).with_stages(Some(DEVICES)),
+                devices: DEVICES,
+            },
         });
     }
     for (key, name, alpha) in [
