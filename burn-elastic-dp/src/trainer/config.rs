@@ -324,11 +324,12 @@ impl TrainerConfig {
         reachable.sort_unstable();
         reachable.dedup();
         for stages in reachable {
-            // A memory-aware start at `stages` runs devices / stages replicas.
-            for replicas in [
-                self.replicas_for(stages, start, devices),
-                (devices / stages).max(1),
-            ] {
+            // A memory-aware start (`stages` unset) at `stages` runs
+            // devices / stages replicas, whether AutoDP runs or not.
+            let memory_start = self.stages.is_none().then(|| (devices / stages).max(1));
+            for replicas in
+                std::iter::once(self.replicas_for(stages, start, devices)).chain(memory_start)
+            {
                 let micro = self.replicas.pipeline.micro_batches_for(stages);
                 let needed = replicas * micro;
                 if self.batch.global_batch(replicas) < needed {
