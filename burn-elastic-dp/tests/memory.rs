@@ -4,7 +4,6 @@
 //! first batch the activations measured on the counted heap decide the
 //! start again.
 
-use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
 use burn::optim::AdamConfig;
 use burn::prelude::*;
@@ -16,7 +15,7 @@ use burn_pipe::{HeapCounter, PipelineConfig};
 
 mod common;
 
-use common::{B, Types, block, loss, numbers};
+use common::{B, Rows, Types, block_stack, loss, numbers};
 
 /// This binary counts its heap, so that the trainer measures activations.
 #[global_allocator]
@@ -36,13 +35,7 @@ const DEVICES: usize = 4;
 const BATCH: usize = 32;
 
 fn stack() -> LayerStack<Types> {
-    let stack = LayerStack::new(
-        block(1, WIDTH),
-        (0..UNITS as u64 - 2).map(|u| block(2 + u, WIDTH)).collect(),
-        block(UNITS as u64, WIDTH),
-    );
-    stack.materialize();
-    stack
+    block_stack(UNITS, WIDTH)
 }
 
 /// Bytes of one unit's parameters, gradients and Adam's two moments.
@@ -62,21 +55,6 @@ fn dataset(len: usize) -> InMemDataset<Item> {
             })
             .collect(),
     )
-}
-
-#[derive(Clone)]
-struct Points;
-
-impl Batcher<B, Item, (Tensor<B, 2>, Tensor<B, 1, Int>)> for Points {
-    fn batch(&self, items: Vec<Item>, device: &Device<B>) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
-        let n = items.len();
-        let x: Vec<f32> = items.iter().flat_map(|(x, _)| *x).collect();
-        let y: Vec<i64> = items.iter().map(|(_, y)| *y).collect();
-        (
-            Tensor::<B, 1>::from_data(TensorData::new(x, [n * WIDTH]), device).reshape([n, WIDTH]),
-            Tensor::from_data(TensorData::new(y, [n]), device),
-        )
-    }
 }
 
 fn config(budget: Option<u64>) -> TrainerConfig {
@@ -200,7 +178,7 @@ fn measured_activations_decide_the_start_again_on_the_first_batch() {
     // Unlimited: the activations are measured, the start stays at K = 1.
     let mut trainer = init(config(None)).unwrap();
     assert!(!trainer.unit_memory().knows_activations());
-    trainer.fit_epoch(&data, &Points).unwrap();
+    trainer.fit_epoch(&data, &Rows).unwrap();
     let memory = trainer.unit_memory().clone();
     drop(trainer);
     assert!(memory.knows_activations(), "{memory:?}");
@@ -214,7 +192,7 @@ fn measured_activations_decide_the_start_again_on_the_first_batch() {
     let budget = state + activations * 2;
     let mut trainer = init(config(Some(budget))).unwrap();
     assert_eq!(trainer.shape().stages(), 1);
-    let report = trainer.fit_epoch(&data, &Points).unwrap();
+    let report = trainer.fit_epoch(&data, &Rows).unwrap();
     assert!(report.stages > 1, "started at K = {}", report.stages);
     for stage in trainer.stage_memory() {
         assert!(stage.total() <= budget, "{stage:?} over {budget}");

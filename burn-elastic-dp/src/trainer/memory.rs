@@ -9,7 +9,6 @@ use burn_pipe::{HeapCounter, UnitMemory, measure_unit_memory};
 
 use super::config::TrainerConfig;
 use super::error::TrainerError;
-use super::transition::device_lists;
 use super::{StackOptimizer, Trainer};
 use crate::shape::{MemoryFit, Shape, UnitCosts, starting_shape};
 
@@ -196,13 +195,7 @@ where
         let (shape, largest) =
             self.config
                 .start_shape(&self.costs, &self.memory, self.devices.len())?;
-        if shape.stages() == current.stages() && shape.replicas == current.replicas {
-            if shape != current {
-                self.group
-                    .repartition(&shape.balance, device_lists(&self.devices, &shape))?;
-            }
-        } else {
-            self.reshape_through_one(&shape, |_| Ok(()))?;
+        if self.move_to(&current, &shape)? {
             self.base_replicas = shape.replicas;
         }
         self.initial_largest = largest;

@@ -133,6 +133,24 @@ where
         Ok(())
     }
 
+    /// Moves the group from `current` to `target`: repartitioned in place
+    /// when K and R stay, else through one replica; whether R changed.
+    pub(super) fn move_to(
+        &mut self,
+        current: &Shape,
+        target: &Shape,
+    ) -> Result<bool, TrainerError> {
+        if target.stages() == current.stages() && target.replicas == current.replicas {
+            if target != current {
+                self.group
+                    .repartition(&target.balance, device_lists(&self.devices, target))?;
+            }
+            return Ok(false);
+        }
+        self.reshape_through_one(target, |_| Ok(()))?;
+        Ok(target.replicas != current.replicas)
+    }
+
     /// AutoPipe and AutoDP after the front moved from `front_before`: the
     /// new shape, applied, logged and returned as a [`Transition`].
     pub(super) fn transition(&mut self, front_before: usize) -> Result<Transition, TrainerError> {
@@ -150,14 +168,7 @@ where
                 memory: self.memory_fit(),
             },
         );
-        if after.stages() == before.stages() && after.replicas == before.replicas {
-            if after != before {
-                self.group
-                    .repartition(&after.balance, device_lists(&self.devices, &before))?;
-            }
-        } else {
-            self.reshape_through_one(&after, |_| Ok(()))?;
-        }
+        self.move_to(&before, &after)?;
         let micro_batch_choice = self.choose_micro_batches();
         let record = Transition {
             epoch: self.epoch,
