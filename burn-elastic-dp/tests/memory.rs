@@ -175,10 +175,17 @@ fn a_budget_no_partition_meets_is_refused_at_init_naming_the_unit() {
 fn measured_activations_decide_the_start_again_on_the_first_batch() {
     let _serial = serial();
     let data = dataset(64);
-    // Unlimited: the activations are measured, the start stays at K = 1.
+    // No budget: nothing to decide, nothing measured.
     let mut trainer = init(config(None)).unwrap();
+    trainer.fit_epoch(&data, &Rows).unwrap();
+    assert!(!trainer.unit_memory().knows_activations());
+    drop(trainer);
+    // A budget that holds everything: the activations are measured, the
+    // start stays at K = 1.
+    let mut trainer = init(config(Some(u64::MAX / 4))).unwrap();
     assert!(!trainer.unit_memory().knows_activations());
     trainer.fit_epoch(&data, &Rows).unwrap();
+    assert_eq!(trainer.shape().stages(), 1);
     let memory = trainer.unit_memory().clone();
     drop(trainer);
     assert!(memory.knows_activations(), "{memory:?}");

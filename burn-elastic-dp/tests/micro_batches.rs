@@ -245,10 +245,22 @@ fn a_run_that_starts_at_one_stage_measures_nothing() {
             .with_stages(None)
             .with_costs(CostModel::Profiled { repeats: 1 }),
     );
+    let parameter_costs = trainer.unit_costs().clone();
     let report = trainer.fit_epoch(&dataset(2 * BATCH), &Rows).unwrap();
     assert_eq!((report.stages, report.replicas), (1, 4));
     assert!(trainer.micro_batch_choice().is_none());
     assert_eq!(report.micro_batches, 1);
+    // Nor unit costs: one stage has no balance to set.
+    assert_eq!(trainer.unit_costs(), &parameter_costs);
+    drop(trainer);
+    // At the paper's start the same configuration profiles them.
+    let mut trainer = self::trainer(
+        config()
+            .with_stages(Some(4))
+            .with_costs(CostModel::Profiled { repeats: 1 }),
+    );
+    trainer.fit_epoch(&dataset(2 * BATCH), &Rows).unwrap();
+    assert_ne!(trainer.unit_costs(), &parameter_costs);
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Memory-aware AutoPipe in the trainer: the per-device budget
 //! ([`MemoryConfig`]), the units' memory (parameters at init, activations
-//! measured on the first batch where the heap is counted), the starting
+//! measured on the first batch where a budget is given and the heap is
+//! counted), the starting
 //! shape that fits, and the fit every later shape keeps.
 
 use burn::config::Config;
@@ -20,8 +21,8 @@ use crate::shape::{MemoryFit, Shape, UnitCosts, starting_shape};
 /// the run starts as pure data parallelism (K = 1, R = devices). Each
 /// stage's estimate counts its units' parameters, gradients and optimizer
 /// state and the activations of the micro-batches the schedule keeps in
-/// flight; a frozen unit counts its parameters only. Activations are
-/// measured on the first batch when the process counts its heap
+/// flight; a frozen unit counts its parameters only. With a budget,
+/// activations are measured on the first batch when the process counts its heap
 /// ([`burn_pipe::HeapCounter`] installed as the global allocator: CPU
 /// backends); elsewhere they count as 0, and the budget should leave room
 /// for them. Burn 0.21's backends do not report a device's capacity, so
@@ -125,10 +126,14 @@ pub(super) fn starting_memory<S: StackTypes>(stack: &LayerStack<S>) -> UnitMemor
     )
 }
 
-/// Whether the first batch should measure the units' activations: the
-/// shape rule keeps a memory fit and the heap is counted.
+/// Whether the first batch should measure the units' activations: a
+/// budget is given (without one every stage fits, and the measurement,
+/// two forward passes with graphs held, would decide nothing), the shape
+/// rule keeps a memory fit, and the heap is counted.
 pub(super) fn measure_pending(config: &TrainerConfig, memory: &UnitMemory) -> bool {
-    config.memory_fit(memory).is_some() && HeapCounter::installed()
+    config.memory.device_bytes.is_some()
+        && config.memory_fit(memory).is_some()
+        && HeapCounter::installed()
 }
 
 impl<S, O, T> Trainer<S, O, T>

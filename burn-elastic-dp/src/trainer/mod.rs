@@ -200,7 +200,8 @@ where
     }
 
     /// AutoPipe's unit costs (profiled on the first batch when so
-    /// configured).
+    /// configured, unless the run is one stage throughout: then parameter
+    /// counts, which decide nothing there).
     pub fn unit_costs(&self) -> &UnitCosts {
         &self.costs
     }
@@ -378,8 +379,10 @@ where
         let device = self.devices[0].clone();
         let batch = || fetch(dataset, batcher, indices, &device);
         let (mut input, mut targets) = batch()?;
-        self.profile_if_pending(&input)?;
+        // Memory first: measured activations may deepen a one-stage start,
+        // which then needs the profiled costs.
         self.measure_memory_if_pending(&input)?;
+        self.profile_if_pending(&input)?;
         self.micro_batches_if_pending(&input);
         let lr = self.learning_rate();
         let report = loop {

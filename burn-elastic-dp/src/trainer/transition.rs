@@ -81,7 +81,10 @@ where
     /// Before the first step, with [`CostModel::Profiled`]: replaces the
     /// parameter-count costs by each unit's time measured on `input` (a copy
     /// of the model on the first device), and rebalances the starting
-    /// pipeline on them.
+    /// pipeline on them. A run at one stage that nothing can deepen (the
+    /// activations measured, or none to measure) profiles nothing: one
+    /// stage has no balance, and no rule lengthens a pipeline (on MiniLM
+    /// the profile cost seconds of every run's first epoch).
     pub(super) fn profile_if_pending(&mut self, input: &S::Input) -> Result<(), TrainerError>
     where
         S::Output: Differentiable<S::Backend>,
@@ -90,6 +93,11 @@ where
             return Ok(());
         };
         if !self.profile_pending {
+            return Ok(());
+        }
+        if !self.memory_pending && self.shape().stages() == 1 {
+            self.profile_pending = false;
+            tracing::info!("one stage throughout: unit costs not profiled");
             return Ok(());
         }
         let stack = self.group.to_layer_stack();
