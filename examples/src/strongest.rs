@@ -4,8 +4,11 @@
 //!
 //! The candidates are the pipelines of `K` stages for every divisor `K` of
 //! the device count `D`, each run as `R = D / K` data-parallel replicas, its
-//! micro-batches the trainer's rule for `K` (the job's `--micro-batches`
-//! where given); a candidate refused by the `fits` hook is skipped. Each
+//! micro-batches the job's `--micro-batches` where given, else chosen as
+//! the trainer chooses them: by measurement where the costs are profiled
+//! (`CostModel::Profiled`, on the candidate's warm-up step; the count it
+//! ran is recorded), by the paper's rule for `K` otherwise; a candidate
+//! refused by the `fits` hook is skipped. Each
 //! candidate trains [`WARM_UP_STEPS`] + [`MEASURED_STEPS`] steps; the
 //! fastest per measured step wins.
 //!
@@ -16,7 +19,7 @@
 
 use std::time::Instant;
 
-use burn_elastic_dp::{Parts, TrainerConfig, TrainerError};
+use burn_elastic_dp::{CostModel, Parts, TrainerConfig, TrainerError};
 use serde::{Deserialize, Serialize};
 
 use crate::job::{EpochRecord, JobError, JobSpec, Method, Observer, RunRecord};
@@ -159,10 +162,18 @@ pub fn pick_fastest(
 /// every device (AutoDP on, so `R = D / K`), its micro-batches; no
 /// checkpoints and no logs (the job's own run writes those).
 pub fn no_freeze_config(base: &TrainerConfig, candidate: Candidate) -> TrainerConfig {
+    no_freeze_config_with(base, candidate, Some(candidate.micro_batches))
+}
+
+/// [`no_freeze_config`] with `micro_batches` (`None`: the trainer's own
+/// choice).
+fn no_freeze_config_with(
+    base: &TrainerConfig,
+    candidate: Candidate,
+    micro_batches: Option<usize>,
+) -> TrainerConfig {
     let mut replicas = base.replicas.clone();
-    replicas.pipeline = replicas
-        .pipeline
-        .with_micro_batches(Some(candidate.micro_batches));
+    replicas.pipeline = replicas.pipeline.with_micro_batches(micro_batches);
     base.clone()
         .with_parts(
             Parts::new()
@@ -183,6 +194,15 @@ pub fn method(base: &TrainerConfig, winner: Candidate, devices: usize) -> Method
         config: no_freeze_config(base, winner),
         devices,
     }
+}
+
+/// Whether the trainer chooses a candidate of `stages` stages' micro-batch
+/// count by measurement under `base`: a pipeline, no count configured,
+/// profiled costs (see burn-elastic-dp's `trainer/micro.rs`).
+pub fn measures_micro_batches(base: &TrainerConfig, stages: usize) -> bool {
+    stages > 1
+        && base.replicas.pipeline.micro_batches.is_none()
+        && matches!(base.costs, CostModel::Profiled { .. })
 }
 
 /// Its name in tables: `(b*) no freeze, K=1 R=4`.
@@ -221,8 +241,24 @@ pub fn find(
     let mut timed = Vec::new();
     for candidate in candidates(devices, accepted, micro_batches) {
         let mut clock = StepClock::default();
-        match run(&short, &method(base, candidate, devices), &mut clock) {
+        let measures = measures_micro_batches(base, candidate.stages);
+        // Where the trainer measures M, it does so on the warm-up step.
+        let method = match measures {
+            true => Method::Trainer {
+                config: no_freeze_config_with(base, candidate, None),
+                devices,
+            },
+            false => method(base, candidate, devices),
+        };
+        match run(&short, &method, &mut clock) {
             Ok(record) => {
+                let candidate = match (measures, record.epochs.last()) {
+                    (true, Some(last)) => Candidate {
+                        micro_batches: last.report.micro_batches,
+                        ..candidate
+                    },
+                    _ => candidate,
+                };
                 let seconds = clock.seconds_per_step(WARM_UP_STEPS).unwrap_or_else(|| {
                     let steps: usize = record.epochs.iter().map(|e| e.report.steps).sum();
                     record.seconds / steps.max(1) as f64

@@ -143,3 +143,68 @@ fn the_search_runs_each_accepted_shape_briefly_and_skips_those_the_trainer_refus
     assert_eq!(asked, [(Some(2), 4), (Some(4), 4)]);
     assert_eq!(found.measured.len(), 2);
 }
+
+#[test]
+fn under_profiled_costs_the_pipelines_micro_batches_are_the_trainers_choice_and_recorded() {
+    use burn_elastic_dp::{BatchPolicy, CostModel};
+    use examples::job::{EpochRecord, JobSpec, Method, ModelKind, RunRecord};
+    use examples::strongest::{find, measures_micro_batches};
+
+    let spec = JobSpec {
+        model: ModelKind::Vit,
+        layers: 2,
+        hidden: 8,
+        pretrain_epochs: 0,
+        samples: 100,
+        eval_samples: 4,
+        batch: 16,
+        epochs: 5,
+        lr: 1e-3,
+        seed: 1,
+    };
+    let base = TrainerConfig::new()
+        .with_batch(BatchPolicy::FixedGlobal { batch: 16 })
+        .with_costs(CostModel::Profiled { repeats: 1 });
+    assert!(!measures_micro_batches(&base, 1) && measures_micro_batches(&base, 2));
+    // A configured count is no choice to make.
+    let mut fixed = base.clone();
+    fixed.replicas.pipeline = fixed.replicas.pipeline.with_micro_batches(Some(2));
+    assert!(!measures_micro_batches(&fixed, 2));
+    let mut asked = Vec::new();
+    let found = find(
+        &spec,
+        &base,
+        4,
+        fits_without_budget,
+        |_short, method, _clock| {
+            let Method::Trainer { config, .. } = method else {
+                panic!("(b*) runs the trainer");
+            };
+            let stages = config.stages.unwrap();
+            let micro_batches = config.replicas.pipeline.micro_batches;
+            asked.push((stages, micro_batches));
+            // What the trainer would report: M = 1 at one stage, 3 chosen
+            // by measurement for a pipeline.
+            let ran = if stages == 1 { 1 } else { 3 };
+            let report: EpochRecord = serde_json::from_value(serde_json::json!({
+                "epoch": 0, "steps": 4, "samples": 64, "loss": 1.0, "seconds": 1.0,
+                "samples_per_second": 64.0, "transition_seconds": 0.0,
+                "all_reduce_seconds": 0.0, "frozen_layers": 0, "front": 0,
+                "stages": stages, "replicas": 4 / stages, "micro_batches": ran,
+                "balance": [], "transitions": [], "cache_hits": 0, "cache_misses": 0,
+                "accuracy": 0.5
+            }))
+            .unwrap();
+            Ok(RunRecord::new("candidate", vec![report]))
+        },
+    )
+    .unwrap();
+    // K = 1 keeps the rule's M = 1; the pipelines leave M to the trainer.
+    assert_eq!(asked, [(1, Some(1)), (2, None), (4, None)]);
+    let recorded: Vec<(usize, usize)> = found
+        .measured
+        .iter()
+        .map(|m| (m.candidate.stages, m.candidate.micro_batches))
+        .collect();
+    assert_eq!(recorded, [(1, 1), (2, 3), (4, 3)]);
+}

@@ -6,8 +6,8 @@
 //! cargo run --release -p examples --bin bench -- freeze [--quick]
 //! cargo run --release -p examples --bin bench -- elastic [--quick]
 //! mpirun -np 2 target/release/bench elastic --mpi [--quick]   (built with --features mpi)
-//! cargo run --release -p examples --bin bench -- headline [--quick] [--model bert|vit] | headline --replot
-//! cargo run --release -p examples --bin bench -- headline --real [--quick] [--weights DIR] [--data DIR]
+//! cargo run --release -p examples --bin bench -- headline [--quick] [--model bert|vit] [--seeds 1,2,3] | headline --replot
+//! cargo run --release -p examples --bin bench -- headline --real [--quick] [--weights DIR] [--data DIR] [--seeds 1,2,3]
 //! ```
 
 use clap::{Parser, Subcommand};
@@ -65,6 +65,12 @@ enum Bench {
         /// trees) [default: ../shared/data/sst].
         #[arg(long, value_name = "DIR", requires = "real")]
         data: Option<std::path::PathBuf>,
+        /// Seeds, comma-separated, 1 to 10 distinct [default: 1,2,3; with
+        /// --quick one: 42, or 1 with --real]. The generated task runs
+        /// every table on the first and (a), (b), (b*), (c) on each;
+        /// --real runs all its configurations on each, interleaved.
+        #[arg(long, value_name = "LIST", value_delimiter = ',', conflicts_with = "replot")]
+        seeds: Option<Vec<u64>>,
     },
 }
 
@@ -85,9 +91,18 @@ fn main() {
         }
         Bench::Headline { replot: true, .. } => examples::bench::headline::replot(),
         Bench::Headline {
+            seeds: Some(ref seeds),
+            ..
+        } if examples::bench::headline::check_seeds(seeds).is_err() => {
+            let message = examples::bench::headline::check_seeds(seeds).unwrap_err();
+            eprintln!("error: {message}");
+            std::process::exit(2);
+        }
+        Bench::Headline {
             real: true,
             weights,
             data,
+            seeds,
             ..
         } => {
             // Missing files: refused before any work, exit 1 as for other
@@ -97,11 +112,12 @@ fn main() {
                     eprintln!("error: {message}");
                     std::process::exit(1);
                 });
-            examples::bench::headline::real::run(args.quick, &paths)
+            examples::bench::headline::real::run(args.quick, &paths, seeds.as_deref())
         }
-        Bench::Headline { model, .. } => examples::bench::headline::run(
+        Bench::Headline { model, seeds, .. } => examples::bench::headline::run(
             args.quick,
             model.unwrap_or(examples::job::ModelKind::Bert),
+            &seeds.unwrap_or_else(|| examples::bench::headline::default_seeds(args.quick)),
         ),
     };
     if let Err(error) = result {

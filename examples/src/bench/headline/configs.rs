@@ -23,6 +23,7 @@ pub(super) enum Group {
 
 /// One configuration: its key in the report, its name in the tables, its
 /// table and how it fine-tunes.
+#[derive(Clone)]
 pub(super) struct Configuration {
     pub(super) key: &'static str,
     pub(super) name: String,

@@ -33,6 +33,11 @@
 //! peak heap of a one-stage run, and the memory-bound setting: a budget
 //! under which the model does not fit one device, with (b*) and (c) under
 //! it (`memory.rs`).
+//!
+//! All of that runs on the first seed. Each further seed (the full run's
+//! default is seeds 1, 2, 3; `--quick` runs one) pretrains again and runs
+//! (a), (b), (b*) and (c); their means and ranges over the seeds, the
+//! speed-ups on the means and (c)'s targets on them follow (`seeds.rs`).
 
 mod configs;
 mod ideal;
@@ -41,6 +46,9 @@ mod plots;
 pub mod real;
 mod real_rows;
 mod rows;
+mod seeds;
+
+pub use seeds::{MAX_SEEDS, check_seeds, default_seeds};
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -87,6 +95,9 @@ struct Report {
     /// Memory-aware AutoPipe: the estimate against the measured peak, and
     /// the memory-bound setting's (b*) and (c).
     memory: memory::MemoryReport,
+    /// (a), (b), (b*) and (c) over every seed (absent for one seed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seeds: Option<seeds::SeedsReport>,
     /// The real task's section (`bench headline --real`), kept from the
     /// file this run replaces.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -119,9 +130,14 @@ fn run_err<E: std::fmt::Display>(error: E) -> BenchError {
     BenchError::Run(error.to_string())
 }
 
-/// Runs the headline benchmark on `model`.
-pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
-    let spec = spec(model, quick);
+/// Runs the headline benchmark on `model` over `seeds` (checked with
+/// [`check_seeds`]; the first seed runs every table).
+pub fn run(quick: bool, model: ModelKind, seeds: &[u64]) -> Result<(), BenchError> {
+    check_seeds(seeds).map_err(BenchError::Run)?;
+    let spec = JobSpec {
+        seed: seeds[0],
+        ..spec(model, quick)
+    };
     spec.check().map_err(run_err)?;
     let costs = parameter_costs();
     let mut configurations = configurations(spec.layers, costs);
@@ -158,14 +174,32 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
         )
         .ok_or_else(|| BenchError::Run("no (c) configuration".into()))?;
     let memory = memory::run(&spec, &pretrained, &c_config)?;
+    let (params, units) = (pretrained.num_params(), pretrained.num_units());
+    drop(pretrained);
+    let seeds = if seeds.len() > 1 {
+        let first: Vec<(String, RunRecord)> = rows
+            .iter()
+            .map(|row| (row.key.clone(), row.run.clone()))
+            .collect();
+        Some(seeds::run(
+            &spec,
+            seeds,
+            &configurations,
+            &first,
+            pretrain_seconds,
+            c.ideal_speedup,
+        )?)
+    } else {
+        None
+    };
     let plots = draw(&rows)?;
     let report = Report {
         bench: "headline",
         backend: backend::NAME,
         quick,
-        note: "shared 2-core machine; logical devices share its CPU; one run per configuration",
-        params: pretrained.num_params(),
-        units: pretrained.num_units(),
+        note: "shared 2-core machine; logical devices share its CPU; the tables: one run per configuration (the first seed); `seeds`: (a), (b), (b*), (c) over every seed",
+        params,
+        units,
         spec,
         devices: DEVICES,
         micro_batches: "the paper's per K (burn_pipe::partition::default_micro_batches)".into(),
@@ -179,6 +213,7 @@ pub fn run(quick: bool, model: ModelKind) -> Result<(), BenchError> {
         targets,
         plots,
         memory,
+        seeds,
         real: real::saved_section(),
     };
     let path = write_report("headline", &report)?;

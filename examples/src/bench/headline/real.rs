@@ -213,13 +213,22 @@ fn real_costs() -> CostModel {
     CostModel::Profiled { repeats: 3 }
 }
 
-/// Runs the real headline on the checked `paths`.
-pub fn run(quick: bool, paths: &RealPaths) -> Result<(), BenchError> {
+/// Runs the real headline on the checked `paths`, over `seeds` where
+/// given (checked with [`check_seeds`](super::check_seeds)), else the
+/// run's own (full: 1, 2, 3; `--quick`: 1).
+pub fn run(quick: bool, paths: &RealPaths, seeds: Option<&[u64]>) -> Result<(), BenchError> {
     let start = Instant::now();
     let sizes = if quick {
         RealSizes::quick()
     } else {
         RealSizes::full()
+    };
+    let sizes = match seeds {
+        Some(seeds) => {
+            super::check_seeds(seeds).map_err(BenchError::Run)?;
+            sizes.with_seeds(seeds.to_vec())
+        }
+        None => sizes,
     };
     // MiniLM's 6 blocks until the checkpoint says otherwise.
     sizes.spec(sizes.subset_seed, 6).check().map_err(run_err)?;
