@@ -157,13 +157,13 @@ fn under_profiled_costs_the_pipelines_micro_batches_are_the_trainers_choice_and_
         pretrain_epochs: 0,
         samples: 100,
         eval_samples: 4,
-        batch: 16,
+        batch: 64,
         epochs: 5,
         lr: 1e-3,
         seed: 1,
     };
     let base = TrainerConfig::new()
-        .with_batch(BatchPolicy::FixedGlobal { batch: 16 })
+        .with_batch(BatchPolicy::FixedGlobal { batch: 64 })
         .with_costs(CostModel::Profiled { repeats: 1 });
     assert!(!measures_micro_batches(&base, 1) && measures_micro_batches(&base, 2));
     // A configured count is no choice to make.
