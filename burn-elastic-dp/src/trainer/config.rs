@@ -30,6 +30,9 @@ pub struct Parts {
     pub pipe: bool,
     /// AutoDP: run as many pipeline replicas as the devices hold
     /// (`devices / stages`), growing as AutoPipe shortens the pipeline.
+    /// Off, the replicas stay at the start's count, `devices / K` at the
+    /// starting K (one for the paper's start, K = devices; D / K for a
+    /// memory-aware start of K stages), as the freed devices idle.
     #[config(default = true)]
     pub dp: bool,
     /// AutoCache: serve the frozen prefix's outputs from a per-sample cache.
