@@ -19,7 +19,7 @@
 
 use std::time::Instant;
 
-use burn_elastic_dp::{CostModel, Parts, TrainerConfig, TrainerError};
+use burn_elastic_dp::{Parts, TrainerConfig, TrainerError};
 use serde::{Deserialize, Serialize};
 
 use crate::job::{EpochRecord, JobError, JobSpec, Method, Observer, RunRecord};
@@ -196,15 +196,6 @@ pub fn method(base: &TrainerConfig, winner: Candidate, devices: usize) -> Method
     }
 }
 
-/// Whether the trainer chooses a candidate of `stages` stages' micro-batch
-/// count by measurement under `base`: a pipeline, no count configured,
-/// profiled costs (see burn-elastic-dp's `trainer/micro.rs`).
-pub fn measures_micro_batches(base: &TrainerConfig, stages: usize) -> bool {
-    stages > 1
-        && base.replicas.pipeline.micro_batches.is_none()
-        && matches!(base.costs, CostModel::Profiled { .. })
-}
-
 /// Its name in tables: `(b*) no freeze, K=1 R=4`.
 pub fn name(winner: Candidate) -> String {
     format!("(b*) K={} R={}", winner.stages, winner.replicas)
@@ -241,14 +232,15 @@ pub fn find(
     let mut timed = Vec::new();
     for candidate in candidates(devices, accepted, micro_batches) {
         let mut clock = StepClock::default();
-        let measures = measures_micro_batches(base, candidate.stages);
+        let measures = base.measures_micro_batches(candidate.stages);
         // Where the trainer measures M, it does so on the warm-up step.
-        let method = match measures {
-            true => Method::Trainer {
-                config: no_freeze_config_with(base, candidate, None),
-                devices,
-            },
-            false => method(base, candidate, devices),
+        let method = Method::Trainer {
+            config: no_freeze_config_with(
+                base,
+                candidate,
+                (!measures).then_some(candidate.micro_batches),
+            ),
+            devices,
         };
         match run(&short, &method, &mut clock) {
             Ok(record) => {

@@ -116,7 +116,10 @@ fn real_only_flags_and_conflicts_are_usage_errors() {
         (&["headline", "--real", "--replot"][..], "--replot"),
         (&["headline", "--real", "--model", "vit"][..], "--model"),
         (&["headline", "--seeds", "1,2,1"][..], "seed 1 twice"),
-        (&["headline", "--real", "--seeds", "1,2,3,4,5,6,7,8,9,10,11"][..], "1 to 10"),
+        (
+            &["headline", "--real", "--seeds", "1,2,3,4,5,6,7,8,9,10,11"][..],
+            "1 to 10",
+        ),
         (&["headline", "--seeds", "one"][..], "--seeds"),
         (&["headline", "--replot", "--seeds", "1"][..], "--replot"),
     ] {

@@ -99,25 +99,31 @@ fn the_baseline_freezes_nothing_in_the_shape_found() {
     assert!(config.check(4).is_ok());
 }
 
-#[test]
-fn the_search_runs_each_accepted_shape_briefly_and_skips_those_the_trainer_refuses() {
-    use burn_elastic_dp::BatchPolicy;
-    use burn_pipe::PipelineConfig;
-    use examples::job::{JobSpec, Method, ModelKind, RunRecord};
-    use examples::strongest::{MEASURED_STEPS, WARM_UP_STEPS, find};
-
-    let spec = JobSpec {
-        model: ModelKind::Vit,
+/// A two-layer ViT job of `batch` samples a step, small enough that the
+/// search's closures never train it.
+fn tiny_spec(batch: usize) -> examples::job::JobSpec {
+    examples::job::JobSpec {
+        model: examples::job::ModelKind::Vit,
         layers: 2,
         hidden: 8,
         pretrain_epochs: 0,
         samples: 100,
         eval_samples: 4,
-        batch: 2,
+        batch,
         epochs: 5,
         lr: 1e-3,
         seed: 1,
-    };
+    }
+}
+
+#[test]
+fn the_search_runs_each_accepted_shape_briefly_and_skips_those_the_trainer_refuses() {
+    use burn_elastic_dp::BatchPolicy;
+    use burn_pipe::PipelineConfig;
+    use examples::job::{Method, RunRecord};
+    use examples::strongest::{MEASURED_STEPS, WARM_UP_STEPS, find};
+
+    let spec = tiny_spec(2);
     // One micro-batch: K=1 needs R x M = 4 samples a step, more than the
     // batch of 2, so the trainer refuses it; K=2 (R=2) and K=4 (R=1) fit.
     let mut base = TrainerConfig::new().with_batch(BatchPolicy::FixedGlobal { batch: 2 });
@@ -147,29 +153,18 @@ fn the_search_runs_each_accepted_shape_briefly_and_skips_those_the_trainer_refus
 #[test]
 fn under_profiled_costs_the_pipelines_micro_batches_are_the_trainers_choice_and_recorded() {
     use burn_elastic_dp::{BatchPolicy, CostModel};
-    use examples::job::{EpochRecord, JobSpec, Method, ModelKind, RunRecord};
-    use examples::strongest::{find, measures_micro_batches};
+    use examples::job::{EpochRecord, Method, RunRecord};
+    use examples::strongest::find;
 
-    let spec = JobSpec {
-        model: ModelKind::Vit,
-        layers: 2,
-        hidden: 8,
-        pretrain_epochs: 0,
-        samples: 100,
-        eval_samples: 4,
-        batch: 64,
-        epochs: 5,
-        lr: 1e-3,
-        seed: 1,
-    };
+    let spec = tiny_spec(64);
     let base = TrainerConfig::new()
         .with_batch(BatchPolicy::FixedGlobal { batch: 64 })
         .with_costs(CostModel::Profiled { repeats: 1 });
-    assert!(!measures_micro_batches(&base, 1) && measures_micro_batches(&base, 2));
+    assert!(!base.measures_micro_batches(1) && base.measures_micro_batches(2));
     // A configured count is no choice to make.
     let mut fixed = base.clone();
     fixed.replicas.pipeline = fixed.replicas.pipeline.with_micro_batches(Some(2));
-    assert!(!measures_micro_batches(&fixed, 2));
+    assert!(!fixed.measures_micro_batches(2));
     let mut asked = Vec::new();
     let found = find(
         &spec,

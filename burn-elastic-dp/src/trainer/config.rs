@@ -391,6 +391,24 @@ impl TrainerConfig {
         self
     }
 
+    /// Whether a run of this configuration at `stages` stages chooses its
+    /// micro-batch count by measurement: a pipeline (one stage has no
+    /// bubble: M = 1), no count configured, profiled costs.
+    ///
+    /// ```
+    /// use burn_elastic_dp::{CostModel, TrainerConfig};
+    ///
+    /// let config = TrainerConfig::new().with_costs(CostModel::Profiled { repeats: 1 });
+    /// assert!(config.measures_micro_batches(2) && !config.measures_micro_batches(1));
+    /// let counted = config.with_costs(CostModel::Parameters { frozen_factor: 1.0 / 3.0 });
+    /// assert!(!counted.measures_micro_batches(2));
+    /// ```
+    pub fn measures_micro_batches(&self, stages: usize) -> bool {
+        stages > 1
+            && self.replicas.pipeline.micro_batches.is_none()
+            && matches!(self.costs, CostModel::Profiled { .. })
+    }
+
     /// Replicas for a pipeline of `stages` stages: as many as the devices
     /// hold under AutoDP, else as many as at the start.
     pub(crate) fn replicas_for(&self, stages: usize, start: usize, devices: usize) -> usize {

@@ -94,14 +94,11 @@ where
             return;
         }
         self.micro.pending = false;
-        let unconfigured = self.config.replicas.pipeline.micro_batches.is_none();
         // One stage has no bubble to fill, and no rule lengthens a pipeline:
         // a run that starts at K = 1 keeps the paper's M = 1 and pays no
         // profile (on MiniLM, as long as a fifth of a short run).
-        let pipelined = self.shape().stages() > 1;
         if let CostModel::Profiled { repeats } = self.config.costs
-            && pipelined
-            && unconfigured
+            && self.config.measures_micro_batches(self.shape().stages())
             && self.micro.times.is_none()
         {
             // The largest batch a replica can get: the global batch of one.

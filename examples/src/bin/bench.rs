@@ -69,7 +69,12 @@ enum Bench {
         /// --quick one: 42, or 1 with --real]. The generated task runs
         /// every table on the first and (a), (b), (b*), (c) on each;
         /// --real runs all its configurations on each, interleaved.
-        #[arg(long, value_name = "LIST", value_delimiter = ',', conflicts_with = "replot")]
+        #[arg(
+            long,
+            value_name = "LIST",
+            value_delimiter = ',',
+            conflicts_with = "replot"
+        )]
         seeds: Option<Vec<u64>>,
     },
 }
@@ -80,6 +85,15 @@ fn main() {
     examples::allocator::keep_freed_memory();
     examples::init_logging();
     let args = Args::parse();
+    // A flag out of range: refused before any work, exit 2 as clap does.
+    if let Bench::Headline {
+        seeds: Some(seeds), ..
+    } = &args.bench
+        && let Err(message) = examples::bench::headline::check_seeds(seeds)
+    {
+        eprintln!("error: {message}");
+        std::process::exit(2);
+    }
     let result = match args.bench {
         Bench::Pipe => examples::bench::pipe::run(args.quick),
         Bench::Freeze => examples::bench::freeze::run(args.quick),
@@ -90,14 +104,6 @@ fn main() {
             std::process::exit(2);
         }
         Bench::Headline { replot: true, .. } => examples::bench::headline::replot(),
-        Bench::Headline {
-            seeds: Some(ref seeds),
-            ..
-        } if examples::bench::headline::check_seeds(seeds).is_err() => {
-            let message = examples::bench::headline::check_seeds(seeds).unwrap_err();
-            eprintln!("error: {message}");
-            std::process::exit(2);
-        }
         Bench::Headline {
             real: true,
             weights,

@@ -177,15 +177,11 @@ pub fn run(quick: bool, model: ModelKind, seeds: &[u64]) -> Result<(), BenchErro
     let (params, units) = (pretrained.num_params(), pretrained.num_units());
     drop(pretrained);
     let seeds = if seeds.len() > 1 {
-        let first: Vec<(String, RunRecord)> = rows
-            .iter()
-            .map(|row| (row.key.clone(), row.run.clone()))
-            .collect();
         Some(seeds::run(
             &spec,
             seeds,
             &configurations,
-            &first,
+            &rows,
             pretrain_seconds,
             c.ideal_speedup,
         )?)

@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use super::configs::{Configuration, STRONGEST};
 use super::real_rows::{self, RealRow};
+use super::rows::Row;
 use super::{Progress, pretrain, run_err};
 use crate::bench::BenchError;
 use crate::job::{JobSpec, RunRecord};
@@ -111,24 +112,25 @@ impl SeedTargets {
     }
 }
 
-/// The further seeds of `seeds` (the first one's runs are `first`, keyed
-/// as `configurations`), each pretrained and run over [`SEEDED`]; the
+/// The further seeds of `seeds` (the first one's runs are the rows
+/// `first`), each pretrained and run over [`SEEDED`]; the
 /// table and targets printed. `ideal_speedup`: (c)'s, from the first
 /// seed.
 pub(super) fn run(
     spec: &JobSpec,
     seeds: &[u64],
     configurations: &[Configuration],
-    first: &[(String, RunRecord)],
+    first: &[Row],
     first_pretrain_seconds: f64,
     ideal_speedup: f64,
 ) -> Result<SeedsReport, BenchError> {
-    let seeded: Vec<&Configuration> = SEEDED
+    let seeded: Vec<Configuration> = SEEDED
         .iter()
         .map(|key| {
             configurations
                 .iter()
                 .find(|c| c.key == *key)
+                .cloned()
                 .ok_or_else(|| BenchError::Run(format!("no configuration `{key}`")))
         })
         .collect::<Result<_, _>>()?;
@@ -137,8 +139,8 @@ pub(super) fn run(
         .map(|c| {
             first
                 .iter()
-                .find(|(key, _)| key == c.key)
-                .map(|(_, run)| vec![run.clone()])
+                .find(|row| row.key == c.key)
+                .map(|row| vec![row.run.clone()])
                 .ok_or_else(|| BenchError::Run(format!("no first-seed run of `{}`", c.key)))
         })
         .collect::<Result<_, _>>()?;
@@ -170,8 +172,7 @@ pub(super) fn run(
             runs.push(record);
         }
     }
-    let owned: Vec<Configuration> = seeded.into_iter().cloned().collect();
-    let rows = real_rows::rows(&owned, runs, seeds)?;
+    let rows = real_rows::rows(&seeded, runs, seeds)?;
     println!("over seeds {seeds:?}:");
     real_rows::print_rows(&rows);
     let c = rows
