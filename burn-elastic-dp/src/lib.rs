@@ -11,10 +11,10 @@
 //! so that no other replica stays blocked.
 //!
 //! Files, one concern each: `config.rs` (the configuration and `init`),
-//! `group.rs` (the replicas and their threads), `collective.rs` (the
+//! `group/` (the replicas and their threads), `collective.rs` (the
 //! burn-collective glue: forming, all-reducing, dissolving and resetting a
 //! group with bounded waits), `node.rs` (groups across processes), `mpi/` (their exchange over MPI,
-//! cargo feature `mpi`), `shards.rs` (the global batch among every replica), `sampler.rs` (every sample once per epoch
+//! cargo feature `mpi`), `shards.rs` (the global batch among every replica), `stop.rs` (stopping at a step boundary when asked: SIGTERM), `launcher.rs` (what an MPI launcher's environment says), `sampler.rs` (every sample once per epoch
 //! whatever the replica count), `error.rs`.
 //!
 //! The group resizes at a step boundary ([`ReplicaGroup::resize`]): a new
@@ -45,6 +45,7 @@ mod collective;
 mod config;
 mod error;
 mod group;
+pub mod launcher;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod node;
@@ -52,6 +53,7 @@ pub mod plan;
 mod sampler;
 pub mod shape;
 mod shards;
+mod stop;
 pub mod trainer;
 
 pub use config::{AllReduce, ReplicaConfig};
@@ -61,6 +63,7 @@ pub use group::{GroupReport, ReplicaGroup, ReplicaLoss};
 pub use mpi::{BUCKET_VALUES as MPI_BUCKET_VALUES, Mpi};
 pub use node::NodeConfig;
 pub use sampler::{BatchPolicy, ElasticSampler};
+pub use stop::{STOPPED_EXIT_CODE, StopSignal};
 pub use trainer::{
     CacheableStack, CheckpointConfig, CostModel, EpochReport, FreezeRule, LayerSpec, MemoryConfig,
     Parts, StackOptimizer, StepProgress, Trainer, TrainerConfig, TrainerError, Transition,

@@ -38,7 +38,7 @@ use crate::error::ElasticError;
 use crate::shards::Shards;
 
 #[cfg(feature = "mpi")]
-pub(crate) use crate::mpi::{NodeLink, all_reduce_gradients};
+pub(crate) use crate::mpi::{NodeLink, StepHeader, all_reduce_gradients};
 
 /// This process's place in a group that spans the processes of an MPI job
 /// (on one machine or several); set as
@@ -115,19 +115,44 @@ pub(crate) fn job_rank() -> Option<usize> {
     None
 }
 
+/// Processes in the MPI job when it has several (MPI initialised); `None`
+/// otherwise, and always without the feature.
+pub(crate) fn job_size() -> Option<usize> {
+    #[cfg(feature = "mpi")]
+    return crate::mpi::job_size();
+    #[cfg(not(feature = "mpi"))]
+    None
+}
+
 /// This step's shards of a batch of `batch` samples between the `local`
 /// replicas of this process and those of the other processes of `link`;
-/// called once per step, it also counts the step (named in errors).
+/// called once per step, it begins the step across the processes (their
+/// headers exchanged and checked: see [`NodeLink::begin_step`]), within
+/// `deadline`.
 pub(crate) fn shards(
     link: Option<&NodeLink>,
+    header: StepHeader,
     batch: usize,
-    local: usize,
+    deadline: std::time::Instant,
 ) -> Result<Shards, ElasticError> {
-    let nodes = link.map(|link| {
-        link.begin_step();
-        (link.rank(), link.replicas())
-    });
-    crate::shards::shards(nodes, batch, local)
+    let local = header.local;
+    match link {
+        Some(link) => {
+            let counts = link.begin_step(header, deadline)?;
+            crate::shards::shards(Some((link.rank(), &counts)), batch, local)
+        }
+        None => crate::shards::shards(None, batch, local),
+    }
+}
+
+/// What a rank says of itself at the start of every step (without the
+/// feature only this process's own, never exchanged).
+#[cfg(not(feature = "mpi"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StepHeader {
+    pub local: usize,
+    pub shape: u64,
+    pub stop: bool,
 }
 
 /// Without MPI no link can exist: the type has no value.
@@ -145,7 +170,11 @@ impl NodeLink {
         match *self {}
     }
 
-    fn begin_step(&self) {
+    fn begin_step(
+        &self,
+        _header: StepHeader,
+        _deadline: std::time::Instant,
+    ) -> Result<Vec<usize>, ElasticError> {
         match *self {}
     }
 
@@ -153,7 +182,39 @@ impl NodeLink {
         match *self {}
     }
 
-    fn replicas(&self) -> &[usize] {
+    pub fn size(&self) -> usize {
+        match *self {}
+    }
+
+    pub fn replicas(&self) -> Vec<usize> {
+        match *self {}
+    }
+
+    pub fn stop_seen(&self) -> bool {
+        match *self {}
+    }
+
+    pub fn set_local(
+        &self,
+        _local: usize,
+        _deadline: std::time::Instant,
+    ) -> Result<(), ElasticError> {
+        match *self {}
+    }
+
+    pub fn gather(
+        &self,
+        _record: Vec<i64>,
+        _deadline: std::time::Instant,
+    ) -> Result<Vec<Vec<i64>>, ElasticError> {
+        match *self {}
+    }
+
+    pub fn max(
+        &self,
+        _values: Vec<f64>,
+        _deadline: std::time::Instant,
+    ) -> Result<Vec<f64>, ElasticError> {
         match *self {}
     }
 }

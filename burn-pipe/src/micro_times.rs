@@ -86,6 +86,12 @@ impl MicroBatchTimes {
         &self.sizes
     }
 
+    /// The measured times: `profiles()[i][u]` is unit `u` at `sizes()[i]`
+    /// samples (as given to [`new`](Self::new)).
+    pub fn profiles(&self) -> &[Vec<UnitProfile>] {
+        &self.profiles
+    }
+
     /// Unit `unit`'s forward and backward seconds on a micro-batch of `size`
     /// samples.
     ///

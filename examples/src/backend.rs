@@ -60,7 +60,20 @@ pub type Train = Autodiff<Inner>;
 /// Name of the chosen backend.
 pub const NAME: &str = chosen::NAME;
 
-/// Device number `index` of the chosen backend.
+/// The first device this process uses: ranks of an MPI job that share a
+/// machine take disjoint devices (see [`set_first_device`]).
+static FIRST_DEVICE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Makes device `index` of this process the machine's device
+/// `first + index`: rank `l` of the job's ranks on one machine, each on `d`
+/// devices, sets `l * d`, so that the ranks take disjoint GPUs. On a CPU
+/// every index is the one device.
+pub fn set_first_device(first: usize) {
+    FIRST_DEVICE.store(first, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Device number `index` of this process (the machine's `first + index`,
+/// see [`set_first_device`]) on the chosen backend.
 pub fn device(index: usize) -> Device<Inner> {
-    chosen::device(index)
+    chosen::device(FIRST_DEVICE.load(std::sync::atomic::Ordering::SeqCst) + index)
 }

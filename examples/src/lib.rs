@@ -14,6 +14,23 @@ pub mod plots;
 pub mod strongest;
 pub mod task;
 
+/// The process's stop request, raised by SIGTERM (a scheduler's
+/// preemption; a second SIGTERM ends the process at once): a trainer that
+/// watches it checkpoints at its next step boundary and returns
+/// `TrainerError::Stopped`, and the binaries exit with
+/// [`burn_elastic_dp::STOPPED_EXIT_CODE`]. Installed on first use.
+pub fn stop_signal() -> burn_elastic_dp::StopSignal {
+    static SIGNAL: std::sync::OnceLock<burn_elastic_dp::StopSignal> = std::sync::OnceLock::new();
+    SIGNAL
+        .get_or_init(|| {
+            burn_elastic_dp::StopSignal::on_termination().unwrap_or_else(|error| {
+                tracing::warn!(%error, "SIGTERM not handled: the process ends at once on it");
+                burn_elastic_dp::StopSignal::new()
+            })
+        })
+        .clone()
+}
+
 /// Sends `tracing` logs to stderr, filtered by `RUST_LOG` (default `info`,
 /// burn-collective's at `warn`), coloured only on a terminal.
 pub fn init_logging() {

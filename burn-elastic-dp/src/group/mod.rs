@@ -35,6 +35,8 @@ use burn_pipe::{Pipeline, StepReport};
 use crate::collective::{self, GroupToken};
 use crate::config::{AllReduce, ReplicaConfig};
 use crate::error::ElasticError;
+use crate::node::StepHeader;
+use crate::stop::StopSignal;
 use nodes::OtherNodes;
 use share::Shard;
 
@@ -127,6 +129,9 @@ pub struct ReplicaGroup<S: StackTypes, O> {
     cache: Option<StackCache<S>>,
     /// The other processes of the group, when it spans several (`node.rs`).
     nodes: OtherNodes,
+    /// Raised to ask the run to stop at the next step boundary (a SIGTERM,
+    /// say); across processes it travels in the step headers.
+    stop: Option<StopSignal>,
     _token: GroupToken,
 }
 
@@ -186,6 +191,7 @@ where
             generation: 0,
             cache: None,
             nodes,
+            stop: None,
             _token: token,
         })
     }
@@ -409,10 +415,89 @@ where
         self.replicas[0].num_units()
     }
 
-    /// Whether the group spans other processes (its replica count is then
-    /// fixed: [`ElasticError::NodesFixed`]).
+    /// Whether the group spans other processes. Its replica count then
+    /// changes only in lockstep ([`resize`](Self::resize) on every process
+    /// at the same step boundary); a replica cannot be removed
+    /// ([`ElasticError::NodesFixed`]).
     pub fn spans_processes(&self) -> bool {
         self.nodes.exist()
+    }
+
+    /// Processes of the group: 1, or the ranks of the MPI job it spans.
+    pub fn processes(&self) -> usize {
+        self.nodes.processes()
+    }
+
+    /// Replicas of the whole group, in every process: this process's count
+    /// without other processes. The global batch is shared among them.
+    pub fn total_replicas(&self) -> usize {
+        if self.nodes.exist() {
+            self.nodes.counts(self.replicas.len()).iter().sum()
+        } else {
+            self.replicas.len()
+        }
+    }
+
+    /// Every process's replica count, by rank, as last exchanged
+    /// (`[num_replicas()]` without other processes).
+    pub fn replica_counts(&self) -> Vec<usize> {
+        self.nodes.counts(self.replicas.len())
+    }
+
+    /// Watches `signal`: once it is raised, [`stop_requested`](Self::stop_requested)
+    /// says so after the next step, on every process of the group.
+    pub fn set_stop_signal(&mut self, signal: StopSignal) {
+        self.stop = Some(signal);
+    }
+
+    /// Whether the run is asked to stop at this step boundary: this
+    /// process's signal was raised (without other processes), or some
+    /// process's signal was raised before the last step began (with them:
+    /// it travels in the step headers, so every process stops after the
+    /// same step).
+    pub fn stop_requested(&self) -> bool {
+        if self.nodes.exist() {
+            self.nodes.stop_seen()
+        } else {
+            self.stop.as_ref().is_some_and(StopSignal::raised)
+        }
+    }
+
+    /// The element-wise maximum of `values` over every process of the group
+    /// (`values` without other processes), within the step's bound: how
+    /// measurements (unit times, activation bytes) are agreed, so that every
+    /// process decides on the same figures, those of the slowest. Every
+    /// process must call it at the same point with as many values.
+    pub fn agree_max(&self, values: Vec<f64>) -> Result<Vec<f64>, ElasticError> {
+        if values.iter().any(|v| !v.is_finite()) {
+            return Err(ElasticError::Node {
+                node: crate::node::job_rank().unwrap_or(0),
+                message: "a measurement to agree on is not finite".into(),
+            });
+        }
+        self.nodes.max(values, Instant::now() + self.timeout())
+    }
+
+    /// Every process's `record` (as long on every process), by rank
+    /// (`[record]` without other processes), within the step's bound.
+    /// Every process must call it at the same point.
+    pub fn gather(&self, record: Vec<i64>) -> Result<Vec<Vec<i64>>, ElasticError> {
+        self.nodes.gather(record, Instant::now() + self.timeout())
+    }
+
+    /// This process's header of the next step: its replicas, a hash of the
+    /// shape they run (balance, front, micro-batches) and its stop request.
+    fn step_header(&self) -> StepHeader {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.balance().hash(&mut hasher);
+        self.front().hash(&mut hasher);
+        self.micro_batches().hash(&mut hasher);
+        StepHeader {
+            local: self.replicas.len(),
+            shape: hasher.finish(),
+            stop: self.stop.as_ref().is_some_and(StopSignal::raised),
+        }
     }
 
     /// The freeze front, the same on every replica.

@@ -13,7 +13,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use crate::config::ReplicaConfig;
 use crate::error::ElasticError;
-use crate::node::{self, NodeLink};
+use crate::node::{self, NodeLink, StepHeader};
 use crate::shards::Shards;
 
 /// This process's link to the group's other processes; none when every
@@ -40,9 +40,65 @@ impl OtherNodes {
     }
 
     /// One shard of a batch of `batch` samples per replica of the whole
-    /// group, `local` of them in this process.
-    pub fn shards(&self, batch: usize, local: usize) -> Result<Shards, ElasticError> {
-        node::shards(self.0.as_deref(), batch, local)
+    /// group, `header.local` of them in this process; with other processes
+    /// the step begins there too (the headers exchanged and checked), by
+    /// `deadline`.
+    pub fn shards(
+        &self,
+        header: StepHeader,
+        batch: usize,
+        deadline: Instant,
+    ) -> Result<Shards, ElasticError> {
+        node::shards(self.0.as_deref(), header, batch, deadline)
+    }
+
+    /// Processes of the group (1 without other processes).
+    pub fn processes(&self) -> usize {
+        self.0.as_ref().map_or(1, |link| link.size())
+    }
+
+    /// Every process's replica count as last exchanged (`[local]` without
+    /// other processes).
+    pub fn counts(&self, local: usize) -> Vec<usize> {
+        self.0
+            .as_ref()
+            .map_or_else(|| vec![local], |link| link.replicas())
+    }
+
+    /// Whether a process asked to stop in the last step's header.
+    pub fn stop_seen(&self) -> bool {
+        self.0.as_ref().is_some_and(|link| link.stop_seen())
+    }
+
+    /// Tells the other processes this process now runs `local` replicas
+    /// (every process at the same step boundary), by `deadline`.
+    pub fn set_local(&self, local: usize, deadline: Instant) -> Result<(), ElasticError> {
+        match &self.0 {
+            Some(link) => link.set_local(local, deadline),
+            None => Ok(()),
+        }
+    }
+
+    /// Every process's `record`, by rank (`[record]` without other
+    /// processes), by `deadline`.
+    pub fn gather(
+        &self,
+        record: Vec<i64>,
+        deadline: Instant,
+    ) -> Result<Vec<Vec<i64>>, ElasticError> {
+        match &self.0 {
+            Some(link) => link.gather(record, deadline),
+            None => Ok(vec![record]),
+        }
+    }
+
+    /// The element-wise maximum of `values` over every process (`values`
+    /// without other processes), by `deadline`.
+    pub fn max(&self, values: Vec<f64>, deadline: Instant) -> Result<Vec<f64>, ElasticError> {
+        match &self.0 {
+            Some(link) => link.max(values, deadline),
+            None => Ok(values),
+        }
     }
 
     /// The sum with the other processes of `grads` (this process's sum of

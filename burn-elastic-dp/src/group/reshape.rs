@@ -25,13 +25,15 @@ where
     /// size are dropped. The collective group is dissolved (every peer
     /// finishes) and registers again with the new size at the next step.
     ///
+    /// Across processes (AutoDP in lockstep), every process resizes at the
+    /// same step boundary, each to its own count, and the counts are then
+    /// exchanged (within the step's bound), so that the next batch is shared
+    /// among every replica of every process.
+    ///
     /// Fails, changing nothing, with no replica, a replica without one
     /// device per stage, or gradients pending.
     pub fn resize(&mut self, devices: Vec<Vec<Device<S::Backend>>>) -> Result<(), ElasticError> {
         self.alive()?;
-        if self.nodes.exist() {
-            return Err(ElasticError::NodesFixed);
-        }
         if devices.is_empty() {
             return Err(ElasticError::NoReplicas);
         }
@@ -61,7 +63,10 @@ where
             }
         }
         tracing::debug!(from, to = self.replicas.len(), "replica group resized");
-        Ok(())
+        self.nodes.set_local(
+            self.replicas.len(),
+            std::time::Instant::now() + std::time::Duration::from_millis(self.config.timeout_ms),
+        )
     }
 
     /// Takes replica `replica` out of the group (e.g. one whose step failed)

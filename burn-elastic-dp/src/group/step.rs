@@ -72,13 +72,16 @@ where
             });
         }
         let count = self.replicas.len();
+        let timeout = self.timeout();
         // One shard per replica of the whole group; this process's part.
-        let plan = self.nodes.shards(batch, count)?;
+        // With other processes the step begins there too: the ranks agree
+        // on the step and the shape, and tell their replica counts.
+        let header = self.step_header();
+        let plan = self.nodes.shards(header, batch, start + timeout)?;
         let shards = plan.mine();
         self.form()?;
         let inputs = plan.take(input.split(&plan.all));
         let targets = plan.take(targets.split_batch(&plan.all));
-        let timeout = self.timeout();
         let scales = (0..count).map(|replica| plan.scale(replica)).collect();
         let rx = self.hand_out(inputs, targets, scales, loss, start + timeout)?;
         let collected =

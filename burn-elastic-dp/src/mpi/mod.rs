@@ -44,7 +44,7 @@ use crate::error::ElasticError;
 
 mod sum;
 
-use sum::{Job, serve};
+use sum::{Job, Payload, serve};
 
 /// Values per `MPI_Allreduce` of a group's exchange (64 MiB of f32; MPI
 /// counts are 32-bit).
@@ -67,6 +67,9 @@ static FAILED: AtomicBool = AtomicBool::new(false);
 /// ```
 pub struct Mpi {
     universe: Option<Universe>,
+    /// This process's rank among the job's processes on this machine, and
+    /// their number.
+    local: (usize, usize),
 }
 
 impl std::fmt::Debug for Mpi {
@@ -74,6 +77,7 @@ impl std::fmt::Debug for Mpi {
         f.debug_struct("Mpi")
             .field("rank", &self.rank())
             .field("size", &self.size())
+            .field("local_rank", &self.local.0)
             .finish()
     }
 }
@@ -90,9 +94,27 @@ impl Mpi {
         if threading != Threading::Multiple {
             return bad("this MPI library does not grant MPI_THREAD_MULTIPLE");
         }
+        // The processes sharing this machine's memory (MPI_Comm_split_type
+        // SHARED): one collective call, made by every rank here at init.
+        let world = SimpleCommunicator::world();
+        let machine = world.split_shared(world.rank());
+        let local = (machine.rank() as usize, machine.size() as usize);
         Ok(Self {
             universe: Some(universe),
+            local,
         })
+    }
+
+    /// This process's rank among the job's processes on this machine (0
+    /// first): ranks on one machine take disjoint devices by it (rank `l`
+    /// of `n` on a machine with `n * d` GPUs takes devices `l*d..(l+1)*d`).
+    pub fn local_rank(&self) -> usize {
+        self.local.0
+    }
+
+    /// The job's processes on this machine.
+    pub fn local_size(&self) -> usize {
+        self.local.1
     }
 
     /// This process's rank in the job.
@@ -116,6 +138,16 @@ pub(crate) fn job_rank() -> Option<usize> {
     (world.size() > 1).then(|| world.rank() as usize)
 }
 
+/// Processes in the MPI job when MPI is initialised and the job has
+/// several; `None` otherwise.
+pub(crate) fn job_size() -> Option<usize> {
+    if !mpi::environment::is_initialized() || mpi::environment::is_finalized() {
+        return None;
+    }
+    let size = SimpleCommunicator::world().size() as usize;
+    (size > 1).then_some(size)
+}
+
 impl Drop for Mpi {
     fn drop(&mut self) {
         if FAILED.load(Ordering::SeqCst) {
@@ -137,12 +169,41 @@ fn end_job(why: &str) -> ! {
 /// The result of one exchange, from the leader to the other local replicas.
 type Reduced = Result<Arc<Vec<f32>>, String>;
 
+/// What a rank says of itself at the start of every step (one small
+/// all-gather): the ranks must agree on the step and the shape; the
+/// replica counts and the stop requests are read from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StepHeader {
+    /// This process's replicas.
+    pub local: usize,
+    /// A hash of the shape every replica runs (balance, front, micro-batches).
+    pub shape: u64,
+    /// Whether this process was asked to stop (a SIGTERM, say).
+    pub stop: bool,
+}
+
+/// The channels from the leader replica to the other local replicas.
+struct Followers {
+    senders: Vec<Sender<Reduced>>,
+    inboxes: Vec<Receiver<Reduced>>,
+}
+
+impl Followers {
+    /// Channels for `local` replicas (the leader and `local - 1` others).
+    fn new(local: usize) -> Self {
+        // Unbounded: the leader may run ahead through stages with nothing to
+        // all-reduce in this process; the results queue up in stage order.
+        let (senders, inboxes) = (1..local).map(|_| unbounded()).unzip();
+        Self { senders, inboxes }
+    }
+}
+
 /// This process's connection to the other processes of the MPI job.
 pub(crate) struct NodeLink {
     rank: usize,
     size: usize,
-    /// Replicas of each process, by rank.
-    replicas: Vec<usize>,
+    /// Replicas of each process, by rank, as last exchanged.
+    counts: Mutex<Vec<usize>>,
     jobs: Mutex<Sender<Job>>,
     /// Exchanges done, and why the link failed once it has.
     state: Mutex<(u64, Option<String>)>,
@@ -150,8 +211,9 @@ pub(crate) struct NodeLink {
     steps: AtomicU64,
     under_way: Mutex<Option<u64>>,
     /// To local replicas `1..`: the leader's result of each exchange.
-    followers: Vec<Sender<Reduced>>,
-    inboxes: Vec<Receiver<Reduced>>,
+    followers: Mutex<Followers>,
+    /// Whether a rank asked to stop in the last step's header.
+    stop_seen: AtomicBool,
     /// Dropped on abort, which wakes the waits of this process.
     abort_tx: Mutex<Option<Sender<()>>>,
     abort_rx: Receiver<()>,
@@ -163,13 +225,19 @@ impl std::fmt::Debug for NodeLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NodeLink")
             .field("rank", &self.rank)
-            .field("replicas", &self.replicas)
+            .field("replicas", &self.replicas())
             .finish_non_exhaustive()
     }
 }
 
 fn node_error(node: usize, message: String) -> ElasticError {
     ElasticError::Node { node, message }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Joins the other processes of the MPI job, exchanging every rank's
@@ -200,28 +268,22 @@ pub(crate) fn join(
         .name("burn-elastic-dp mpi".into())
         .spawn(move || serve(queue))
         .map_err(|error| node_error(rank, format!("starting the MPI thread: {error}")))?;
-    // Unbounded: the leader may run ahead through stages with nothing to
-    // all-reduce in this process; the results queue up in stage order.
-    let (followers, inboxes) = (1..local).map(|_| unbounded()).unzip();
     let (abort_tx, abort_rx) = bounded(0);
-    let mut link = NodeLink {
+    let link = NodeLink {
         rank,
         size,
-        replicas: Vec::new(),
+        counts: Mutex::new(Vec::new()),
         jobs: Mutex::new(jobs),
         state: Mutex::new((0, None)),
         steps: AtomicU64::new(0),
         under_way: Mutex::new(None),
-        followers,
-        inboxes,
+        followers: Mutex::new(Followers::new(local)),
+        stop_seen: AtomicBool::new(false),
         abort_tx: Mutex::new(Some(abort_tx)),
         abort_rx,
         step_timeout,
     };
-    let mut counts = vec![0.0; size];
-    counts[rank] = local as f32;
-    let counts = link
-        .exchange(counts, Instant::now() + join_timeout)
+    link.set_local(local, Instant::now() + join_timeout)
         .map_err(|error| match error {
             ElasticError::NodesStalled { missing, .. } => ElasticError::NodesMissing {
                 missing,
@@ -229,13 +291,9 @@ pub(crate) fn join(
             },
             other => other,
         })?;
-    link.replicas = counts.iter().map(|&c| c as usize).collect();
-    if let Some(rank) = link.replicas.iter().position(|&c| c == 0) {
-        return Err(node_error(rank, "it has no replica".into()));
-    }
     tracing::info!(
         rank,
-        replicas = ?link.replicas,
+        replicas = ?link.replicas(),
         "joined the processes of the replica group (MPI)"
     );
     Ok(Some(Arc::new(link)))
@@ -247,14 +305,105 @@ impl NodeLink {
         self.rank
     }
 
-    /// Every rank's replica count.
-    pub fn replicas(&self) -> &[usize] {
-        &self.replicas
+    /// Processes in the job.
+    pub fn size(&self) -> usize {
+        self.size
     }
 
-    /// Counts a step (named in the errors of its exchanges).
-    pub fn begin_step(&self) {
-        self.steps.fetch_add(1, Ordering::SeqCst);
+    /// Every rank's replica count, as last exchanged.
+    pub fn replicas(&self) -> Vec<usize> {
+        lock(&self.counts).clone()
+    }
+
+    /// Whether a rank asked to stop in the last step's header.
+    pub fn stop_seen(&self) -> bool {
+        self.stop_seen.load(Ordering::SeqCst)
+    }
+
+    /// Sets this process's replica count to `local` (at a step boundary, on
+    /// every rank at the same point: a resize in lockstep, or the join) and
+    /// exchanges every rank's count, within `deadline`.
+    pub fn set_local(&self, local: usize, deadline: Instant) -> Result<(), ElasticError> {
+        *lock(&self.followers) = Followers::new(local);
+        let all = self.gather(vec![local as i64], deadline)?;
+        let counts: Vec<usize> = all.iter().map(|r| r[0].max(0) as usize).collect();
+        if let Some(rank) = counts.iter().position(|&c| c == 0) {
+            return Err(node_error(rank, "it has no replica".into()));
+        }
+        *lock(&self.counts) = counts;
+        Ok(())
+    }
+
+    /// Begins a step: every rank's [`StepHeader`] gathered within
+    /// `deadline` (one small all-gather), the ranks checked to be at the
+    /// same step with the same shape, and every rank's replica count and
+    /// stop request taken from it. A rank that disagrees fails the step
+    /// with an error naming it (every rank sees the same headers, so every
+    /// rank fails alike).
+    pub fn begin_step(
+        &self,
+        header: StepHeader,
+        deadline: Instant,
+    ) -> Result<Vec<usize>, ElasticError> {
+        let step = self.steps.fetch_add(1, Ordering::SeqCst) + 1;
+        let record = vec![
+            step as i64,
+            header.local as i64,
+            header.shape as i64,
+            i64::from(header.stop),
+        ];
+        let all = self.gather(record, deadline)?;
+        let first = &all[0];
+        for (rank, row) in all.iter().enumerate() {
+            if row[0] != first[0] || row[2] != first[2] {
+                return Err(node_error(
+                    rank,
+                    format!(
+                        "out of lockstep: at step {} with shape {:016x} ({} replicas), while rank 0 is at step {} with shape {:016x} ({} replicas); every rank must change its shape at the same step by the same rule",
+                        row[0], row[2] as u64, row[1], first[0], first[2] as u64, first[1]
+                    ),
+                ));
+            }
+            if row[1] < 1 {
+                return Err(node_error(rank, "it has no replica".into()));
+            }
+        }
+        let counts: Vec<usize> = all.iter().map(|row| row[1] as usize).collect();
+        *lock(&self.counts) = counts.clone();
+        if all.iter().any(|row| row[3] != 0) {
+            self.stop_seen.store(true, Ordering::SeqCst);
+        }
+        Ok(counts)
+    }
+
+    /// Every rank's `record` (as long on every rank), by rank, within
+    /// `deadline`. Every rank must call it at the same point.
+    pub fn gather(
+        &self,
+        record: Vec<i64>,
+        deadline: Instant,
+    ) -> Result<Vec<Vec<i64>>, ElasticError> {
+        let len = record.len();
+        match self.exchange(Payload::Gather(record), deadline)? {
+            Payload::Gather(all) if len > 0 => Ok(all.chunks(len).map(<[i64]>::to_vec).collect()),
+            Payload::Gather(_) => Ok(vec![Vec::new(); self.size]),
+            _ => Err(node_error(
+                self.rank,
+                "the MPI thread answered another kind of exchange".into(),
+            )),
+        }
+    }
+
+    /// The element-wise maximum over every rank of `values` (as many on
+    /// every rank), within `deadline`: exact, the same on every rank.
+    pub fn max(&self, values: Vec<f64>, deadline: Instant) -> Result<Vec<f64>, ElasticError> {
+        match self.exchange(Payload::Max(values), deadline)? {
+            Payload::Max(max) => Ok(max),
+            _ => Err(node_error(
+                self.rank,
+                "the MPI thread answered another kind of exchange".into(),
+            )),
+        }
     }
 
     /// Fails the link: whatever waits on it in this process returns with an
@@ -262,16 +411,13 @@ impl NodeLink {
     /// stays failed and the job ends (see the module documentation).
     pub fn abort(&self) {
         self.fail("the step failed or passed its deadline in this process".into());
-        self.abort_tx
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take();
+        lock(&self.abort_tx).take();
     }
 
     /// The error of the exchange under way, if any: the step and the ranks
     /// that have not arrived at it.
     pub fn waiting_on(&self) -> Option<ElasticError> {
-        let step = (*self.under_way.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let step = (*lock(&self.under_way))?;
         Some(ElasticError::NodesStalled {
             step,
             missing: self.not_arrived(),
@@ -296,7 +442,7 @@ impl NodeLink {
 
     /// Marks the link failed; the job ends at the latest one step timeout later.
     fn fail(&self, why: String) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = lock(&self.state);
         if state.1.is_some() {
             return;
         }
@@ -325,7 +471,13 @@ impl NodeLink {
         deadline: Instant,
     ) -> Result<Arc<Vec<f32>>, ElasticError> {
         if replica > 0 {
-            let inbox = &self.inboxes[replica - 1];
+            let inbox = lock(&self.followers).inboxes.get(replica - 1).cloned();
+            let Some(inbox) = inbox else {
+                return Err(node_error(
+                    self.rank,
+                    format!("local replica {replica} is not in the group"),
+                ));
+            };
             let timeout = deadline.saturating_duration_since(Instant::now());
             return select! {
                 recv(inbox) -> reduced => match reduced {
@@ -337,21 +489,29 @@ impl NodeLink {
                 default(timeout) => Err(ElasticError::NodesMissing { missing: vec![self.rank], waited: self.step_timeout }),
             };
         }
-        let result = self.exchange(values, deadline).map(Arc::new);
+        let result = match self.exchange(Payload::Sum(values), deadline) {
+            Ok(Payload::Sum(total)) => Ok(Arc::new(total)),
+            Ok(_) => Err(node_error(
+                self.rank,
+                "the MPI thread answered another kind of exchange".into(),
+            )),
+            Err(error) => Err(error),
+        };
         let shared = result
             .as_ref()
             .map(Arc::clone)
             .map_err(|error| error.to_string());
-        for follower in &self.followers {
+        let senders = lock(&self.followers).senders.clone();
+        for follower in &senders {
             let _ = follower.send(shared.clone());
         }
         result
     }
 
     /// Runs one exchange on the MPI thread, waiting for it until `deadline`.
-    fn exchange(&self, values: Vec<f32>, deadline: Instant) -> Result<Vec<f32>, ElasticError> {
+    fn exchange(&self, payload: Payload, deadline: Instant) -> Result<Payload, ElasticError> {
         let round = {
-            let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let state = lock(&self.state);
             if let Some(why) = &state.1 {
                 return Err(node_error(
                     self.rank,
@@ -366,19 +526,13 @@ impl NodeLink {
         let (reply, result) = bounded(1);
         let job = Job {
             round,
-            values,
+            payload,
             reply,
         };
-        if self
-            .jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(job)
-            .is_err()
-        {
+        if lock(&self.jobs).send(job).is_err() {
             return Err(node_error(self.rank, "the MPI thread is gone".into()));
         }
-        *self.under_way.lock().unwrap_or_else(|p| p.into_inner()) = Some(step);
+        *lock(&self.under_way) = Some(step);
         let timeout = deadline.saturating_duration_since(Instant::now());
         let outcome = select! {
             recv(result) -> total => total.unwrap_or_else(|_| Err("the MPI thread is gone".into())).map_err(|message| node_error(self.rank, message)),
@@ -392,10 +546,10 @@ impl NodeLink {
                 waited: self.step_timeout,
             }),
         };
-        *self.under_way.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *lock(&self.under_way) = None;
         match outcome {
             Ok(total) => {
-                self.state.lock().unwrap_or_else(|p| p.into_inner()).0 += 1;
+                lock(&self.state).0 += 1;
                 Ok(total)
             }
             Err(error) => {

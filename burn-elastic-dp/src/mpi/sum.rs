@@ -8,61 +8,111 @@ use mpi::traits::*;
 
 use super::{ARRIVED, BUCKET_VALUES};
 
+/// What one exchange combines across the ranks.
+#[derive(Debug)]
+pub(super) enum Payload {
+    /// The element-wise sum of every rank's values (gradients), the same
+    /// bits on every rank.
+    Sum(Vec<f32>),
+    /// Every rank's record (as long on every rank), gathered in rank order:
+    /// step headers, replica counts, checkpoint steps.
+    Gather(Vec<i64>),
+    /// The element-wise maximum of every rank's values (measurements):
+    /// exact and independent of the order of the ranks.
+    Max(Vec<f64>),
+}
+
+impl Payload {
+    /// The kind, checked to be the same on every rank before any payload
+    /// moves.
+    fn kind(&self) -> i64 {
+        match self {
+            Payload::Sum(_) => 1,
+            Payload::Gather(_) => 2,
+            Payload::Max(_) => 3,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Payload::Sum(v) => v.len(),
+            Payload::Gather(v) => v.len(),
+            Payload::Max(v) => v.len(),
+        }
+    }
+}
+
 /// One exchange for the MPI thread.
 pub(super) struct Job {
     pub round: u64,
-    pub values: Vec<f32>,
-    pub reply: Sender<Result<Vec<f32>, String>>,
+    pub payload: Payload,
+    pub reply: Sender<Result<Payload, String>>,
 }
 
 /// The MPI thread: runs the exchanges in order until the link is dropped.
 pub(super) fn serve(queue: Receiver<Job>) {
     let world = SimpleCommunicator::world();
     for job in queue {
-        let result = sum(&world, job.round, &job.values);
+        let result = exchange(&world, job.round, &job.payload);
         let _ = job.reply.send(result);
     }
 }
 
-/// Every rank's `values` summed, the same bits on every rank.
-fn sum(world: &SimpleCommunicator, round: u64, values: &[f32]) -> Result<Vec<f32>, String> {
+/// Runs one exchange: arrival messages, the check that every rank is at
+/// the same exchange of the same kind and length, then the payload.
+fn exchange(world: &SimpleCommunicator, round: u64, payload: &Payload) -> Result<Payload, String> {
     let (rank, size) = (world.rank(), world.size());
     let others = || (0..size).filter(move |&r| r != rank);
     for peer in others() {
         world.process_at_rank(peer).send_with_tag(&round, ARRIVED);
     }
-    // Every rank at the same exchange with as many values (MIN of x and -x
-    // gives the smallest and the largest).
-    let (round_i, len_i) = (round as i64, values.len() as i64);
-    let mut check = [0i64; 4];
+    // Every rank at the same exchange, of the same kind, with as many
+    // values (MIN of x and -x gives the smallest and the largest).
+    let (round_i, kind, len) = (round as i64, payload.kind(), payload.len() as i64);
+    let mut check = [0i64; 6];
     world.all_reduce_into(
-        &[round_i, -round_i, len_i, -len_i][..],
+        &[round_i, -round_i, kind, -kind, len, -len][..],
         &mut check[..],
         SystemOperation::min(),
     );
-    let mut total = vec![0f32; values.len()];
-    let agreed = check[0] == -check[1] && check[2] == -check[3];
-    if agreed {
-        for (send, receive) in values
-            .chunks(BUCKET_VALUES)
-            .zip(total.chunks_mut(BUCKET_VALUES))
-        {
-            world.all_reduce_into(send, receive, SystemOperation::sum());
+    let agreed = check[0] == -check[1] && check[2] == -check[3] && check[4] == -check[5];
+    let result = agreed.then(|| match payload {
+        Payload::Sum(values) => Payload::Sum(sum(world, values)),
+        Payload::Gather(record) => {
+            let mut all = vec![0i64; record.len() * size as usize];
+            world.all_gather_into(&record[..], &mut all[..]);
+            Payload::Gather(all)
         }
-    }
+        Payload::Max(values) => {
+            let mut max = vec![0f64; values.len()];
+            world.all_reduce_into(&values[..], &mut max[..], SystemOperation::max());
+            Payload::Max(max)
+        }
+    });
     for peer in others() {
         let _: (u64, _) = world.process_at_rank(peer).receive_with_tag(ARRIVED);
     }
-    if !agreed {
-        return Err(format!(
-            "the ranks are at exchanges {}..={} with {}..={} values: they run different steps or models",
-            check[0], -check[1], check[2], -check[3]
-        ));
+    result.ok_or_else(|| {
+        format!(
+            "the ranks are at exchanges {}..={} of kinds {}..={} with {}..={} values: they run different steps or models",
+            check[0], -check[1], check[2], -check[3], check[4], -check[5]
+        )
+    })
+}
+
+/// Every rank's `values` summed, the same bits on every rank.
+fn sum(world: &SimpleCommunicator, values: &[f32]) -> Vec<f32> {
+    let mut total = vec![0f32; values.len()];
+    for (send, receive) in values
+        .chunks(BUCKET_VALUES)
+        .zip(total.chunks_mut(BUCKET_VALUES))
+    {
+        world.all_reduce_into(send, receive, SystemOperation::sum());
     }
-    if size > 2 {
+    if world.size() > 2 {
         same_bits(world, &mut total);
     }
-    Ok(total)
+    total
 }
 
 /// Makes every rank hold rank 0's `total` should the ranks' bits differ.

@@ -29,7 +29,13 @@ where
         loss: impl Fn(S::Output, T) -> Tensor<S::Backend, 1> + Send + Sync + 'static,
         resuming: bool,
     ) -> Result<Self, TrainerError> {
-        config.check(devices.len())?;
+        // A group across processes: every process runs this rule on its
+        // own devices, so the whole group is `processes` times as large.
+        let processes = match config.replicas.nodes {
+            Some(_) => crate::node::job_size().unwrap_or(1),
+            None => 1,
+        };
+        config.check_on(devices.len(), processes)?;
         let units = stack.num_units();
         if let Some(stages) = config.stages
             && stages > units
@@ -46,7 +52,6 @@ where
         let memory = starting_memory(&stack);
         let memory_pending = measure_pending(&config, &memory);
         let (shape, initial_largest) = config.start_shape(&costs, &memory, devices.len())?;
-        let replicas = shape.replicas;
         let pipeline = (config.replicas.pipeline.clone()).with_balance(Some(shape.balance.clone()));
         let mut group = (config.replicas.clone()).with_pipeline(pipeline).init(
             stack,
@@ -56,6 +61,9 @@ where
         if config.parts.cache && config.parts.freeze {
             group.attach_cache(ActivationCache::new(config.cache.clone())?);
         }
+        // Replicas at the start, in every process (the learning rate's
+        // reference).
+        let replicas = group.total_replicas();
         tracing::info!(
             K = shape.stages(),
             R = shape.replicas,

@@ -91,6 +91,8 @@ where
             profile_pending: self.profile_pending,
             memory: Some(self.memory.clone()),
             memory_pending: self.memory_pending,
+            processes: self.group.processes(),
+            total_replicas: self.group.total_replicas(),
             files: Vec::new(),
         };
         let path = write(config, state, &model, &optimizer)?;
@@ -139,7 +141,12 @@ where
                 accepted: "a checkpoint directory to resume from",
             });
         };
-        let loaded = read_latest(&checkpoint.dir)?;
+        let across = config.replicas.nodes.is_some() && crate::node::job_size().is_some();
+        let loaded = if across {
+            read_agreed(&checkpoint.dir, &config)?
+        } else {
+            read_latest(&checkpoint.dir)?
+        };
         let state = loaded.state;
         let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
         let device = devices.first().cloned().unwrap_or_default();
@@ -156,8 +163,24 @@ where
         })?;
         let mut trainer = Self::new(stack, devices, config, make_optimizer, loss, true)?;
         // The saved front and shape, then the saved optimizer state in
-        // every replica.
-        trainer.reshape_through_one(&state.shape, |group| {
+        // every replica. On another number of processes each one's share is
+        // derived again: under AutoDP as many replicas as its devices hold
+        // at the saved K (the global batch is shared among them all).
+        let mut shape = state.shape.clone();
+        let processes = trainer.group.processes();
+        if processes != state.processes {
+            if trainer.config.parts.dp {
+                shape.replicas = (trainer.devices.len() / shape.stages()).max(1);
+            }
+            tracing::info!(
+                written_by = state.processes,
+                resumed_on = processes,
+                total_replicas_before = state.total_replicas,
+                replicas_here = shape.replicas,
+                "resuming on another number of processes"
+            );
+        }
+        trainer.reshape_through_one(&shape, |group| {
             if state.front > 0 {
                 group.freeze_to(state.front)?;
             }
@@ -223,8 +246,18 @@ struct RunState {
     pub memory: Option<burn_pipe::UnitMemory>,
     #[serde(default)]
     pub memory_pending: bool,
+    /// Processes of the group that wrote it (1 for one process).
+    #[serde(default = "one")]
+    pub processes: usize,
+    /// Replicas of the whole group, every process's.
+    #[serde(default)]
+    pub total_replicas: usize,
     /// (file, CRC-32, length) of the weights and optimizer files.
     pub files: Vec<(String, u32, u64)>,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// What a checkpoint holds, read back and verified.
@@ -233,6 +266,18 @@ struct Loaded {
     pub state: RunState,
     pub model: Vec<u8>,
     pub optimizer: Vec<u8>,
+}
+
+/// Flushes a directory's entries (a rename in it) to disk; a no-op where
+/// directories cannot be opened as files (Windows).
+fn sync_dir(dir: &Path) -> Result<(), TrainerError> {
+    #[cfg(unix)]
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))?;
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), TrainerError> {
@@ -274,6 +319,8 @@ fn write(
     write_synced(&temporary.join(STATE), &json)?;
     let _ = fs::remove_dir_all(&final_dir);
     fs::rename(&temporary, &final_dir).map_err(io(&final_dir))?;
+    // The rename is durable only once the directory holding it is synced.
+    sync_dir(&config.dir)?;
     let mut all = list(&config.dir)?;
     while all.len() > config.keep.max(1) {
         let oldest = all.remove(0);
@@ -332,6 +379,80 @@ fn read(path: &Path) -> Result<Loaded, String> {
         model,
         optimizer,
     })
+}
+
+/// Most checkpoint steps a process tells the others when they agree where
+/// to resume.
+const AGREED_STEPS: usize = 32;
+
+/// The step a checkpoint directory is named after.
+fn step_of(path: &Path) -> Option<i64> {
+    path.file_name()?
+        .to_str()?
+        .strip_prefix("step-")?
+        .parse()
+        .ok()
+}
+
+/// Across the processes of an MPI job: the newest checkpoint that every
+/// process holds, verified, in its own `dir` (its `rank-<r>`), agreed by
+/// one small all-gather of each process's verified steps. A process whose
+/// newest checkpoint is newer than that (it wrote one more before the job
+/// ended) resumes from the common one too, so that every process resumes
+/// at the same step; with no common step the resume is refused on every
+/// process, naming each one's steps.
+fn read_agreed(dir: &Path, config: &TrainerConfig) -> Result<Loaded, TrainerError> {
+    let all = if dir.exists() { list(dir)? } else { Vec::new() };
+    let mut verified: Vec<(i64, Loaded)> = Vec::new();
+    for path in all.iter().rev() {
+        let Some(step) = step_of(path) else { continue };
+        match read(path) {
+            Ok(loaded) if verified.len() < AGREED_STEPS => verified.push((step, loaded)),
+            Ok(_) => break,
+            Err(reason) => {
+                tracing::error!(checkpoint = %path.display(), %reason, "checkpoint rejected");
+            }
+        }
+    }
+    let mut record: Vec<i64> = verified.iter().map(|(step, _)| *step).collect();
+    record.resize(AGREED_STEPS, -1);
+    let timeout = std::time::Duration::from_millis(config.replicas.timeout_ms);
+    let link = crate::node::join(config.replicas.nodes.as_ref(), 1, timeout)?;
+    let Some(link) = link else {
+        return read_latest(dir);
+    };
+    let steps = link.gather(record, std::time::Instant::now() + timeout)?;
+    drop(link);
+    let held =
+        |rank: usize| -> Vec<i64> { steps[rank].iter().copied().filter(|&s| s >= 0).collect() };
+    let common = held(0)
+        .into_iter()
+        .filter(|step| (1..steps.len()).all(|rank| held(rank).contains(step)))
+        .max();
+    let Some(common) = common else {
+        let each: Vec<String> = (0..steps.len())
+            .map(|rank| format!("rank {rank} holds {:?}", held(rank)))
+            .collect();
+        return Err(TrainerError::ResumeDisagrees(format!(
+            "no checkpoint step is held, verified, by every rank ({}); a rank without one cannot join the others' step",
+            each.join(", ")
+        )));
+    };
+    let ahead: Vec<usize> = (0..steps.len())
+        .filter(|&rank| held(rank).first().is_some_and(|&newest| newest > common))
+        .collect();
+    if !ahead.is_empty() {
+        tracing::warn!(
+            step = common,
+            ?ahead,
+            "some ranks hold a newer checkpoint; every rank resumes from the newest they all hold"
+        );
+    }
+    let (_, loaded) = verified
+        .into_iter()
+        .find(|(step, _)| *step == common)
+        .expect("every rank holds the common step, this one included");
+    Ok(loaded)
 }
 
 /// The newest checkpoint in `dir` that verifies; every one rejected is

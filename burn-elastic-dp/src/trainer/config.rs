@@ -208,6 +208,29 @@ impl TrainerConfig {
     /// Checks every value against a run on `devices` devices, before any
     /// work: one error naming the field and the accepted range.
     pub fn check(&self, devices: usize) -> Result<(), TrainerError> {
+        self.check_on(devices, 1)
+    }
+
+    /// [`check`](Self::check) for a group across `processes` processes of
+    /// `devices` devices each (a rank of an MPI job with
+    /// [`ReplicaConfig::nodes`]): every shape the run can reach must give
+    /// every replica of every process a sample per micro-batch. Every
+    /// process runs the same shape rule on its own devices (AutoDP in
+    /// lockstep), so the whole group holds `processes` times one process's
+    /// replicas.
+    ///
+    /// ```
+    /// use burn_elastic_dp::{BatchPolicy, TrainerConfig};
+    ///
+    /// // 4 devices a process, K = 1 at the most: 4 replicas each.
+    /// let config = TrainerConfig::new().with_batch(BatchPolicy::FixedGlobal { batch: 8 });
+    /// assert!(config.check_on(4, 2).is_ok());
+    /// assert!(config.check_on(4, 3).is_err()); // 12 replicas, 8 samples
+    /// ```
+    pub fn check_on(&self, devices: usize, processes: usize) -> Result<(), TrainerError> {
+        if processes == 0 {
+            return Err(invalid("processes", 0, "at least 1 process"));
+        }
         if devices == 0 {
             return Err(invalid("devices", 0, "at least 1 device"));
         }
@@ -305,7 +328,6 @@ impl TrainerConfig {
         if self.replicas.all_reduce == (AllReduce::Bucketed { bucket_bytes: 0 }) {
             return Err(invalid("replicas.all_reduce.bucket_bytes", 0, "at least 1"));
         }
-        self.check_nodes()?;
         if self.replicas.pipeline.balance.is_some() {
             return Err(invalid(
                 "replicas.pipeline.balance",
@@ -330,9 +352,10 @@ impl TrainerConfig {
             // A memory-aware start (`stages` unset) at `stages` runs
             // devices / stages replicas, whether AutoDP runs or not.
             let memory_start = self.stages.is_none().then(|| (devices / stages).max(1));
-            for replicas in
+            for local in
                 std::iter::once(self.replicas_for(stages, start, devices)).chain(memory_start)
             {
+                let replicas = local * processes;
                 let micro = self.replicas.pipeline.micro_batches_for(stages);
                 let needed = replicas * micro;
                 if self.batch.global_batch(replicas) < needed {
@@ -344,34 +367,6 @@ impl TrainerConfig {
                     });
                 }
             }
-        }
-        Ok(())
-    }
-
-    /// With a group across processes ([`ReplicaConfig::nodes`]), what
-    /// cannot work there: AutoDP (a group across processes keeps its
-    /// replicas, so R cannot change) and profiled costs (each rank's timings
-    /// differ, so each would balance its pipeline differently). AutoFreeze,
-    /// AutoPipe and AutoCache run: every rank steps with the same all-reduced
-    /// gradients, so the policies read the same norms and make the same
-    /// decisions on the same parameter costs.
-    fn check_nodes(&self) -> Result<(), TrainerError> {
-        if self.replicas.nodes.is_none() {
-            return Ok(());
-        }
-        if self.parts.dp {
-            return Err(invalid(
-                "parts.dp",
-                true,
-                "false with a group across processes (R cannot change across MPI processes: Parts::dp = false, train's --no-dp)",
-            ));
-        }
-        if let CostModel::Profiled { .. } = self.costs {
-            return Err(invalid(
-                "costs",
-                "Profiled",
-                "CostModel::Parameters with a group across processes (timings differ per rank, so the ranks' balances would differ)",
-            ));
         }
         Ok(())
     }

@@ -23,6 +23,8 @@ pub(super) struct EpochTally {
     transitions: Vec<Transition>,
     /// The shape the epoch's last step ran with.
     ran_with: Shape,
+    /// The whole group's replicas at its last step (every process's).
+    ran_total: usize,
     /// The micro-batch count its last step ran with.
     ran_micro_batches: Option<usize>,
 }
@@ -41,10 +43,12 @@ pub(super) struct EpochEnd {
 }
 
 impl EpochTally {
-    /// An epoch starting now at `shape`, the cache having counted
+    /// An epoch starting now at `shape` (`total` replicas in every
+    /// process), the cache having counted
     /// `cache_before` hits and misses.
-    pub(super) fn start(cache_before: (u64, u64), shape: Shape) -> Self {
+    pub(super) fn start(cache_before: (u64, u64), shape: Shape, total: usize) -> Self {
         Self {
+            ran_total: total,
             started: Instant::now(),
             cache_before,
             steps: 0,
@@ -58,14 +62,17 @@ impl EpochTally {
         }
     }
 
-    /// Adds a step of `samples` samples that ran with `shape`; what the
+    /// Adds a step of `samples` samples that ran with `shape` (`total`
+    /// replicas in every process); what the
     /// epoch's observer is told of it.
     pub(super) fn step(
         &mut self,
         samples: usize,
         report: &GroupReport,
         shape: Shape,
+        total: usize,
     ) -> StepProgress {
+        self.ran_total = total;
         self.steps += 1;
         self.samples += samples;
         self.loss_sum += f64::from(report.loss) * samples as f64;
@@ -109,6 +116,7 @@ impl EpochTally {
             front: end.front,
             stages: self.ran_with.stages(),
             replicas: self.ran_with.replicas,
+            total_replicas: self.ran_total,
             micro_batches: self.ran_micro_batches.unwrap_or(end.micro_batches),
             balance: self.ran_with.balance,
             transitions: self.transitions,

@@ -115,6 +115,23 @@ pub enum TrainerError {
     /// A checkpoint could not be encoded or decoded.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// The run was asked to stop (its [`StopSignal`](crate::StopSignal):
+    /// a SIGTERM, say, on this process or, across processes, on any): it
+    /// stopped at a step boundary, every process after the same step, and
+    /// wrote a checkpoint there when checkpoints are configured. Resume
+    /// with [`Trainer::resume`](crate::Trainer::resume); a binary exits
+    /// with [`STOPPED_EXIT_CODE`](crate::STOPPED_EXIT_CODE).
+    #[error("stopped as asked after step {steps}{}", match checkpoint { Some(path) => format!(" (checkpoint {})", path.display()), None => " (no checkpoint configured)".to_string() })]
+    Stopped {
+        /// Optimizer steps taken.
+        steps: usize,
+        /// The checkpoint written, if checkpoints are configured.
+        checkpoint: Option<PathBuf>,
+    },
+    /// The processes of a group cannot resume together: no checkpoint
+    /// step is held, verified, by every one of them.
+    #[error("cannot resume across processes: {0}")]
+    ResumeDisagrees(String),
     /// The replica group (or a pipeline in it) refused or failed.
     #[error(transparent)]
     Elastic(#[from] ElasticError),

@@ -24,8 +24,12 @@ pub struct Transition {
     pub front: (usize, usize),
     /// Pipeline stages (K) before and after.
     pub stages: (usize, usize),
-    /// Replicas (R) before and after.
+    /// Replicas (R) of this process before and after.
     pub replicas: (usize, usize),
+    /// Replicas of the whole group before and after: every process's (the
+    /// same as `replicas` in a group of one process).
+    #[serde(default)]
+    pub total_replicas: (usize, usize),
     /// Micro-batches per replica (M) after it.
     pub micro_batches: usize,
     /// How M was chosen from measured micro-batch times (every candidate's
@@ -50,6 +54,7 @@ impl Transition {
             front = format!("{} -> {}", self.front.0, self.front.1),
             K = format!("{} -> {}", self.stages.0, self.stages.1),
             R = format!("{} -> {}", self.replicas.0, self.replicas.1),
+            R_total = format!("{} -> {}", self.total_replicas.0, self.total_replicas.1),
             M = self.micro_batches,
             M_by = if self.micro_batch_choice.is_some() { "measurement" } else { "rule" },
             predicted_ms = self
@@ -97,6 +102,10 @@ pub struct EpochReport {
     pub stages: usize,
     /// Replicas (R) its last step ran with.
     pub replicas: usize,
+    /// Replicas of the whole group it ran with, every process's (the same
+    /// as `replicas` in a group of one process).
+    #[serde(default)]
+    pub total_replicas: usize,
     /// Micro-batches per replica (M) its last step ran with.
     pub micro_batches: usize,
     /// Units per stage its last step ran with.

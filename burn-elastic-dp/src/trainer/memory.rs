@@ -187,7 +187,9 @@ where
             return Ok(());
         }
         let stack = self.group.to_layer_stack();
-        self.memory = measure_unit_memory(&stack, input.clone(), &self.devices[0]);
+        let measured = measure_unit_memory(&stack, input.clone(), &self.devices[0]);
+        // Every process starts on the same figures: the largest measured.
+        self.memory = super::agree::unit_memory(&self.group, measured)?;
         self.memory_pending = false;
         tracing::info!(activations = ?self.memory.activations, "activation bytes per sample measured");
         self.restart_shape()
@@ -201,7 +203,7 @@ where
             self.config
                 .start_shape(&self.costs, &self.memory, self.devices.len())?;
         if self.move_to(&current, &shape)? {
-            self.base_replicas = shape.replicas;
+            self.base_replicas = self.group.total_replicas();
         }
         self.initial_largest = largest;
         Ok(())

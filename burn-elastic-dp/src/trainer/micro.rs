@@ -86,12 +86,12 @@ where
     /// on `input` (a copy of the model on the first device) when the costs
     /// are profiled, no table was given and no count is configured; then M
     /// chosen for the current shape.
-    pub(super) fn micro_batches_if_pending(&mut self, input: &S::Input)
+    pub(super) fn micro_batches_if_pending(&mut self, input: &S::Input) -> Result<(), TrainerError>
     where
         S::Output: Differentiable<S::Backend>,
     {
         if !self.micro.pending {
-            return;
+            return Ok(());
         }
         self.micro.pending = false;
         // One stage has no bubble to fill, and no rule lengthens a pipeline:
@@ -106,14 +106,16 @@ where
             let sizes = micro_batch_profile_sizes(largest);
             let stack = self.group.to_layer_stack();
             let device = &self.devices[0];
-            match profile_micro_batches(&stack, input.clone(), device, &sizes, repeats) {
-                Ok(times) => self.micro.times = Some(times),
-                Err(error) => {
+            let measured = profile_micro_batches(&stack, input.clone(), device, &sizes, repeats)
+                .map_err(|error| {
                     tracing::warn!(%error, "micro-batch sizes not profiled; the paper's micro-batch count holds")
-                }
-            }
+                })
+                .ok();
+            // Every process chooses from the same table: the slowest's.
+            self.micro.times = super::agree::micro_batch_times(&self.group, measured)?;
         }
         self.choose_micro_batches();
+        Ok(())
     }
 
     /// M for the current shape from the table, set on the group and
@@ -139,7 +141,8 @@ where
         let states: Vec<UnitState> = (0..units)
             .map(|u| UnitState::of(u, front, cached))
             .collect();
-        let batch_per_replica = self.config.batch.global_batch(shape.replicas) / shape.replicas;
+        let total = self.group.total_replicas();
+        let batch_per_replica = self.config.batch.global_batch(total) / total;
         let query = MicroBatchQuery {
             balance: &shape.balance,
             states: &states,

@@ -16,6 +16,7 @@
 //! bounds, named once), `log.rs` (transition
 //! and epoch records, JSON lines), `error.rs`.
 
+mod agree;
 mod bounds;
 mod build;
 mod checkpoint;
@@ -210,7 +211,7 @@ where
     /// linearly with the replica count under
     /// [`BatchPolicy::PerReplica`](crate::BatchPolicy::PerReplica).
     pub fn learning_rate(&self) -> f64 {
-        let replicas = self.group.num_replicas();
+        let replicas = self.group.total_replicas();
         match self.sampler.as_ref() {
             Some(sampler) => sampler.learning_rate(self.config.lr, self.base_replicas, replicas),
             None => self.config.lr,
@@ -285,7 +286,11 @@ where
         D: Dataset<I>,
         Bt: Batcher<S::Backend, I, (S::Input, T)>,
     {
-        let mut tally = EpochTally::start(self.cache_counts(), self.shape());
+        let mut tally = EpochTally::start(
+            self.cache_counts(),
+            self.shape(),
+            self.group.total_replicas(),
+        );
         self.begin_epoch(dataset.len())?;
         while let Some(drawn) = self.next_batch(dataset.len())? {
             let report = match self.train_batch(dataset, batcher, &drawn.indices) {
@@ -296,9 +301,11 @@ where
                 }
             };
             self.steps += 1;
-            on_step(&tally.step(drawn.indices.len(), &report, self.shape()));
+            let total = self.group.total_replicas();
+            on_step(&tally.step(drawn.indices.len(), &report, self.shape(), total));
             let moved = self.decide(DecisionPoint::AfterStep, &mut tally)?;
             self.checkpoint_after_step(moved)?;
+            self.stop_if_requested()?;
         }
         self.decide(DecisionPoint::EpochEnd, &mut tally)?;
         self.end_epoch(tally)
@@ -316,7 +323,7 @@ where
         if shape.replicas == 0 {
             return Err(ElasticError::GroupLost.into());
         }
-        let needed = shape.replicas * self.micro_batches(shape.stages());
+        let needed = self.group.total_replicas() * self.micro_batches(shape.stages());
         if len < needed {
             return Err(TrainerError::DatasetTooSmall { len, needed });
         }
@@ -334,15 +341,17 @@ where
         Ok(())
     }
 
-    /// The epoch's next batch for the current replicas (`None` once every
-    /// sample was drawn): at least a sample per micro-batch of every
-    /// replica, the epoch's last batch taking in a remainder too small.
+    /// The epoch's next batch for the current replicas of every process
+    /// (`None` once every sample was drawn): at least a sample per
+    /// micro-batch of every replica of the whole group, the epoch's last
+    /// batch taking in a remainder too small.
     fn next_batch(&mut self, len: usize) -> Result<Option<Drawn>, TrainerError> {
         let shape = self.shape();
-        let min_batch = shape.replicas * self.micro_batches(shape.stages());
+        let replicas = self.group.total_replicas();
+        let min_batch = replicas * self.micro_batches(shape.stages());
         let sampler = self.sampler.as_mut().expect("begin_epoch made the sampler");
         let from = sampler.position();
-        let Some(indices) = sampler.next_batch_min(shape.replicas, min_batch) else {
+        let Some(indices) = sampler.next_batch_min(replicas, min_batch) else {
             return Ok(None);
         };
         if indices.len() < min_batch {
@@ -383,7 +392,7 @@ where
         // which then needs the profiled costs.
         self.measure_memory_if_pending(&input)?;
         self.profile_if_pending(&input)?;
-        self.micro_batches_if_pending(&input);
+        self.micro_batches_if_pending(&input)?;
         let lr = self.learning_rate();
         let report = loop {
             match self.forward_backward(indices, input, targets) {
@@ -441,6 +450,39 @@ where
             tally.transition(self.transition(front)?);
         }
         Ok(moved.is_some())
+    }
+
+    /// Watches `signal`: once it is raised (by a SIGTERM handler, say:
+    /// [`StopSignal::on_termination`](crate::StopSignal::on_termination)),
+    /// the epoch under way stops after its current step, a checkpoint is
+    /// written (when configured) and the call returns
+    /// [`TrainerError::Stopped`]. Across processes the request travels in
+    /// the next step's header, so every process stops after that same step
+    /// and writes its checkpoint there, whichever process was signalled.
+    ///
+    /// ```
+    /// # use burn_elastic_dp::StopSignal;
+    /// let signal = StopSignal::new();
+    /// // trainer.set_stop_signal(signal.clone()); ... signal.raise();
+    /// # signal.raise();
+    /// # assert!(signal.raised());
+    /// ```
+    pub fn set_stop_signal(&mut self, signal: crate::StopSignal) {
+        self.group.set_stop_signal(signal);
+    }
+
+    /// After a step: when a stop was asked for, the checkpoint here (every
+    /// process after the same step) and [`TrainerError::Stopped`].
+    fn stop_if_requested(&mut self) -> Result<(), TrainerError> {
+        if !self.group.stop_requested() {
+            return Ok(());
+        }
+        let checkpoint = self.save_checkpoint()?;
+        tracing::warn!(steps = self.steps, checkpoint = ?checkpoint, "stopped as asked");
+        Err(TrainerError::Stopped {
+            steps: self.steps,
+            checkpoint,
+        })
     }
 
     /// The epoch's report (logged), and the epoch closed (checkpointed).

@@ -102,6 +102,8 @@ where
         }
         let stack = self.group.to_layer_stack();
         let profile = profile_units(&stack, input.clone(), &self.devices[0], repeats);
+        // Every process balances on the same times: the slowest's.
+        let profile = super::agree::unit_profiles(&self.group, profile)?;
         self.costs = UnitCosts::from_profile(&profile);
         self.profile_pending = false;
         self.restart_shape()?;
@@ -165,6 +167,7 @@ where
         let start = Instant::now();
         let front = self.group.front();
         let before = self.shape();
+        let total_before = self.group.total_replicas();
         let after = shape_rule(
             &self.costs,
             ShapeQuery {
@@ -185,6 +188,7 @@ where
             front: (front_before, front),
             stages: (before.stages(), after.stages()),
             replicas: (before.replicas, after.replicas),
+            total_replicas: (total_before, self.group.total_replicas()),
             micro_batches: self.micro_batches(after.stages()),
             micro_batch_choice,
             balance: after.balance,

@@ -85,6 +85,12 @@ fn main() {
     examples::allocator::keep_freed_memory();
     examples::init_logging();
     let args = Args::parse();
+    // Under an MPI launcher without the feature: N independent runs into
+    // the same files. Refused, exit 2.
+    if let Err(error) = burn_elastic_dp::launcher::check_mpi_build() {
+        eprintln!("error: {error}");
+        std::process::exit(2);
+    }
     // A flag out of range: refused before any work, exit 2 as clap does.
     if let Bench::Headline {
         seeds: Some(seeds), ..

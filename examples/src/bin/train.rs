@@ -67,6 +67,10 @@ impl Failure {
     /// A fine-tuning run's error: a size it refused is a flag's (exit 2).
     fn of_job(error: JobError) -> Self {
         match error {
+            JobError::Trainer(TrainerError::Stopped { .. }) => Self {
+                code: burn_elastic_dp::STOPPED_EXIT_CODE,
+                message: error.to_string(),
+            },
             JobError::Spec(_)
             | JobError::Trainer(
                 TrainerError::DoesNotFit { .. } | TrainerError::StageDoesNotFit { .. },

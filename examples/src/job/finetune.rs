@@ -97,13 +97,17 @@ impl JobSpec {
         let adam = || AdamConfig::new().init();
         let loss_fn = CrossEntropyLossConfig::new().init(&backend::device(0));
         let loss = move |logits, labels| loss_fn.forward(logits, labels);
-        if resume {
+        let mut trainer = if resume {
             let (trainer, path) = Trainer::resume(stack, devices, config, adam, loss)?;
             tracing::info!(checkpoint = %path.display(), "resuming fine-tuning");
-            Ok(trainer)
+            trainer
         } else {
-            Ok(config.init(stack, devices, adam, loss)?)
-        }
+            config.init(stack, devices, adam, loss)?
+        };
+        // SIGTERM: a checkpoint at the next step boundary (every rank after
+        // the same step), then `TrainerError::Stopped`.
+        trainer.set_stop_signal(crate::stop_signal());
+        Ok(trainer)
     }
 
     /// Trains with `trainer` until the spec's epochs are done (a resumed run

@@ -117,6 +117,7 @@ fn one_device_report(
         front: 0,
         stages: 1,
         replicas: 1,
+        total_replicas: 1,
         micro_batches: 1,
         balance: vec![units],
         transitions: Vec::new(),

@@ -84,6 +84,7 @@ mod tests {
             front: 7,
             stages: 1,
             replicas: 4,
+            total_replicas: 4,
             micro_batches: 1,
             balance: vec![11],
             transitions: Vec::new(),

@@ -3,10 +3,13 @@
 //! rank and world size come from MPI. Without the feature, or run without
 //! a launcher, or in a job of one process, `train` runs as always.
 //!
-//! Across processes the group keeps its replicas (it cannot resize), so
-//! AutoDP is off; the unit costs are parameter counts (each rank's timings
-//! would differ, and with them its balance); plain Burn and (b*) are not
-//! run. Rank 0 prints and saves what a one-process run does; the other
+//! Across processes every part runs: AutoDP in lockstep (every rank adds
+//! replicas on its freed devices at the same step, by the same rule), and
+//! profiled costs and measured memory agreed across the ranks (the
+//! slowest's times, the largest activations). Ranks on one machine take
+//! disjoint devices (rank `l` of them on devices `l*d..(l+1)*d`). Plain
+//! Burn and (b*) are not run. A binary built without the feature refuses
+//! to run under a launcher as one of several processes. Rank 0 prints and saves what a one-process run does; the other
 //! ranks print nothing on stdout (errors still go to stderr) and save
 //! their model in `OUTPUT_DIR/rank-<r>`; every rank's trainer logs and
 //! checkpoints are in `OUTPUT_DIR/rank-<r>` and `OUTPUT_DIR/checkpoints/rank-<r>`.
@@ -17,7 +20,7 @@ use burn_elastic_dp::{NodeConfig, TrainerConfig};
 use examples::job::Pretrained;
 
 use crate::Failure;
-use crate::cli::{Args, Costs};
+use crate::cli::Args;
 
 /// This process's place in the job: the MPI environment (kept until the
 /// run ends), its rank and the number of processes.
@@ -26,27 +29,30 @@ pub(crate) struct MpiJob {
     _mpi: Option<burn_elastic_dp::Mpi>,
     rank: usize,
     size: usize,
+    /// This process's rank among the job's processes on its machine.
+    local_rank: usize,
 }
-
-/// Variables an MPI launcher sets in every process it starts.
-#[cfg(feature = "mpi")]
-const LAUNCHER_VARS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"];
 
 impl MpiJob {
     /// Initialises MPI when the process was started by an MPI launcher
-    /// (and built with the feature); else a job of one process.
+    /// (and built with the feature); else a job of one process. Without the
+    /// feature, a process launched as one of several is refused (it would
+    /// train alone, into the same output directory as the others).
     pub(crate) fn start() -> Result<Self, Failure> {
+        burn_elastic_dp::launcher::check_mpi_build().map_err(Failure::usage)?;
         #[cfg(feature = "mpi")]
-        if LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some()) {
+        if burn_elastic_dp::launcher::world_size().is_some() {
             let mpi = burn_elastic_dp::Mpi::init().map_err(Failure::io)?;
             let (rank, size) = (mpi.rank(), mpi.size());
             return Ok(Self {
+                local_rank: mpi.local_rank(),
                 _mpi: Some(mpi),
                 rank,
                 size,
             });
         }
         Ok(Self {
+            local_rank: 0,
             #[cfg(feature = "mpi")]
             _mpi: None,
             rank: 0,
@@ -64,10 +70,10 @@ impl MpiJob {
         self.rank == 0
     }
 
-    /// The flags a run across processes runs with: AutoDP off, parameter
-    /// costs, no plain Burn or (b*) run; `--plain` and `--costs profiled`
-    /// refused. Says what changed (rank 0) and silences the other ranks'
-    /// stdout. As given in a job of one process.
+    /// The flags a run across processes runs with: no plain Burn or (b*)
+    /// run; `--plain` refused. Says so (rank 0), silences the other ranks'
+    /// stdout, and moves this process's devices past those of the ranks
+    /// before it on the same machine. As given in a job of one process.
     pub(crate) fn adapt_args(&self, args: &Args) -> Result<Args, Failure> {
         let mut args = args.clone();
         if !self.spans_processes() {
@@ -78,17 +84,11 @@ impl MpiJob {
                 "--plain under mpirun: plain Burn runs on one device; run it without mpirun",
             ));
         }
-        if let Some(Costs::Profiled) = args.costs {
-            return Err(Failure::usage(
-                "--costs profiled under mpirun: each rank's timings differ, so would its balance; use --costs params",
-            ));
-        }
-        args.no_dp = true;
         args.no_baseline = true;
-        args.costs = Some(Costs::Params);
+        examples::backend::set_first_device(self.local_rank * args.devices as usize);
         if self.is_leader() {
             println!(
-                "{} processes (MPI), {} devices each: AutoDP off (a group across processes keeps its replicas, so R cannot change), unit costs from parameter counts (the same balance on every rank); plain Burn and (b*) are not run under MPI. Ranks 1.. print nothing; their logs are in {}/rank-<r>",
+                "{} processes (MPI), {} devices each (ranks on one machine take disjoint devices): AutoDP in lockstep across the ranks, measurements agreed (the slowest rank's); plain Burn and (b*) are not run under MPI. Ranks 1.. print nothing; their logs are in {}/rank-<r>",
                 self.size,
                 args.devices,
                 args.output_dir.display()
@@ -111,7 +111,9 @@ impl MpiJob {
         }
         let replicas = config.replicas.clone().with_nodes(Some(NodeConfig::new()));
         let config = config.with_replicas(replicas);
-        config.check(devices).map_err(Failure::usage)?;
+        config
+            .check_on(devices, self.size)
+            .map_err(Failure::usage)?;
         Ok(config)
     }
 

@@ -1,0 +1,121 @@
+//! Measurements agreed across the processes of a group: unit times,
+//! micro-batch times and activation bytes are measured by every process,
+//! then replaced by their element-wise maximum over the processes (one
+//! small all-reduce each) before any decision reads them. The maximum is
+//! exact and does not depend on the order of the ranks, so every process
+//! decides on the same figures (and so on the same balance, micro-batch
+//! count and start), and it balances for the slowest process. In a group
+//! of one process nothing changes.
+
+use std::time::Duration;
+
+use burn_freeze::StackTypes;
+use burn_pipe::{MicroBatchTimes, UnitMemory, UnitProfile};
+
+use super::StackOptimizer;
+use super::error::TrainerError;
+use crate::group::ReplicaGroup;
+
+/// Nanoseconds as f64: exact below 2^53 ns (104 days).
+fn nanos(duration: Duration) -> f64 {
+    duration.as_nanos() as f64
+}
+
+fn duration(nanos: f64) -> Duration {
+    Duration::from_nanos(nanos.max(0.0) as u64)
+}
+
+/// Each unit's forward and backward time, the slowest process's.
+pub(super) fn unit_profiles<S, O>(
+    group: &ReplicaGroup<S, O>,
+    profile: Vec<UnitProfile>,
+) -> Result<Vec<UnitProfile>, TrainerError>
+where
+    S: StackTypes,
+    O: StackOptimizer<S>,
+{
+    if !group.spans_processes() {
+        return Ok(profile);
+    }
+    let values = profile
+        .iter()
+        .flat_map(|p| [nanos(p.forward), nanos(p.backward)])
+        .collect();
+    let max = group.agree_max(values)?;
+    Ok(max
+        .chunks_exact(2)
+        .map(|p| UnitProfile {
+            forward: duration(p[0]),
+            backward: duration(p[1]),
+        })
+        .collect())
+}
+
+/// Each unit's activation bytes per sample, the largest any process
+/// measured (parameters are the same everywhere).
+pub(super) fn unit_memory<S, O>(
+    group: &ReplicaGroup<S, O>,
+    mut memory: UnitMemory,
+) -> Result<UnitMemory, TrainerError>
+where
+    S: StackTypes,
+    O: StackOptimizer<S>,
+{
+    if !group.spans_processes() {
+        return Ok(memory);
+    }
+    let values = memory.activations.iter().map(|&b| b as f64).collect();
+    memory.activations = group
+        .agree_max(values)?
+        .into_iter()
+        .map(|b| b as u64)
+        .collect();
+    Ok(memory)
+}
+
+/// The micro-batch times table, or `None` when some process could not
+/// measure it (then every process keeps the paper's rule): first whether
+/// every process has a table, then each entry, the slowest process's.
+pub(super) fn micro_batch_times<S, O>(
+    group: &ReplicaGroup<S, O>,
+    times: Option<MicroBatchTimes>,
+) -> Result<Option<MicroBatchTimes>, TrainerError>
+where
+    S: StackTypes,
+    O: StackOptimizer<S>,
+{
+    if !group.spans_processes() {
+        return Ok(times);
+    }
+    let missing = group.agree_max(vec![f64::from(u8::from(times.is_none()))])?;
+    let Some(times) = times.filter(|_| missing[0] == 0.0) else {
+        return Ok(None);
+    };
+    let sizes = times.sizes().to_vec();
+    let values = times
+        .profiles()
+        .iter()
+        .flatten()
+        .flat_map(|p| [nanos(p.forward), nanos(p.backward)])
+        .collect();
+    let max = group.agree_max(values)?;
+    let units = times.units();
+    let profiles = max
+        .chunks_exact(2 * units)
+        .map(|size| {
+            size.chunks_exact(2)
+                .map(|p| UnitProfile {
+                    forward: duration(p[0]),
+                    backward: duration(p[1]),
+                })
+                .collect()
+        })
+        .collect();
+    let agreed =
+        MicroBatchTimes::new(sizes, profiles).map_err(|error| TrainerError::InvalidConfig {
+            field: "micro_batch_times",
+            value: error.to_string(),
+            accepted: "a table every process measured alike",
+        })?;
+    Ok(Some(agreed))
+}
