@@ -103,4 +103,72 @@ mod tests {
             })
         ));
     }
+
+    /// The trainer's draw (`Trainer::next_batch`: the whole group's R, at
+    /// least a sample per micro-batch of every replica, a small tail taken
+    /// into the last batch) shared by `shards` among the ranks: every
+    /// sample of the epoch is trained exactly once, by one replica of one
+    /// rank, and every replica gets at least `micro` samples a step.
+    fn epoch_across_ranks(len: usize, policy: crate::BatchPolicy, counts: &[usize], micro: usize) {
+        let total: usize = counts.iter().sum();
+        let mut sampler = crate::ElasticSampler::new(len, policy, 11).unwrap();
+        let mut seen = vec![0usize; len];
+        while let Some(batch) = sampler.next_batch_min(total, total * micro) {
+            for (rank, &local) in counts.iter().enumerate() {
+                let plan = shards(Some((rank, counts)), batch.len(), local).unwrap();
+                let parts: Vec<Vec<usize>> = {
+                    let mut rest = batch.as_slice();
+                    plan.all
+                        .iter()
+                        .map(|&n| {
+                            let (part, tail) = rest.split_at(n);
+                            rest = tail;
+                            part.to_vec()
+                        })
+                        .collect()
+                };
+                for part in plan.take(parts) {
+                    assert!(
+                        part.len() >= micro,
+                        "len {len}, {policy:?}, counts {counts:?}: a replica of rank {rank} got {} samples for {micro} micro-batches",
+                        part.len()
+                    );
+                    for index in part {
+                        seen[index] += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            seen.iter().all(|&n| n == 1),
+            "len {len}, {policy:?}, counts {counts:?}: samples seen {seen:?}"
+        );
+    }
+
+    #[test]
+    fn every_sample_once_across_ranks_and_replicas_whatever_the_tail() {
+        // Two ranks of 2 replicas each, 2 micro-batches: a step needs 8
+        // samples. Tails below one rank's need (3), between it and the
+        // group's (6), and above (9), and none; both batch policies (a
+        // global batch of 16 either way).
+        let micro = 2;
+        for counts in [vec![2, 2], vec![2, 1, 3]] {
+            for tail in [0, 3, 6, 9] {
+                let len = 32 + tail;
+                epoch_across_ranks(
+                    len,
+                    crate::BatchPolicy::FixedGlobal { batch: 16 },
+                    &counts,
+                    micro,
+                );
+                let per_replica = 16usize.div_ceil(counts.iter().sum());
+                epoch_across_ranks(
+                    len,
+                    crate::BatchPolicy::PerReplica { batch: per_replica },
+                    &counts,
+                    micro,
+                );
+            }
+        }
+    }
 }

@@ -1,10 +1,10 @@
 //! The PipeTransformer trainer across the processes of an MPI job: two ranks
 //! of one replica each (then two each), AutoFreeze, AutoPipe and AutoCache on (AutoDP off:
-//! a group across processes keeps its replicas), train the same batches as
+//! each rank keeps its replicas; `tests/lockstep.rs` runs AutoDP), train the same batches as
 //! one process with as many replicas, end bit for bit identical, at
 //! the same freeze front and shape, each writing its logs and checkpoints
-//! into its own `rank-<r>` directory; a configuration that cannot work
-//! across processes is refused before any work.
+//! into its own `rank-<r>` directory; the batch is checked against the
+//! whole group's replicas before any work.
 //!
 //! The test binary runs itself under `mpirun` as the ranks: the variable
 //! `ELASTIC_DP_TRAINER_NODE_OUT` makes it a rank (see [`rank`]). Without
@@ -241,29 +241,22 @@ fn across_two_processes(test: &str, per_rank: usize) {
 }
 
 #[test]
-fn what_cannot_work_across_processes_is_refused_before_any_work() {
+fn autodp_and_profiled_costs_are_accepted_across_processes_and_the_batch_is_checked_for_the_whole_group()
+ {
     let across = config().with_replicas(config().replicas.with_nodes(Some(NodeConfig::new())));
-    assert!(across.check(4).is_ok());
-    let dp = across.clone().with_parts(Parts::new());
-    let error = dp
-        .init(
-            stack(),
-            vec![Default::default(); 4],
-            || AdamConfig::new().init(),
-            loss,
-        )
-        .err()
-        .expect("AutoDP across processes is refused")
-        .to_string();
+    // AutoDP (in lockstep) and profiled costs (agreed across the ranks).
+    let every_part = across
+        .clone()
+        .with_parts(Parts::new())
+        .with_costs(CostModel::Profiled { repeats: 1 });
+    assert!(every_part.check_on(4, 2).is_ok());
+    // A global batch of 16 with M = 2: 8 replicas in all at the most. On
+    // 4 ranks of 4 devices, K = 1 would hold 16 of them.
+    let error = every_part.check_on(4, 4).unwrap_err().to_string();
+    assert!(error.contains("16 replicas"), "{error}");
+    let error = across.check_on(4, 0).unwrap_err().to_string();
     assert!(
-        error.starts_with("parts.dp = true is not accepted") && error.contains("--no-dp"),
-        "{error}"
-    );
-    let profiled = across.with_costs(CostModel::Profiled { repeats: 1 });
-    let error = profiled.check(4).unwrap_err().to_string();
-    assert!(
-        error.starts_with("costs = Profiled is not accepted")
-            && error.contains("CostModel::Parameters"),
+        error.starts_with("processes = 0 is not accepted"),
         "{error}"
     );
 }

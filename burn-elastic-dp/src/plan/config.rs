@@ -230,12 +230,17 @@ impl PlanConfig {
         }
         let units = model.units.len();
         if let Some(stages) = self.stages {
-            check(stages >= 1 && stages <= units.min(c.devices()), || {
-                format!(
-                    "stages must be in 1..={} (units and devices), got {stages}",
-                    units.min(c.devices())
-                )
-            })?;
+            // A pipeline stays within a node: each node (an MPI rank) runs
+            // its own replicas, the shape rule in lockstep on its devices.
+            check(
+                stages >= 1 && stages <= units.min(c.devices_per_node),
+                || {
+                    format!(
+                        "stages must be in 1..={} (units and one node's devices), got {stages}",
+                        units.min(c.devices_per_node)
+                    )
+                },
+            )?;
         }
         check(self.memory.device_bytes != Some(0), || {
             "the device memory must be at least 1 byte, got 0".into()
@@ -299,8 +304,10 @@ impl PlanConfig {
     }
 
     /// The shape rule's limits for a run whose largest stage starts at
-    /// `initial_largest`: the parts that run, on every device.
+    /// `initial_largest`: the parts that run, on one node's devices (every
+    /// node runs the rule on its own, in lockstep, as the trainer's ranks
+    /// do; the whole run holds `nodes` times its replicas).
     pub fn reshaping(&self, initial_largest: f64) -> Reshaping {
-        Reshaping::for_parts(self.parts, self.cluster.devices(), initial_largest)
+        Reshaping::for_parts(self.parts, self.cluster.devices_per_node, initial_largest)
     }
 }

@@ -156,7 +156,11 @@ fn run(
     baseline: bool,
 ) -> Result<Vec<EpochPlan>, PlanError> {
     let map = model.layer_map()?;
-    let devices = config.cluster.devices();
+    // Every node runs the shape rule on its own devices, in lockstep (as
+    // the trainer's MPI ranks do): a pipeline stays within a node, and the
+    // run holds `nodes` times one node's replicas.
+    let devices = config.cluster.devices_per_node;
+    let nodes = config.cluster.nodes;
     let costs = model.unit_costs(config.costs);
     // The trainer's start and fit (memory-aware AutoPipe, or the paper's
     // fixed start).
@@ -186,7 +190,7 @@ fn run(
             shape = reshape(&costs, front, &shape, &rules);
         }
         let cached = rules.cache && front > 0;
-        let (stages, replicas) = (shape.stages(), shape.replicas);
+        let (stages, replicas) = (shape.stages(), shape.replicas * nodes);
         let micro_batches = config
             .micro_batches
             .unwrap_or_else(|| default_micro_batches(stages));
@@ -220,7 +224,7 @@ fn run(
         let (step, bubble_fraction) = simulate_step(config, model, &layout)?;
         let transition = match previous {
             None => 0.0,
-            Some(p) => transition_cost(config, model, p, &shape, front),
+            Some(p) => transition_cost(config, model, p, &shape.with_replicas(replicas), front),
         };
         epochs.push(EpochPlan {
             epoch,

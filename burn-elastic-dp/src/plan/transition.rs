@@ -48,13 +48,9 @@ pub(crate) fn transition_cost(
             let weights: usize = model.units.iter().map(|u| u.param_bytes()).sum();
             let active: usize = model.units[front..].iter().map(|u| u.param_bytes()).sum();
             let bytes = weights as f64 + t.optimizer_state_factor * active as f64;
-            let link = if config.cluster.nodes > 1 {
-                config.cluster.inter
-            } else {
-                config.cluster.intra
-            };
-            // New replicas copy from live ones in parallel, one each.
-            cost += link.transfer(bytes);
+            // New replicas copy from a live one of their own node (every
+            // node grows in lockstep), in parallel.
+            cost += config.cluster.intra.transfer(bytes);
         }
     }
     cost
