@@ -375,6 +375,82 @@ fn a_rank_out_of_lockstep_ends_the_job_with_an_error_naming_it() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+// ---- SIGTERM: every rank checkpoints after the same step ----
+
+const TERM: &str = "a_sigterm_on_one_rank_stops_every_rank_after_the_same_step_with_a_checkpoint";
+
+/// Rank 1 receives SIGTERM in step 3 (a real signal, handled by
+/// `StopSignal::on_termination`); each rank writes the error its epoch
+/// ends with and its step count.
+fn term_rank() {
+    let (mpi, out) = rank_setup();
+    let rank = mpi.rank();
+    let (_, config, len) = compression_cases().remove(0);
+    let config = across(config).with_checkpoint(Some(
+        CheckpointConfig::new(out.join("checkpoints")).with_every_steps(100),
+    ));
+    let mut trainer = build(&config, 4);
+    let signal = burn_elastic_dp::StopSignal::on_termination().unwrap();
+    trainer.set_stop_signal(signal.clone());
+    let data = dataset(len);
+    let mut step = 0;
+    let error = trainer
+        .fit_epoch_observed(&data, &Rows, |_| {
+            step += 1;
+            if rank == 1 && step == 3 {
+                let _ = std::process::Command::new("kill")
+                    .args(["-TERM", &std::process::id().to_string()])
+                    .status();
+                // The signal arrives asynchronously: wait (bounded) until
+                // its handler ran, so that step 4's header carries it.
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while !signal.raised() && Instant::now() < deadline {
+                    std::thread::yield_now();
+                }
+                assert!(signal.raised(), "SIGTERM was not handled within 30 s");
+            }
+        })
+        .expect_err("stopped");
+    std::fs::write(
+        out.join(format!("stopped-{rank}")),
+        format!("{} | {error}", trainer.steps()),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_sigterm_on_one_rank_stops_every_rank_after_the_same_step_with_a_checkpoint() {
+    if std::env::var(ROLE).is_ok() {
+        return term_rank();
+    }
+    let out = std::env::temp_dir().join(format!("burn-elastic-dp-term-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let (status, stderr) = job(TERM, 2, "term", &out, Duration::from_secs(300));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the MPI job failed ({status:?}):\n{stderr}"
+    );
+    for rank in 0..2 {
+        let stopped = String::from_utf8(read(&out.join(format!("stopped-{rank}")))).unwrap();
+        // Signalled after step 3: the next step's header carries it, and
+        // every rank stops after step 4, its checkpoint written there.
+        assert!(
+            stopped.starts_with("4 | stopped as asked after step 4 (checkpoint "),
+            "rank {rank}: {stopped}"
+        );
+        let checkpoint = out
+            .join("checkpoints")
+            .join(format!("rank-{rank}"))
+            .join(format!("step-{:012}", 4));
+        assert!(
+            checkpoint.join("state.json").is_file(),
+            "rank {rank}: {}",
+            checkpoint.display()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 // ---- Every sample once, whatever the tail ----
 
 const TAILS: &str = "two_ranks_train_every_sample_once_whatever_the_epochs_tail";

@@ -92,6 +92,12 @@ fn job_config() -> TrainerConfig {
 /// The planner's view of the same run: the stack's units (parameter bytes
 /// of 4-byte values), the trainer's layers, parts, freeze rule and costs.
 fn planned(config: &TrainerConfig, params: &[usize]) -> Vec<EpochShape> {
+    planned_on(config, params, 1)
+}
+
+/// [`planned`] on `nodes` nodes of `DEVICES` devices (the ranks of an MPI
+/// job, every one running the shape rule in lockstep).
+fn planned_on(config: &TrainerConfig, params: &[usize], nodes: usize) -> Vec<EpochShape> {
     let units = params
         .iter()
         .enumerate()
@@ -115,7 +121,7 @@ fn planned(config: &TrainerConfig, params: &[usize]) -> Vec<EpochShape> {
     };
     let link = Link::new(1e15, 0.0);
     let plan_config = PlanConfig::new(
-        ClusterConfig::new(DEVICES, 1, link, link),
+        ClusterConfig::new(DEVICES, nodes, link, link),
         config.batch,
         SAMPLES,
         EPOCHS,
@@ -172,7 +178,8 @@ impl Batcher<B, ([f32; WIDTH], i64), (Tensor<B, 2>, Tensor<B, 1, Int>)> for Poin
 }
 
 /// The trainer's shapes, epoch by epoch: the starting one, then after each
-/// epoch the last transition's (or the same when the front did not move).
+/// epoch the last transition's (or the same when the front did not move);
+/// R counts the replicas of every process.
 fn trained(config: &TrainerConfig) -> (Vec<EpochShape>, Vec<usize>) {
     let device: Device<B> = Default::default();
     <B as Backend>::seed(&device, 7);
@@ -200,7 +207,7 @@ fn trained(config: &TrainerConfig) -> (Vec<EpochShape>, Vec<usize>) {
         frozen_layers: trainer.frozen_layers(),
         front: trainer.front(),
         stages: shape.stages(),
-        replicas: shape.replicas,
+        replicas: trainer.group().total_replicas(),
         micro_batches: config.replicas.pipeline.micro_batches_for(shape.stages()),
         balance: shape.balance.clone(),
     };
@@ -213,7 +220,7 @@ fn trained(config: &TrainerConfig) -> (Vec<EpochShape>, Vec<usize>) {
                 frozen_layers: t.frozen_layers,
                 front: t.front.1,
                 stages: t.stages.1,
-                replicas: t.replicas.1,
+                replicas: t.total_replicas.1,
                 micro_batches: t.micro_batches,
                 balance: t.balance.clone(),
             };
@@ -256,6 +263,26 @@ fn memory_aware_the_planner_decides_as_the_trainer_does() {
     // parameters, gradients and Adam's two moments; activations are not
     // measured here) and no 2-stage one: the run starts at K = 4 and falls
     // as frozen units shed their gradients and optimizer state.
+    let config =
+        job_config().with_memory(MemoryConfig::new().with_device_bytes(Some(four_stage_budget())));
+    let epochs = agree(&config);
+    assert_eq!((epochs[0].stages, epochs[0].replicas), (4, 1), "{epochs:?}");
+    assert_reshapes(&epochs);
+    // Without a budget every model fits one device: 1 stage, 4 replicas
+    // from the start, the same shape throughout.
+    let epochs = agree(&job_config());
+    assert!(
+        epochs
+            .iter()
+            .all(|e| (e.stages, e.replicas) == (1, DEVICES)),
+        "{epochs:?}"
+    );
+}
+
+/// A budget that holds the largest stage of the 4-stage balance (its
+/// parameters, gradients and Adam's two moments; activations are not
+/// measured here) and no 2-stage one.
+fn four_stage_budget() -> u64 {
     let device: Device<B> = Default::default();
     let params = stack(&device).unit_params();
     let costs = UnitCosts::from_params(&params, 1.0 / 3.0);
@@ -268,23 +295,68 @@ fn memory_aware_the_planner_decides_as_the_trainer_does() {
         optimizer_slots: 2.0,
     };
     let (four, _) = initial_shape(&costs, 4, 1);
-    let budget = fit
-        .stage_memory(&four.balance, 0, DEVICES)
+    fit.stage_memory(&four.balance, 0, DEVICES)
         .iter()
         .map(|m| m.total())
         .max()
-        .unwrap();
-    let config = job_config().with_memory(MemoryConfig::new().with_device_bytes(Some(budget)));
-    let epochs = agree(&config);
-    assert_eq!((epochs[0].stages, epochs[0].replicas), (4, 1), "{epochs:?}");
-    assert_reshapes(&epochs);
-    // Without a budget every model fits one device: 1 stage, 4 replicas
-    // from the start, the same shape throughout.
-    let epochs = agree(&job_config());
+        .unwrap()
+}
+
+/// Across the 2 ranks of an MPI job, 4 devices each, memory-aware with the
+/// budget of 4 stages (a global batch of 64: the paper's M of 16 on up to
+/// 4 replicas): the planner told 2 nodes predicts every epoch's shape, R
+/// counting both ranks' replicas. The test binary runs itself under
+/// `mpirun` as the ranks (`PLAN_MATCHES_RANK_OUT` makes it a rank).
+#[cfg(feature = "mpi")]
+#[test]
+fn across_two_ranks_the_planner_decides_every_epoch_as_the_trainer_does() {
+    const OUT: &str = "PLAN_MATCHES_RANK_OUT";
+    let config = job_config()
+        .with_batch(BatchPolicy::FixedGlobal { batch: 64 })
+        .with_memory(MemoryConfig::new().with_device_bytes(Some(four_stage_budget())));
+    if let Ok(out) = std::env::var(OUT) {
+        let mpi = burn_elastic_dp::Mpi::init().unwrap();
+        let replicas = config
+            .replicas
+            .clone()
+            .with_nodes(Some(burn_elastic_dp::NodeConfig::new()));
+        let (epochs, _) = trained(&config.clone().with_replicas(replicas));
+        std::fs::write(format!("{out}-{}", mpi.rank()), format!("{epochs:?}")).unwrap();
+        return;
+    }
+    let out =
+        std::env::temp_dir().join(format!("burn-elastic-dp-plan-ranks-{}", std::process::id()));
+    let job = common::mpirun(
+        "across_two_ranks_the_planner_decides_every_epoch_as_the_trainer_does",
+        2,
+        false,
+        &[(OUT, out.display().to_string())],
+    );
+    let (status, stderr) = common::finish(job, std::time::Duration::from_secs(300));
     assert!(
-        epochs
+        status.is_some_and(|s| s.success()),
+        "the MPI job failed ({status:?}):\n{stderr}"
+    );
+    let device: Device<B> = Default::default();
+    let params = stack(&device).unit_params();
+    let planned = planned_on(&config, &params, 2);
+    assert_eq!(
+        (planned[0].stages, planned[0].replicas),
+        (4, 2),
+        "{planned:?}"
+    );
+    assert_reshapes(&planned);
+    for rank in 0..2 {
+        let path = format!("{}-{rank}", out.display());
+        let trained = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(trained, format!("{planned:?}"), "rank {rank}");
+    }
+    println!(
+        "2 ranks x {DEVICES} devices, (F, K, total R) by epoch: {:?}",
+        planned
             .iter()
-            .all(|e| (e.stages, e.replicas) == (1, DEVICES)),
-        "{epochs:?}"
+            .map(|e| (e.frozen_layers, e.stages, e.replicas))
+            .collect::<Vec<_>>()
     );
 }

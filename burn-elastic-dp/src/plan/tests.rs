@@ -217,7 +217,7 @@ fn bad_values_name_their_range() {
     let err = plan(&paper(0), &costs).unwrap_err();
     assert!(err.to_string().contains("epochs must be in 1..=10000"));
     let err = plan(&paper(3).with_stages(Some(40)), &costs).unwrap_err();
-    assert!(err.to_string().contains("stages must be in 1..=16"));
+    assert!(err.to_string().contains("stages must be in 1..=8"));
     let err = plan(
         &PlanConfig {
             batch: BatchPolicy::PerReplica { batch: 4 },

@@ -220,10 +220,14 @@ impl TrainerConfig {
     /// replicas.
     ///
     /// ```
-    /// use burn_elastic_dp::{BatchPolicy, TrainerConfig};
+    /// use burn_elastic_dp::{BatchPolicy, ReplicaConfig, TrainerConfig};
+    /// use burn_pipe::PipelineConfig;
     ///
-    /// // 4 devices a process, K = 1 at the most: 4 replicas each.
-    /// let config = TrainerConfig::new().with_batch(BatchPolicy::FixedGlobal { batch: 8 });
+    /// // 4 devices a process, 1 micro-batch: K = 1 gives 4 replicas each.
+    /// let one = ReplicaConfig::new().with_pipeline(PipelineConfig::new().with_micro_batches(Some(1)));
+    /// let config = TrainerConfig::new()
+    ///     .with_batch(BatchPolicy::FixedGlobal { batch: 8 })
+    ///     .with_replicas(one);
     /// assert!(config.check_on(4, 2).is_ok());
     /// assert!(config.check_on(4, 3).is_err()); // 12 replicas, 8 samples
     /// ```
