@@ -169,10 +169,11 @@ pub enum ElasticError {
         /// The bound.
         waited: Duration,
     },
-    /// Resizing a group that spans processes, or stepping one that lost a
-    /// replica of this process in a failed step.
+    /// Removing a replica from a group that spans processes, or stepping
+    /// one that lost a replica of this process in a failed step (it resizes
+    /// only in lockstep, every process at the same step by the same rule).
     #[error(
-        "a replica group across processes keeps its replicas: resizing it, removing one or going on without one left behind would need every process to agree (resume from a checkpoint)"
+        "a replica group across processes changes its replicas only in lockstep: removing one or going on without one left behind would need every process to agree (resume from a checkpoint)"
     )]
     NodesFixed,
     /// A sampler configuration that cannot work.

@@ -396,7 +396,7 @@ pub fn shape(dir: &Path, run: &RunRecord, file: &str) -> Result<PathBuf, PlotErr
         &[
             one("F (frozen layers)", &|e| e.frozen_layers as f64),
             one("K (stages)", &|e| e.stages as f64),
-            one("R (replicas)", &|e| e.replicas as f64),
+            one("R (replicas)", &|e| e.total_replicas.max(e.replicas) as f64),
         ],
         false,
         SeriesLabelPosition::MiddleRight,

@@ -11,10 +11,17 @@
 //! (the one `Config` and its checks), `build.rs` (a trainer made from
 //! it), `memory.rs` (memory-aware AutoPipe: the budget, the units' memory
 //! and the start that fits), `micro.rs` (the micro-batch count, chosen from
-//! measured times),
+//! measured times), `agree.rs` (measurements agreed across the ranks of
+//! an MPI job: the slowest's times, the largest activations),
 //! `bounds.rs` (the optimizer and stack
 //! bounds, named once), `log.rs` (transition
 //! and epoch records, JSON lines), `error.rs`.
+//!
+//! Across the ranks of an MPI job every rank runs this loop on its own
+//! devices, in lockstep: the same batches, the same all-reduced gradients,
+//! hence the same decisions at the same step; each step's header checks it
+//! (see `ReplicaGroup::resize`), and R in the maths (the sampler's draw,
+//! the learning-rate scaling, the checks) is the whole group's.
 
 mod agree;
 mod bounds;

@@ -114,8 +114,10 @@ where
     /// Moves the group to `after`: down to replica 0, `on_one` applied to
     /// it, replica 0 repartitioned, then copied to the new replicas (weights,
     /// parameter ids, front, optimizer state). A group across processes
-    /// keeps its replicas (it cannot resize): `on_one` is applied to the
-    /// whole group and every replica repartitioned.
+    /// whose replica count stays is not taken down to one (its ranks would
+    /// exchange their counts twice for nothing): `on_one` is applied to the
+    /// whole group and every replica repartitioned. Across processes every
+    /// rank makes the same move at the same step (AutoDP in lockstep).
     pub(super) fn reshape_through_one(
         &mut self,
         after: &Shape,

@@ -193,7 +193,9 @@ pub fn mpirun(
 ) -> std::process::Child {
     require_mpirun();
     let mut command = std::process::Command::new("mpirun");
-    command.args(["-np", &processes.to_string(), "--oversubscribe"]);
+    // Unbound: OpenMPI binds each rank of a job of 2 or fewer to one core,
+    // and a rank runs a thread per replica.
+    command.args(["-np", &processes.to_string(), "--oversubscribe", "--bind-to", "none"]);
     if recovery {
         command.arg("--enable-recovery");
     }

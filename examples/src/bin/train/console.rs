@@ -83,7 +83,7 @@ fn epoch_line(record: &EpochRecord, units: usize) -> String {
         record.report.frozen_layers,
         record.report.front,
         record.report.stages,
-        record.report.replicas,
+        record.report.total_replicas.max(record.report.replicas),
         record.report.micro_batches,
         record.report.balance,
         if record.report.transition_seconds > 0.0 {
@@ -166,7 +166,7 @@ pub(crate) fn print_summary(runs: &[RunRecord], samples: usize, strongest: Optio
         // A resumed run that had nothing left to train has no epoch.
         let shape = run.epochs.last().map_or("-".into(), |last| {
             let last = &last.report;
-            format!("{}/{}/{}", last.frozen_layers, last.stages, last.replicas)
+            format!("{}/{}/{}", last.frozen_layers, last.stages, last.total_replicas.max(last.replicas))
         });
         let done = (run.epochs.len() * samples) as f64;
         println!(
