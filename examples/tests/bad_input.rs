@@ -211,16 +211,27 @@ fn a_build_without_mpi_under_an_mpi_launcher_is_refused() {
         train
             .args(["--size", "ci", "--output-dir", out.to_str().unwrap()])
             .env(var, value);
-        let stdout = assert_refused(&mut train, &format!("train with {var}={value}"), 2, "cargo feature `mpi`");
+        let stdout = assert_refused(
+            &mut train,
+            &format!("train with {var}={value}"),
+            2,
+            "cargo feature `mpi`",
+        );
         assert!(stdout.trim().is_empty(), "work began:\n{stdout}");
         let mut bench = Command::new(env!("CARGO_BIN_EXE_bench"));
         bench.args(["elastic", "--quick"]).env(var, value);
-        assert_refused(&mut bench, &format!("bench with {var}={value}"), 2, "cargo feature `mpi`");
+        assert_refused(
+            &mut bench,
+            &format!("bench with {var}={value}"),
+            2,
+            "cargo feature `mpi`",
+        );
     }
     // One process under a launcher is a job of one: not refused here (the
     // flag check below refuses it, before any work).
     let mut one = Command::new(binary("train"));
-    one.args(["--size", "ci", "--batch-size", "0"]).env("OMPI_COMM_WORLD_SIZE", "1");
+    one.args(["--size", "ci", "--batch-size", "0"])
+        .env("OMPI_COMM_WORLD_SIZE", "1");
     assert_refused(&mut one, "train with OMPI_COMM_WORLD_SIZE=1", 2, "1..=4096");
     let _ = std::fs::remove_dir_all(out);
 }

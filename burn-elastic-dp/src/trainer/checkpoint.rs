@@ -145,7 +145,7 @@ where
         let loaded = if across {
             read_agreed(&checkpoint.dir, &config)?
         } else {
-            read_latest(&checkpoint.dir)?
+            read_latest(&one_process_dir(&checkpoint.dir)?)?
         };
         let state = loaded.state;
         let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
@@ -453,6 +453,19 @@ fn read_agreed(dir: &Path, config: &TrainerConfig) -> Result<Loaded, TrainerErro
         .find(|(step, _)| *step == common)
         .expect("every rank holds the common step, this one included");
     Ok(loaded)
+}
+
+/// Where one process resumes: `dir`, or, when `dir` holds no checkpoint of
+/// its own but the ranks of a job across processes wrote theirs into
+/// `rank-<r>` under it, rank 0's (every rank holds the same model): a run
+/// of several ranks resumes on one.
+fn one_process_dir(dir: &Path) -> Result<PathBuf, TrainerError> {
+    let ranks = dir.join("rank-0");
+    if dir.exists() && list(dir)?.is_empty() && ranks.is_dir() {
+        tracing::info!(dir = %ranks.display(), "resuming one process from rank 0's checkpoints");
+        return Ok(ranks);
+    }
+    Ok(dir.to_path_buf())
 }
 
 /// The newest checkpoint in `dir` that verifies; every one rejected is

@@ -195,7 +195,13 @@ pub fn mpirun(
     let mut command = std::process::Command::new("mpirun");
     // Unbound: OpenMPI binds each rank of a job of 2 or fewer to one core,
     // and a rank runs a thread per replica.
-    command.args(["-np", &processes.to_string(), "--oversubscribe", "--bind-to", "none"]);
+    command.args([
+        "-np",
+        &processes.to_string(),
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+    ]);
     if recovery {
         command.arg("--enable-recovery");
     }

@@ -166,7 +166,12 @@ pub(crate) fn print_summary(runs: &[RunRecord], samples: usize, strongest: Optio
         // A resumed run that had nothing left to train has no epoch.
         let shape = run.epochs.last().map_or("-".into(), |last| {
             let last = &last.report;
-            format!("{}/{}/{}", last.frozen_layers, last.stages, last.total_replicas.max(last.replicas))
+            format!(
+                "{}/{}/{}",
+                last.frozen_layers,
+                last.stages,
+                last.total_replicas.max(last.replicas)
+            )
         });
         let done = (run.epochs.len() * samples) as f64;
         println!(
