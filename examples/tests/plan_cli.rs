@@ -20,7 +20,7 @@ fn bad_flags_are_one_line_errors_with_exit_code_2() {
         (vec!["--intra-gbs", "-1"], "(0, 100000]"),
         (vec!["--bucket-mib", "-2"], "[0, 100000]"),
         (vec!["--epochs", "0"], "1..=10000"),
-        (vec!["--stages", "40"], "stages must be in 1..=16"),
+        (vec!["--stages", "40"], "stages must be in 1..=8"),
         (
             vec!["--scaling", "12"],
             "not a multiple of --devices-per-node 8",
