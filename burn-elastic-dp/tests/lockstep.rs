@@ -41,7 +41,7 @@ use burn_pipe::PipelineConfig;
 
 mod common;
 
-use common::{B, Rows, Types, block_stack, finish, flat_weights, loss, mpirun, numbers};
+use common::{B, Rows, Types, block_stack, finish, flat_weights, loss, mpirun};
 
 const WIDTH: usize = 8;
 const UNITS: usize = 8;
@@ -57,16 +57,7 @@ type Job = Trainer<
 
 /// `len` samples, the same in every process.
 fn dataset(len: usize) -> InMemDataset<Item> {
-    let values = numbers(42, len * WIDTH);
-    InMemDataset::new(
-        values
-            .chunks_exact(WIDTH)
-            .map(|x| {
-                let x: [f32; WIDTH] = x.try_into().unwrap();
-                (x, i64::from(x[0] + x[1] > 0.0) + 2 * i64::from(x[2] > 0.3))
-            })
-            .collect(),
-    )
+    common::four_class_rows(len)
 }
 
 /// Bytes of one unit's parameters (a `WIDTH x WIDTH` linear with bias).

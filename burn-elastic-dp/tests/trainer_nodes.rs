@@ -28,7 +28,7 @@ use burn_pipe::PipelineConfig;
 
 mod common;
 
-use common::{B, Types, block, finish, flat_weights, loss, mpirun, numbers};
+use common::{B, Types, block, finish, flat_weights, loss, mpirun};
 
 const WIDTH: usize = 8;
 const UNITS: usize = 8;
@@ -50,16 +50,7 @@ type Item = ([f32; WIDTH], i64);
 
 /// 64 samples, the same in every process.
 fn dataset() -> InMemDataset<Item> {
-    let values = numbers(42, 64 * WIDTH);
-    InMemDataset::new(
-        values
-            .chunks_exact(WIDTH)
-            .map(|x| {
-                let x: [f32; WIDTH] = x.try_into().unwrap();
-                (x, i64::from(x[0] + x[1] > 0.0) + 2 * i64::from(x[2] > 0.3))
-            })
-            .collect(),
-    )
+    common::four_class_rows(64)
 }
 
 #[derive(Clone)]

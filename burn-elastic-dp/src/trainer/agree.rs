@@ -25,6 +25,25 @@ fn duration(nanos: f64) -> Duration {
     Duration::from_nanos(nanos.max(0.0) as u64)
 }
 
+/// Each profile's forward and backward nanoseconds, in order.
+fn flatten(profiles: &[UnitProfile]) -> Vec<f64> {
+    profiles
+        .iter()
+        .flat_map(|p| [nanos(p.forward), nanos(p.backward)])
+        .collect()
+}
+
+/// The profiles [`flatten`] gave.
+fn unflatten(values: &[f64]) -> Vec<UnitProfile> {
+    values
+        .chunks_exact(2)
+        .map(|p| UnitProfile {
+            forward: duration(p[0]),
+            backward: duration(p[1]),
+        })
+        .collect()
+}
+
 /// Each unit's forward and backward time, the slowest process's.
 pub(super) fn unit_profiles<S, O>(
     group: &ReplicaGroup<S, O>,
@@ -37,18 +56,7 @@ where
     if !group.spans_processes() {
         return Ok(profile);
     }
-    let values = profile
-        .iter()
-        .flat_map(|p| [nanos(p.forward), nanos(p.backward)])
-        .collect();
-    let max = group.agree_max(values)?;
-    Ok(max
-        .chunks_exact(2)
-        .map(|p| UnitProfile {
-            forward: duration(p[0]),
-            backward: duration(p[1]),
-        })
-        .collect())
+    Ok(unflatten(&group.agree_max(flatten(&profile))?))
 }
 
 /// Each unit's activation bytes per sample, the largest any process
@@ -92,25 +100,9 @@ where
         return Ok(None);
     };
     let sizes = times.sizes().to_vec();
-    let values = times
-        .profiles()
-        .iter()
-        .flatten()
-        .flat_map(|p| [nanos(p.forward), nanos(p.backward)])
-        .collect();
-    let max = group.agree_max(values)?;
-    let units = times.units();
-    let profiles = max
-        .chunks_exact(2 * units)
-        .map(|size| {
-            size.chunks_exact(2)
-                .map(|p| UnitProfile {
-                    forward: duration(p[0]),
-                    backward: duration(p[1]),
-                })
-                .collect()
-        })
-        .collect();
+    let values = times.profiles().concat();
+    let max = group.agree_max(flatten(&values))?;
+    let profiles = max.chunks_exact(2 * times.units()).map(unflatten).collect();
     let agreed =
         MicroBatchTimes::new(sizes, profiles).map_err(|error| TrainerError::InvalidConfig {
             field: "micro_batch_times",

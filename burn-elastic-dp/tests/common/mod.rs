@@ -90,6 +90,23 @@ pub fn block_stack(units: usize, width: usize) -> LayerStack<Types> {
     stack
 }
 
+/// `len` rows of `W` features from seed 42 with 4 classes (from the signs of
+/// the first three features), the same in every process.
+pub fn four_class_rows<const W: usize>(
+    len: usize,
+) -> burn::data::dataset::InMemDataset<([f32; W], i64)> {
+    let values = numbers(42, len * W);
+    burn::data::dataset::InMemDataset::new(
+        values
+            .chunks_exact(W)
+            .map(|x| {
+                let x: [f32; W] = x.try_into().unwrap();
+                (x, i64::from(x[0] + x[1] > 0.0) + 2 * i64::from(x[2] > 0.3))
+            })
+            .collect(),
+    )
+}
+
 /// Batches `(features, label)` rows on a device: inputs `[n, W]`, labels `[n]`.
 #[derive(Clone, Copy, Debug)]
 pub struct Rows;
