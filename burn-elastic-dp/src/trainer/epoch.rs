@@ -58,13 +58,15 @@ impl EpochTally {
         }
     }
 
-    /// Adds a step of `samples` samples that ran with `shape`; what the
-    /// epoch's observer is told of it.
+    /// Adds a step of `samples` samples that ran with `shape` at learning
+    /// rate `lr`, the run's `steps`-th; what the epoch's observer is told
+    /// of it.
     pub(super) fn step(
         &mut self,
         samples: usize,
         report: &GroupReport,
         shape: Shape,
+        (lr, steps): (f64, usize),
     ) -> StepProgress {
         self.steps += 1;
         self.samples += samples;
@@ -78,6 +80,8 @@ impl EpochTally {
             samples,
             epoch_samples: self.samples,
             loss: report.loss,
+            learning_rate: lr,
+            steps,
         }
     }
 
