@@ -24,3 +24,9 @@ pub mod tokenizer;
 pub mod vit;
 
 pub use feed_forward::FeedForward;
+
+/// The repository's README, whose every Rust block is compiled and run as a
+/// doc test of this crate (`cargo test -p pipetransformer-models --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

@@ -21,7 +21,7 @@ impl<B: Backend> BertInput<B> {
     ///
     /// ```
     /// use burn::backend::Flex;
-    /// use models::bert::BertInput;
+    /// use pipetransformer_models::bert::BertInput;
     ///
     /// let input = BertInput::<Flex>::from_token_ids(&[vec![101, 7, 102], vec![101, 102]], 0, &Default::default());
     /// assert_eq!(input.tokens.dims(), [2, 3]);
@@ -41,7 +41,7 @@ impl<B: Backend> BertInput<B> {
     ///
     /// ```
     /// use burn::backend::Flex;
-    /// use models::bert::BertInput;
+    /// use pipetransformer_models::bert::BertInput;
     ///
     /// let input = BertInput::<Flex>::from_token_ids_padded(&[vec![101, 102]], 0, 4, &Default::default());
     /// assert_eq!(input.tokens.dims(), [1, 4]);
