@@ -296,7 +296,8 @@ impl MajorityTokens {
 /// use pipetransformer_models::synthetic::BandImages;
 ///
 /// let task = BandImages::new(4, 3, 16, 7);
-/// let (images, labels): (Tensor<Flex, 4>, Tensor<Flex, 1, Int>) = task.batch(vec![3, 5], &Default::default());
+/// // `Batcher::batch`, not the inherent `batch` of numbered batches.
+let (images, labels): (Tensor<Flex, 4>, Tensor<Flex, 1, Int>) = Batcher::batch(&task, vec![3, 5], &Default::default());
 /// assert_eq!(images.dims(), [2, 3, 16, 16]);
 /// assert_eq!(labels.dims(), [2]);
 /// ```

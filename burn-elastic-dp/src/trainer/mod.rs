@@ -47,6 +47,7 @@ pub use error::TrainerError;
 pub use flow::StepFlow;
 pub use log::{EpochReport, Transition};
 pub use memory::MemoryConfig;
+pub(crate) use schedule::LrSource;
 
 use crate::error::ElasticError;
 use crate::group::{GroupReport, ReplicaGroup};
@@ -69,6 +70,10 @@ pub struct StepProgress {
     pub learning_rate: f64,
     /// Optimizer steps taken in the run (this one included).
     pub steps: usize,
+    /// Pipeline stages (K) the step ran with.
+    pub stages: usize,
+    /// Replicas (R) it ran with.
+    pub replicas: usize,
 }
 
 /// The loss, shared by every replica's thread: a micro-batch's output and
