@@ -297,7 +297,7 @@ impl MajorityTokens {
 ///
 /// let task = BandImages::new(4, 3, 16, 7);
 /// // `Batcher::batch`, not the inherent `batch` of numbered batches.
-let (images, labels): (Tensor<Flex, 4>, Tensor<Flex, 1, Int>) = Batcher::batch(&task, vec![3, 5], &Default::default());
+/// let (images, labels): (Tensor<Flex, 4>, Tensor<Flex, 1, Int>) = Batcher::batch(&task, vec![3, 5], &Default::default());
 /// assert_eq!(images.dims(), [2, 3, 16, 16]);
 /// assert_eq!(labels.dims(), [2]);
 /// ```

@@ -14,7 +14,10 @@ use crate::bert::{Bert, BertInput};
 use crate::vit::Vit;
 
 /// The classification output of `logits` against `labels`.
-fn classify<B: Backend>(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> ClassificationOutput<B> {
+fn classify<B: Backend>(
+    logits: Tensor<B, 2>,
+    labels: Tensor<B, 1, Int>,
+) -> ClassificationOutput<B> {
     let loss = CrossEntropyLossConfig::new()
         .init(&logits.device())
         .forward(logits.clone(), labels.clone());
