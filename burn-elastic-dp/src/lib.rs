@@ -40,7 +40,10 @@
 //! long it takes.
 //!
 //! [`Pipeline`]: burn_pipe::Pipeline
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "burn-train")]
+pub mod burn_train;
 mod collective;
 mod config;
 mod error;

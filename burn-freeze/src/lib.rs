@@ -11,7 +11,9 @@
 //!
 //! A unit runs on the autodiff backend while it trains and on the inner
 //! backend once frozen ([`Unit::forward_inner`]), so a frozen prefix records
-//! no graph at all. [`unit!`] and [`unit_enum!`] write the [`Unit`] impls.
+//! no graph at all. [`unit!`] and [`unit_enum!`] write the [`Unit`] impls;
+//! an activation of several tensors is a tuple of them, or a struct given to
+//! [`activation!`].
 //!
 //! On top of the contract:
 //! - **Frozen execution** ([`UnitRange`]): a contiguous range of units, its
@@ -43,6 +45,7 @@
 
 mod activation;
 mod cache;
+mod composite;
 mod error;
 mod flow;
 mod freezable;
@@ -61,6 +64,7 @@ pub mod plumbing;
 
 pub use activation::{Activation, AutodiffActivation, Differentiable};
 pub use cache::{ActivationCache, CacheConfig, CacheStats, Cacheable, StackCache};
+pub use composite::{ActivationPart, CachePart};
 pub use error::{CacheError, FreezeError, StackError};
 pub use freezable::FreezableStack;
 pub use freeze_front::FreezeFront;
@@ -80,5 +84,7 @@ pub use unit::{InnerOf, Unit};
 
 #[doc(hidden)]
 pub mod __private {
-    pub use burn::tensor::backend::AutodiffBackend;
+    pub use crate::composite::{sum_seeds, take_cache_parts};
+    pub use burn::tensor::backend::{AutodiffBackend, Backend};
+    pub use burn::tensor::{Tensor, TensorData};
 }

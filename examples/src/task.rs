@@ -6,29 +6,20 @@
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
 use burn::prelude::*;
-use models::bert::BertInput;
-use models::synthetic::{BandImages, MajorityTokens};
 
 /// `len` samples, each its own index.
 pub fn indices(len: usize) -> InMemDataset<usize> {
     InMemDataset::new((0..len).collect())
 }
 
-/// Draws a generated task's samples by index.
+/// Draws a generated task's samples by index (the tasks are Burn batchers
+/// of sample ids themselves; this wrapper keeps the jobs' one batcher type).
 #[derive(Debug, Clone)]
 pub struct TaskBatcher<T>(pub T);
 
-impl<B: Backend> Batcher<B, usize, (Tensor<B, 4>, Tensor<B, 1, Int>)> for TaskBatcher<BandImages> {
-    fn batch(&self, items: Vec<usize>, device: &B::Device) -> (Tensor<B, 4>, Tensor<B, 1, Int>) {
-        self.0.samples(&items, device)
-    }
-}
-
-impl<B: Backend> Batcher<B, usize, (BertInput<B>, Tensor<B, 1, Int>)>
-    for TaskBatcher<MajorityTokens>
-{
-    fn batch(&self, items: Vec<usize>, device: &B::Device) -> (BertInput<B>, Tensor<B, 1, Int>) {
-        self.0.samples(&items, device)
+impl<B: Backend, O, T: Batcher<B, usize, O>> Batcher<B, usize, O> for TaskBatcher<T> {
+    fn batch(&self, items: Vec<usize>, device: &B::Device) -> O {
+        self.0.batch(items, device)
     }
 }
 

@@ -1,5 +1,6 @@
 //! `plan` from the outside: bad flags are one-line errors naming the range
-//! (exit code 2); the paper's setting runs and prints its plan.
+//! (exit code 2), unreadable input exit code 1; the paper's
+//! setting runs and prints its plan.
 
 use std::process::{Command, Output};
 
@@ -112,8 +113,13 @@ fn costs_round_trip_through_json() {
     };
     assert_eq!(speedup(&first), speedup(&second));
     std::fs::write(&file, "{\"model\": 3}").unwrap();
+    // Unreadable or wrong input is exit code 1 (bad flags are 2).
     let bad = plan(&["--costs", file.to_str().unwrap(), "--out-dir", out_dir]);
-    assert_eq!(bad.status.code(), Some(2));
+    assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("is not a cost file"));
+    let missing = dir.join("missing.json");
+    let bad = plan(&["--costs", missing.to_str().unwrap(), "--out-dir", out_dir]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("cannot read"));
     let _ = std::fs::remove_dir_all(dir);
 }

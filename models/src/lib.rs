@@ -14,6 +14,12 @@
 //! - [`tokenizer`]: WordPiece tokenization from a checkpoint's `tokenizer.json`.
 //! - [`sst`]: the Stanford Sentiment Treebank as an SST-2 Burn `Dataset`, and
 //!   its batcher.
+//!
+//! With the cargo feature `burn-train`, ViT and BERT implement burn-train's
+//! `TrainStep` and `InferenceStep` (images or token sequences and class
+//! labels to a `ClassificationOutput` scored by cross-entropy).
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod bert;
 mod feed_forward;
@@ -21,6 +27,14 @@ pub mod pretrained;
 pub mod sst;
 pub mod synthetic;
 pub mod tokenizer;
+#[cfg(feature = "burn-train")]
+mod train_step;
 pub mod vit;
 
 pub use feed_forward::FeedForward;
+
+/// The repository's README, whose every Rust block is compiled and run as a
+/// doc test of this crate (`cargo test -p pipetransformer-models --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

@@ -75,7 +75,7 @@ impl SstSplit {
 ///
 /// ```
 /// use burn::data::dataset::Dataset;
-/// use models::sst::{SstDataset, SstItem};
+/// use pipetransformer_models::sst::{SstDataset, SstItem};
 ///
 /// let trees = "(4 (2 -LRB-) (4 (4 Great) (2 fun)) (2 -RRB-))\n\
 ///              (2 (2 It) (2 exists))\n\
@@ -84,7 +84,7 @@ impl SstSplit {
 /// assert_eq!(sst.len(), 2); // the neutral sentence is dropped
 /// assert_eq!(sst.get(0), Some(SstItem { text: "( Great fun )".into(), label: 1 }));
 /// assert_eq!(sst.get(1).unwrap().label, 0);
-/// # Ok::<(), models::sst::SstError>(())
+/// # Ok::<(), pipetransformer_models::sst::SstError>(())
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct SstDataset {
@@ -166,7 +166,7 @@ impl Dataset<SstItem> for SstDataset {
 /// Parses one labelled tree into its root label and its leaves, in order.
 ///
 /// ```
-/// use models::sst::parse_tree;
+/// use pipetransformer_models::sst::parse_tree;
 ///
 /// let (root, leaves) = parse_tree("(3 (2 A) (3 (3 good) (2 film)))").unwrap();
 /// assert_eq!((root, leaves), (3, vec!["A".to_string(), "good".into(), "film".into()]));
@@ -264,7 +264,7 @@ impl TreeParser<'_> {
 /// `\/` and `\*`.
 ///
 /// ```
-/// use models::sst::unescape_ptb;
+/// use pipetransformer_models::sst::unescape_ptb;
 ///
 /// assert_eq!(unescape_ptb("-LRB-"), "(");
 /// assert_eq!(unescape_ptb("``"), "\"");
@@ -299,8 +299,8 @@ pub struct SstBatch<B: Backend> {
 /// ```
 /// use burn::backend::Flex;
 /// use burn::data::dataloader::batcher::Batcher;
-/// use models::sst::{SstBatch, SstBatcher, SstItem};
-/// use models::tokenizer::WordPieceTokenizer;
+/// use pipetransformer_models::sst::{SstBatch, SstBatcher, SstItem};
+/// use pipetransformer_models::tokenizer::WordPieceTokenizer;
 ///
 /// let tokenizer = WordPieceTokenizer::from_vocab(&["[PAD]", "[UNK]", "[CLS]", "[SEP]", "good"])?;
 /// let batcher = SstBatcher::new(tokenizer);
@@ -308,7 +308,7 @@ pub struct SstBatch<B: Backend> {
 /// let batch: SstBatch<Flex> = batcher.batch(items, &Default::default());
 /// assert_eq!(batch.input.tokens.dims(), [2, 4]);
 /// assert_eq!(batch.labels.into_data().iter::<i64>().collect::<Vec<_>>(), vec![1, 0]);
-/// # Ok::<(), models::tokenizer::TokenizerError>(())
+/// # Ok::<(), pipetransformer_models::tokenizer::TokenizerError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct SstBatcher {

@@ -44,7 +44,7 @@ impl SplitMix64 {
 ///
 /// ```
 /// use burn::backend::Flex;
-/// use models::synthetic::BandImages;
+/// use pipetransformer_models::synthetic::BandImages;
 ///
 /// let task = BandImages::new(4, 3, 16, 7);
 /// let (images, labels) = task.batch::<Flex>(0, 8, &Default::default());
@@ -102,7 +102,7 @@ impl BandImages {
     ///
     /// ```
     /// use burn::backend::Flex;
-    /// use models::synthetic::BandImages;
+    /// use pipetransformer_models::synthetic::BandImages;
     ///
     /// let task = BandImages::new(4, 3, 16, 7);
     /// let (both, _) = task.samples::<Flex>(&[3, 5], &Default::default());
@@ -171,7 +171,7 @@ const SAMPLE_STREAMS: u64 = 0x5A4D_504C_4553_0001;
 ///
 /// ```
 /// use burn::backend::Flex;
-/// use models::synthetic::MajorityTokens;
+/// use pipetransformer_models::synthetic::MajorityTokens;
 ///
 /// let task = MajorityTokens::new(64, 5, 15, 3);
 /// let (input, labels) = task.batch::<Flex>(0, 4, &Default::default());
@@ -244,7 +244,7 @@ impl MajorityTokens {
     ///
     /// ```
     /// use burn::backend::Flex;
-    /// use models::synthetic::MajorityTokens;
+    /// use pipetransformer_models::synthetic::MajorityTokens;
     ///
     /// let task = MajorityTokens::new(64, 5, 15, 3);
     /// let (input, labels) = task.samples::<Flex>(&[0, 9, 4], &Default::default());
@@ -281,5 +281,42 @@ impl MajorityTokens {
             sequence.push(token as u32);
         }
         (sequence, i64::from(2 * high > len))
+    }
+}
+
+/// A task is a Burn batcher of sample ids: the batch of ids `items` is
+/// [`BandImages::samples`] of them (a dataset of ids, such as
+/// `InMemDataset<usize>`, then gives every sample once per epoch, and each
+/// id is the same image whatever batch it falls in, as AutoCache needs).
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::data::dataloader::batcher::Batcher;
+/// use burn::prelude::*;
+/// use pipetransformer_models::synthetic::BandImages;
+///
+/// let task = BandImages::new(4, 3, 16, 7);
+/// // `Batcher::batch`, not the inherent `batch` of numbered batches.
+/// let (images, labels): (Tensor<Flex, 4>, Tensor<Flex, 1, Int>) = Batcher::batch(&task, vec![3, 5], &Default::default());
+/// assert_eq!(images.dims(), [2, 3, 16, 16]);
+/// assert_eq!(labels.dims(), [2]);
+/// ```
+impl<B: Backend>
+    burn::data::dataloader::batcher::Batcher<B, usize, (Tensor<B, 4>, Tensor<B, 1, Int>)>
+    for BandImages
+{
+    fn batch(&self, items: Vec<usize>, device: &B::Device) -> (Tensor<B, 4>, Tensor<B, 1, Int>) {
+        self.samples(&items, device)
+    }
+}
+
+/// A task is a Burn batcher of sample ids: the batch of ids `items` is
+/// [`MajorityTokens::samples`] of them.
+impl<B: Backend>
+    burn::data::dataloader::batcher::Batcher<B, usize, (BertInput<B>, Tensor<B, 1, Int>)>
+    for MajorityTokens
+{
+    fn batch(&self, items: Vec<usize>, device: &B::Device) -> (BertInput<B>, Tensor<B, 1, Int>) {
+        self.samples(&items, device)
     }
 }

@@ -118,7 +118,7 @@ impl EncodedBatch {
 ///
 /// ```
 /// use burn::backend::Flex;
-/// use models::tokenizer::{Padding, WordPieceTokenizer};
+/// use pipetransformer_models::tokenizer::{Padding, WordPieceTokenizer};
 ///
 /// let vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "movie", "was", "great", "##ly", "fun", "."];
 /// let tokenizer = WordPieceTokenizer::from_vocab(&vocab)?.with_padding(Padding::Longest);
@@ -128,7 +128,7 @@ impl EncodedBatch {
 /// assert_eq!(batch.attention_mask[1], vec![1, 1, 1, 1, 0, 0, 0, 0, 0]);
 /// let input = batch.to_input::<Flex>(&Default::default());
 /// assert_eq!(input.tokens.dims(), [2, 9]);
-/// # Ok::<(), models::tokenizer::TokenizerError>(())
+/// # Ok::<(), pipetransformer_models::tokenizer::TokenizerError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct WordPieceTokenizer {

@@ -7,9 +7,9 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use common::B;
-use models::bert::BertConfig;
-use models::synthetic::{BandImages, MajorityTokens};
-use models::vit::VitConfig;
+use pipetransformer_models::bert::BertConfig;
+use pipetransformer_models::synthetic::{BandImages, MajorityTokens};
+use pipetransformer_models::vit::VitConfig;
 
 /// Counts float parameters, and those with no gradient or an all-zero one.
 struct GradientCheck<'a> {

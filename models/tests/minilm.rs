@@ -14,9 +14,9 @@ mod support;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn_freeze::{FreezableStack, IntoLayerStack};
-use models::bert::{Bert, BertConfig, BertUnit, l2_normalize};
-use models::pretrained::BertCheckpoint;
-use models::tokenizer::WordPieceTokenizer;
+use pipetransformer_models::bert::{Bert, BertConfig, BertUnit, l2_normalize};
+use pipetransformer_models::pretrained::BertCheckpoint;
+use pipetransformer_models::tokenizer::WordPieceTokenizer;
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -140,7 +140,7 @@ fn minilm_loaded_splits_into_the_units_of_a_fresh_bert_and_freezes() {
 
     let tokenizer = WordPieceTokenizer::from_file(checkpoint.tokenizer_path())
         .unwrap()
-        .with_padding(models::tokenizer::Padding::Longest);
+        .with_padding(pipetransformer_models::tokenizer::Padding::Longest);
     let input = tokenizer
         .encode_batch(&["a gorgeous film .", "dull and far too long"])
         .unwrap()

@@ -5,8 +5,8 @@
 mod common;
 
 use burn::prelude::*;
-use models::bert::{BertConfig, BertInput};
-use models::vit::VitConfig;
+use pipetransformer_models::bert::{BertConfig, BertInput};
+use pipetransformer_models::vit::VitConfig;
 
 use common::Inner;
 

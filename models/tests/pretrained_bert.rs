@@ -6,8 +6,10 @@ mod common;
 mod support;
 
 use burn::prelude::*;
-use models::bert::{Bert, BertConfig, BertInput};
-use models::pretrained::{BertCheckpoint, LoadOptions, PretrainedError, load_bert_safetensors};
+use pipetransformer_models::bert::{Bert, BertConfig, BertInput};
+use pipetransformer_models::pretrained::{
+    BertCheckpoint, LoadOptions, PretrainedError, load_bert_safetensors,
+};
 use support::{Checkpoint, scratch_dir};
 
 type B = common::Inner;

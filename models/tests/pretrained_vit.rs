@@ -6,8 +6,10 @@ mod common;
 mod support;
 
 use burn::prelude::*;
-use models::pretrained::{LoadOptions, PretrainedError, VitCheckpointFormat, load_vit_safetensors};
-use models::vit::{Vit, VitConfig};
+use pipetransformer_models::pretrained::{
+    LoadOptions, PretrainedError, VitCheckpointFormat, load_vit_safetensors,
+};
+use pipetransformer_models::vit::{Vit, VitConfig};
 use support::{Checkpoint, scratch_dir};
 
 type B = common::Inner;

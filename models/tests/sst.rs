@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::data::dataset::Dataset;
-use models::sst::{SstDataset, SstError, SstSplit};
+use pipetransformer_models::sst::{SstDataset, SstError, SstSplit};
 
 /// `SST_DIR`, or `../shared/data/sst` beside the repository; the test that
 /// calls this is `#[ignore]`d unless run with `--ignored`, and then the files

@@ -8,9 +8,9 @@ use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use common::B;
-use models::bert::BertConfig;
-use models::synthetic::{BandImages, MajorityTokens};
-use models::vit::VitConfig;
+use pipetransformer_models::bert::BertConfig;
+use pipetransformer_models::synthetic::{BandImages, MajorityTokens};
+use pipetransformer_models::vit::VitConfig;
 
 /// Mean of the first and of the last `window` losses.
 fn ends(losses: &[f32], window: usize) -> (f32, f32) {

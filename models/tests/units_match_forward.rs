@@ -6,9 +6,9 @@ mod common;
 use burn::prelude::*;
 use burn_freeze::{IntoLayerStack, LayerStack, StackError};
 use common::{B, relative_max_diff};
-use models::bert::{Bert, BertConfig, BertUnit};
-use models::synthetic::{BandImages, MajorityTokens};
-use models::vit::{Vit, VitConfig, VitUnit};
+use pipetransformer_models::bert::{Bert, BertConfig, BertUnit};
+use pipetransformer_models::synthetic::{BandImages, MajorityTokens};
+use pipetransformer_models::vit::{Vit, VitConfig, VitUnit};
 
 #[test]
 fn vit_units_in_sequence_match_the_model_forward() {
@@ -59,12 +59,12 @@ fn bert_padding_does_not_change_the_real_tokens_result() {
     let bert = BertConfig::tiny(2).init::<B>(&device);
     let short = vec![1, 7, 9, 20];
     let long = vec![1, 3, 4, 5, 6, 8, 10, 11];
-    let alone = bert.forward(models::bert::BertInput::from_token_ids(
+    let alone = bert.forward(pipetransformer_models::bert::BertInput::from_token_ids(
         std::slice::from_ref(&short),
         0,
         &device,
     ));
-    let batched = bert.forward(models::bert::BertInput::from_token_ids(
+    let batched = bert.forward(pipetransformer_models::bert::BertInput::from_token_ids(
         &[short, long],
         0,
         &device,

@@ -88,6 +88,8 @@ where
             mid_epoch: false,
             log,
             micro: Default::default(),
+            schedule: Default::default(),
+            last_base_lr: config.lr,
             config,
         })
     }

@@ -93,6 +93,7 @@ where
             memory_pending: self.memory_pending,
             processes: self.group.processes(),
             total_replicas: self.group.total_replicas(),
+            lr_schedule: self.schedule.save()?,
             files: Vec::new(),
         };
         let path = write(config, state, &model, &optimizer)?;
@@ -104,9 +105,8 @@ where
     /// the front `moved` or every `every_steps` steps (the epoch's last step
     /// is saved by the epoch's end, at once).
     pub(super) fn checkpoint_after_step(&self, moved: bool) -> Result<(), TrainerError> {
-        let epoch_left = self.sampler.as_ref().is_some_and(|s| s.remaining() > 0);
         if let Some(checkpoint) = &self.config.checkpoint
-            && epoch_left
+            && self.epoch_left()
             && (moved || self.steps.is_multiple_of(checkpoint.every_steps))
         {
             self.save_checkpoint()?;
@@ -196,6 +196,7 @@ where
             trainer.memory_pending = state.memory_pending;
         }
         trainer.auto.load_state(state.freeze, state.policy);
+        trainer.schedule.restore(state.lr_schedule);
         if let Some((epoch, cursor, len)) = state.sampler {
             let mut sampler = ElasticSampler::new(len, trainer.config.batch, trainer.config.seed)?;
             sampler.seek(epoch, cursor)?;
@@ -252,6 +253,10 @@ struct RunState {
     /// Replicas of the whole group, every process's.
     #[serde(default)]
     pub total_replicas: usize,
+    /// The learning-rate scheduler's record (Burn's binary recorder), when
+    /// one with a state is set.
+    #[serde(default)]
+    pub lr_schedule: Option<Vec<u8>>,
     /// (file, CRC-32, length) of the weights and optimizer files.
     pub files: Vec<(String, u32, u64)>,
 }

@@ -63,14 +63,15 @@ impl EpochTally {
     }
 
     /// Adds a step of `samples` samples that ran with `shape` (`total`
-    /// replicas in every process); what the
-    /// epoch's observer is told of it.
+    /// replicas in every process) at learning rate `lr`, the run's
+    /// `steps`-th; what the epoch's observer is told of it.
     pub(super) fn step(
         &mut self,
         samples: usize,
         report: &GroupReport,
         shape: Shape,
         total: usize,
+        (lr, steps): (f64, usize),
     ) -> StepProgress {
         self.ran_total = total;
         self.steps += 1;
@@ -78,6 +79,7 @@ impl EpochTally {
         self.loss_sum += f64::from(report.loss) * samples as f64;
         self.all_reduce += report.all_reduce.iter().copied().max().unwrap_or_default();
         self.bubble += bubble_seconds(&report.replicas);
+        let (stages, replicas) = (shape.stages(), shape.replicas);
         self.ran_with = shape;
         let micro_batches = report.replicas.first().map(|r| r.micro_batches);
         self.ran_micro_batches = micro_batches.or(self.ran_micro_batches);
@@ -85,6 +87,10 @@ impl EpochTally {
             samples,
             epoch_samples: self.samples,
             loss: report.loss,
+            learning_rate: lr,
+            steps,
+            stages,
+            replicas,
         }
     }
 

@@ -13,6 +13,8 @@
 //! and the start that fits), `micro.rs` (the micro-batch count, chosen from
 //! measured times), `agree.rs` (measurements agreed across the ranks of
 //! an MPI job: the slowest's times, the largest activations),
+//! `schedule.rs` (the learning rate of each step), `flow.rs` (an observer
+//! stopping an epoch),
 //! `bounds.rs` (the optimizer and stack
 //! bounds, named once), `log.rs` (transition
 //! and epoch records, JSON lines), `error.rs`.
@@ -30,10 +32,12 @@ mod checkpoint;
 mod config;
 mod epoch;
 mod error;
+mod flow;
 mod log;
 mod memory;
 mod micro;
 mod recovery;
+mod schedule;
 mod transition;
 
 use std::sync::Arc;
@@ -49,14 +53,17 @@ pub use bounds::{CacheableStack, StackOptimizer};
 pub use checkpoint::CheckpointConfig;
 pub use config::{CostModel, FreezeRule, LayerSpec, Parts, TrainerConfig};
 pub use error::TrainerError;
+pub use flow::StepFlow;
 pub use log::{EpochReport, Transition};
 pub use memory::MemoryConfig;
+#[cfg(feature = "burn-train")]
+pub(crate) use schedule::LrSource;
 
 use crate::error::ElasticError;
 use crate::group::{GroupReport, ReplicaGroup};
 use crate::sampler::ElasticSampler;
 use crate::shape::UnitCosts;
-use epoch::{EpochEnd, EpochTally};
+use epoch::EpochTally;
 use log::JsonLog;
 
 /// How far an epoch has come, told to
@@ -69,6 +76,14 @@ pub struct StepProgress {
     pub epoch_samples: usize,
     /// The step's mean loss.
     pub loss: f32,
+    /// The step's learning rate (see [`Trainer::learning_rate`]).
+    pub learning_rate: f64,
+    /// Optimizer steps taken in the run (this one included).
+    pub steps: usize,
+    /// Pipeline stages (K) the step ran with.
+    pub stages: usize,
+    /// Replicas (R) it ran with.
+    pub replicas: usize,
 }
 
 /// The loss, shared by every replica's thread: a micro-batch's output and
@@ -170,6 +185,10 @@ pub struct Trainer<S: StackTypes, O, T> {
     log: Option<JsonLog>,
     /// The micro-batch count's times and choice (`micro.rs`).
     micro: micro::MicroBatchRule,
+    /// The learning-rate schedule (`schedule.rs`).
+    schedule: schedule::Schedule,
+    /// The unscaled rate of the last step (before the first: `config.lr`).
+    last_base_lr: f64,
 }
 
 /// A batch drawn from the sampler, and where the sampler stood before it
@@ -214,14 +233,16 @@ where
         &self.costs
     }
 
-    /// The learning rate of the next step: the configured one, scaled
-    /// linearly with the replica count under
+    /// The learning rate of the last step (before the first, the
+    /// configured one): [`TrainerConfig::lr`] or the schedule's rate (see
+    /// [`set_lr_scheduler`](Self::set_lr_scheduler)), scaled linearly with
+    /// the current replica count under
     /// [`BatchPolicy::PerReplica`](crate::BatchPolicy::PerReplica).
     pub fn learning_rate(&self) -> f64 {
         let replicas = self.group.total_replicas();
         match self.sampler.as_ref() {
-            Some(sampler) => sampler.learning_rate(self.config.lr, self.base_replicas, replicas),
-            None => self.config.lr,
+            Some(sampler) => sampler.learning_rate(self.last_base_lr, self.base_replicas, replicas),
+            None => self.last_base_lr,
         }
     }
 
@@ -281,12 +302,17 @@ where
     }
 
     /// [`fit_epoch`](Self::fit_epoch), calling `on_step` after every step
-    /// (for a progress bar, say).
-    pub fn fit_epoch_observed<I, D, Bt>(
+    /// (for a progress bar, say). `on_step` returns `()` or a
+    /// [`ControlFlow`](std::ops::ControlFlow) ([`StepFlow`]): on
+    /// `Break(())` the epoch stops after that step (and its AutoFreeze
+    /// decision), the report covering the steps this call ran, and the next
+    /// call goes on where it stopped ([`epoch`](Self::epoch) counts the
+    /// epoch only once it is finished).
+    pub fn fit_epoch_observed<I, D, Bt, F: StepFlow>(
         &mut self,
         dataset: &D,
         batcher: &Bt,
-        mut on_step: impl FnMut(&StepProgress),
+        mut on_step: impl FnMut(&StepProgress) -> F,
     ) -> Result<EpochReport, TrainerError>
     where
         S: CacheableStack,
@@ -309,10 +335,16 @@ where
             };
             self.steps += 1;
             let total = self.group.total_replicas();
-            on_step(&tally.step(drawn.indices.len(), &report, self.shape(), total));
+            let (lr, steps) = (self.learning_rate(), self.steps);
+            let progress =
+                tally.step(drawn.indices.len(), &report, self.shape(), total, (lr, steps));
+            let flow = on_step(&progress);
             let moved = self.decide(DecisionPoint::AfterStep, &mut tally)?;
             self.checkpoint_after_step(moved)?;
             self.stop_if_requested()?;
+            if flow.into_flow().is_break() && self.epoch_left() {
+                return Ok(self.stopped_report(tally));
+            }
         }
         self.decide(DecisionPoint::EpochEnd, &mut tally)?;
         self.end_epoch(tally)
@@ -400,7 +432,7 @@ where
         self.measure_memory_if_pending(&input)?;
         self.profile_if_pending(&input)?;
         self.micro_batches_if_pending(&input)?;
-        let lr = self.learning_rate();
+        let lr = self.next_learning_rate()?;
         let report = loop {
             match self.forward_backward(indices, input, targets) {
                 Ok(report) => break report,
@@ -494,13 +526,7 @@ where
 
     /// The epoch's report (logged), and the epoch closed (checkpointed).
     fn end_epoch(&mut self, tally: EpochTally) -> Result<EpochReport, TrainerError> {
-        let end = EpochEnd {
-            epoch: self.epoch,
-            frozen_layers: self.auto.frozen_layers(),
-            front: self.front(),
-            micro_batches: self.micro_batches(tally.ran_with().stages()),
-            cache_after: self.cache_counts(),
-        };
+        let end = self.epoch_end(&tally);
         let report = tally.report(end);
         if let Some(log) = self.log.as_mut() {
             log.epoch(&report)?;

@@ -18,7 +18,10 @@ use clap::{Parser, Subcommand};
 static ALLOC: burn_pipe::HeapCounter = burn_pipe::HeapCounter;
 
 #[derive(Debug, Parser)]
-#[command(about = "PipeTransformer benchmarks (ratios against a baseline from the same run)")]
+#[command(
+    version,
+    about = "PipeTransformer benchmarks (ratios against a baseline from the same run)"
+)]
 struct Args {
     #[command(subcommand)]
     bench: Bench,

@@ -60,6 +60,7 @@ enum BasisArg {
 
 #[derive(Debug, Parser)]
 #[command(
+    version,
     about = "Predict PipeTransformer's per-epoch schedule and epoch times (1 to thousands of GPUs)",
     allow_negative_numbers = true
 )]
@@ -339,7 +340,7 @@ fn run_plan(args: &Args, costs: &ModelSpec) -> Result<(), PlanCliError> {
         .iter()
         .find(|&&g| g % args.devices_per_node != 0)
     {
-        return Err(PlanCliError::Input(format!(
+        return Err(PlanCliError::Flags(format!(
             "--scaling {gpus} is not a multiple of --devices-per-node {}",
             args.devices_per_node
         )));
@@ -406,7 +407,7 @@ fn run_scaling(args: &Args, costs: &ModelSpec) -> Result<(), PlanCliError> {
     let (mut full, mut no_transitions, mut free) = (Vec::new(), Vec::new(), Vec::new());
     for &gpus in &args.scaling {
         if gpus % per_node != 0 {
-            return Err(PlanCliError::Input(format!(
+            return Err(PlanCliError::Flags(format!(
                 "--scaling {gpus} is not a multiple of --devices-per-node {per_node}"
             )));
         }
@@ -486,6 +487,7 @@ fn main() {
     // Freed tensors' memory reused, not returned to the system and faulted
     // in again every step (see `examples::allocator`).
     examples::allocator::keep_freed_memory();
+    examples::init_logging();
     let args = match Args::try_parse() {
         Ok(args) => args,
         Err(e) if !e.use_stderr() => e.exit(),
@@ -503,8 +505,9 @@ fn main() {
     if let Err(error) = result {
         eprintln!("error: {error}");
         std::process::exit(match error {
-            PlanCliError::Plan(_) | PlanCliError::Input(_) => 2,
-            PlanCliError::Plot(_) => 1,
+            // A configuration the planner refuses comes from the flags.
+            PlanCliError::Plan(_) | PlanCliError::Flags(_) => 2,
+            PlanCliError::Input(_) | PlanCliError::Plot(_) => 1,
         });
     }
 }

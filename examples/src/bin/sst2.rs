@@ -45,7 +45,10 @@ enum Pooling {
 }
 
 #[derive(Debug, Parser)]
-#[command(about = "Fine-tune a pretrained BERT on SST-2; print dev accuracy and time per epoch")]
+#[command(
+    version,
+    about = "Fine-tune a pretrained BERT on SST-2; print dev accuracy and time per epoch"
+)]
 struct Args {
     /// Directory with SST's train.txt and dev.txt (PTB trees).
     #[arg(long, default_value = "../shared/data/sst")]

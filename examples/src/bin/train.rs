@@ -313,7 +313,8 @@ struct Metrics<'a> {
     backend: &'a str,
     spec: &'a JobSpec,
     devices: u32,
-    /// Pipeline stages at the start (the devices when not given).
+    /// Pipeline stages the first run started with, as it ran (the
+    /// memory-aware start, or `--stages`).
     stages: u32,
     freeze_alpha: f64,
     parts: Parts,
@@ -342,7 +343,10 @@ fn save_results(
         backend: backend::NAME,
         spec,
         devices: args.devices,
-        stages: args.stages.unwrap_or(args.devices),
+        stages: runs
+            .first()
+            .and_then(|run| run.epochs.first())
+            .map_or(args.stages.unwrap_or(1), |epoch| epoch.report.stages as u32),
         freeze_alpha: args.freeze_alpha,
         parts: args.parts(),
         units: prepared.model.num_units(),

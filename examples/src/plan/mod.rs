@@ -18,7 +18,11 @@ pub enum PlanCliError {
     /// A configuration the planner refuses.
     #[error(transparent)]
     Plan(#[from] PlanError),
-    /// An input file that cannot be read or understood.
+    /// Flags that do not go together (exit code 2, as for a bad flag).
+    #[error("{0}")]
+    Flags(String),
+    /// An input file that cannot be read or understood, or an output that
+    /// cannot be written (exit code 1).
     #[error("{0}")]
     Input(String),
     /// A plot that could not be drawn or written.

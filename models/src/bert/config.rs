@@ -8,7 +8,7 @@ use super::pooling::BertPooling;
 /// Configuration of a BERT sequence classifier.
 ///
 /// ```
-/// use models::bert::BertConfig;
+/// use pipetransformer_models::bert::BertConfig;
 ///
 /// let config = BertConfig::minilm_l6_h384(2);
 /// assert_eq!((config.layers, config.hidden, config.heads), (6, 384, 12));

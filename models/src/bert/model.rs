@@ -25,7 +25,7 @@ pub struct BertBlock<B: Backend> {
 /// ```
 /// use burn::backend::{Autodiff, Flex};
 /// use burn_freeze::IntoLayerStack;
-/// use models::bert::{BertConfig, BertInput};
+/// use pipetransformer_models::bert::{BertConfig, BertInput};
 ///
 /// type B = Autodiff<Flex>;
 /// let device = Default::default();

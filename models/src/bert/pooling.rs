@@ -26,7 +26,7 @@ impl<B: Backend> BertHidden<B> {
     /// ```
     /// use burn::backend::Flex;
     /// use burn::prelude::*;
-    /// use models::bert::BertHidden;
+    /// use pipetransformer_models::bert::BertHidden;
     ///
     /// let device = Default::default();
     /// let states = Tensor::<Flex, 3>::from_floats([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]]], &device);
@@ -56,7 +56,7 @@ impl<B: Backend> BertHidden<B> {
 /// ```
 /// use burn::backend::Flex;
 /// use burn::prelude::*;
-/// use models::bert::l2_normalize;
+/// use pipetransformer_models::bert::l2_normalize;
 ///
 /// let x = Tensor::<Flex, 2>::from_floats([[3.0, 4.0]], &Default::default());
 /// assert_eq!(l2_normalize(x).into_data().to_vec::<f32>().unwrap(), vec![0.6, 0.8]);

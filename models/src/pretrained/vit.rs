@@ -170,8 +170,8 @@ fn split_qkv(snapshots: Vec<TensorSnapshot>) -> Vec<TensorSnapshot> {
 ///
 /// ```
 /// use burn::backend::Flex;
-/// use models::pretrained::{load_vit_safetensors, LoadOptions, PretrainedError, VitCheckpointFormat};
-/// use models::vit::VitConfig;
+/// use pipetransformer_models::pretrained::{load_vit_safetensors, LoadOptions, PretrainedError, VitCheckpointFormat};
+/// use pipetransformer_models::vit::VitConfig;
 ///
 /// let error = load_vit_safetensors::<Flex>(
 ///     "no/such/vit.safetensors",

@@ -8,7 +8,7 @@ use super::model::Vit;
 ///
 /// ```
 /// use burn::backend::Flex;
-/// use models::vit::VitConfig;
+/// use pipetransformer_models::vit::VitConfig;
 ///
 /// let config = VitConfig::tiny(10);
 /// let vit = config.init::<Flex>(&Default::default());

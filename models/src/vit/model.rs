@@ -27,7 +27,7 @@ pub struct VitBlock<B: Backend> {
 /// use burn::backend::{Autodiff, Flex};
 /// use burn::prelude::*;
 /// use burn_freeze::IntoLayerStack;
-/// use models::vit::VitConfig;
+/// use pipetransformer_models::vit::VitConfig;
 ///
 /// type B = Autodiff<Flex>;
 /// let device = Default::default();

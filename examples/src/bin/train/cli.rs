@@ -65,8 +65,9 @@ pub(crate) enum BackendName {
 
 #[derive(Debug, Clone, Parser)]
 #[command(
+    version,
     about = "PipeTransformer fine-tuning end to end: pretrain a tiny transformer on generated data, fine-tune it on a related task with freezing, pipelining, replicas and caching, next to plain Burn training",
-    after_help = "F = frozen layers, K = pipeline stages, R = data-parallel replicas, M = micro-batches per replica, balance = units per stage. On a CPU the devices are logical: threads sharing the cores."
+    after_help = "F = frozen layers, K = pipeline stages, R = data-parallel replicas, M = micro-batches per replica, balance = units per stage. On a CPU the devices are logical: threads sharing the cores. Writes into --output-dir: model.mpk, metrics.json, transitions.jsonl, epochs.jsonl and the plots throughput.png, loss.png, accuracy.png and shape-pipetransformer.png."
 )]
 pub(crate) struct Args {
     /// Preset sizes (model width and depth, samples, epochs); the flags below override them.
