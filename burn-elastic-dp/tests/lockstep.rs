@@ -16,7 +16,11 @@
 //!   sample once (the ranks match one process of as many replicas).
 //! - Three ranks, one killed (SIGKILL) mid-epoch: the job ends within the
 //!   bound with no rank left running; two ranks resume from the newest
-//!   checkpoint both hold and end within 1e-4 of the uninterrupted run.
+//!   checkpoint both hold and end within 1e-4 of the uninterrupted run; a
+//!   rank holding no checkpoint the other holds makes both refuse to
+//!   resume, naming each one's steps.
+//! - A rank out of lockstep is named; a SIGTERM on one rank stops both
+//!   after the same step, each with its checkpoint.
 //!
 //! The test binary runs itself under `mpirun` as the ranks: the variable
 //! `LOCKSTEP_ROLE` makes it a rank. Without `mpirun` on PATH the tests fail
@@ -590,15 +594,20 @@ fn resume_rank(role: &str) {
     let device: Device<B> = Default::default();
     let devices = vec![device; 2];
     let mut trainer: Job = if role == "resume" {
-        Trainer::resume(
+        let resumed = Trainer::resume(
             block_stack(UNITS, WIDTH),
             devices,
             config,
             || AdamConfig::new().init(),
             loss,
-        )
-        .unwrap()
-        .0
+        );
+        match resumed {
+            Ok((trainer, _)) => trainer,
+            Err(error) => {
+                std::fs::write(out.join(format!("error-{rank}")), error.to_string()).unwrap();
+                return;
+            }
+        }
     } else {
         build(&config, 2)
     };
@@ -741,5 +750,30 @@ fn a_rank_killed_mid_epoch_resumes_on_fewer_ranks_where_the_whole_run_ends() {
     println!(
         "killed in step {KILL_AT} after {took:?}; resumed on 2 ranks against the whole run on 3: {worst:e}"
     );
+
+    // A rank that holds no checkpoint the others hold: the resume is
+    // refused on every rank, naming what each holds.
+    let lone = base.join("lone");
+    let from = whole.join("checkpoints").join("rank-0");
+    let to = lone.join("checkpoints").join("rank-0");
+    for entry in std::fs::read_dir(&from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        std::fs::create_dir_all(&target).unwrap();
+        for file in std::fs::read_dir(entry.path()).unwrap() {
+            let file = file.unwrap();
+            std::fs::copy(file.path(), target.join(file.file_name())).unwrap();
+        }
+    }
+    let (status, stderr) = job(RESUME, 2, "resume", &lone, bound);
+    assert!(status.is_some(), "the refused resume ends:\n{stderr}");
+    for rank in 0..2 {
+        let error = String::from_utf8(read(&lone.join(format!("error-{rank}")))).unwrap();
+        assert!(
+            error.starts_with("cannot resume across processes: no checkpoint step is held, verified, by every rank")
+                && error.contains("rank 1 holds []"),
+            "rank {rank}: {error}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&base);
 }

@@ -336,8 +336,13 @@ where
             self.steps += 1;
             let total = self.group.total_replicas();
             let (lr, steps) = (self.learning_rate(), self.steps);
-            let progress =
-                tally.step(drawn.indices.len(), &report, self.shape(), total, (lr, steps));
+            let progress = tally.step(
+                drawn.indices.len(),
+                &report,
+                self.shape(),
+                total,
+                (lr, steps),
+            );
             let flow = on_step(&progress);
             let moved = self.decide(DecisionPoint::AfterStep, &mut tally)?;
             self.checkpoint_after_step(moved)?;
