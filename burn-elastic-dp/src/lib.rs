@@ -69,5 +69,6 @@ pub use sampler::{BatchPolicy, ElasticSampler};
 pub use stop::{STOPPED_EXIT_CODE, StopSignal};
 pub use trainer::{
     CacheableStack, CheckpointConfig, CostModel, EpochReport, FreezeRule, LayerSpec, MemoryConfig,
-    Parts, StackOptimizer, StepProgress, Trainer, TrainerConfig, TrainerError, Transition,
+    Parts, StackOptimizer, StepFlow, StepProgress, Trainer, TrainerConfig, TrainerError,
+    Transition,
 };
