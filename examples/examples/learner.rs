@@ -78,7 +78,10 @@ fn main() -> ExitCode {
         Ok(args) => args,
         Err(e) if !e.use_stderr() => e.exit(),
         Err(e) => {
-            eprintln!("{}", e.to_string().lines().next().unwrap_or("bad arguments"));
+            eprintln!(
+                "{}",
+                e.to_string().lines().next().unwrap_or("bad arguments")
+            );
             return ExitCode::from(2);
         }
     };
@@ -88,7 +91,10 @@ fn main() -> ExitCode {
     }
     match run(&args) {
         Ok(accuracy) => {
-            println!("validation accuracy {:.1}% on {VALID} images", 100.0 * accuracy);
+            println!(
+                "validation accuracy {:.1}% on {VALID} images",
+                100.0 * accuracy
+            );
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -107,31 +113,45 @@ fn run(args: &Args) -> Result<f64, Box<dyn std::error::Error>> {
     let valid_ids = 1_000_000..1_000_000 + VALID;
 
     let cross_entropy = CrossEntropyLossConfig::new().init(&device);
-    let strategy = Arc::new(PipeTransformerStrategy::<TypesOf<Vit<Train>>, usize, _, _>::new(
-        TrainerConfig::new()
-            .with_freeze(FreezeRule::AlphaSchedule { alpha: args.freeze_alpha })
-            .with_layers(LayerSpec::Uniform { offset: 1, per_layer: 2, layers: blocks })
-            .with_batch(BatchPolicy::FixedGlobal { batch: BATCH })
-            .with_output_dir(Some(args.output_dir.join("pipetransformer"))),
-        devices,
-        ids(0..samples),
-        task.clone(),
-        || AdamConfig::new().init(),
-        move |logits, labels| cross_entropy.forward(logits, labels),
-    )?);
+    let strategy = Arc::new(
+        PipeTransformerStrategy::<TypesOf<Vit<Train>>, usize, _, _>::new(
+            TrainerConfig::new()
+                .with_freeze(FreezeRule::AlphaSchedule {
+                    alpha: args.freeze_alpha,
+                })
+                .with_layers(LayerSpec::Uniform {
+                    offset: 1,
+                    per_layer: 2,
+                    layers: blocks,
+                })
+                .with_batch(BatchPolicy::FixedGlobal { batch: BATCH })
+                .with_output_dir(Some(args.output_dir.join("pipetransformer"))),
+            devices,
+            ids(0..samples),
+            task.clone(),
+            || AdamConfig::new().init(),
+            move |logits, labels| cross_entropy.forward(logits, labels),
+        )?,
+    );
     let steps = epochs * samples.div_ceil(BATCH);
     let scheduler = CosineAnnealingLrSchedulerConfig::new(args.lr, steps).init()?;
     let training = SupervisedTraining::new(
         &args.output_dir,
-        DataLoaderBuilder::new(task.clone()).batch_size(BATCH).build(ids(0..samples)),
-        DataLoaderBuilder::new(task.clone()).batch_size(BATCH).build(ids(valid_ids.clone())),
+        DataLoaderBuilder::new(task.clone())
+            .batch_size(BATCH)
+            .build(ids(0..samples)),
+        DataLoaderBuilder::new(task.clone())
+            .batch_size(BATCH)
+            .build(ids(valid_ids.clone())),
     )
     .metrics((AccuracyMetric::new(), LossMetric::new()))
     .metric_train_numeric(LearningRateMetric::new())
     .num_epochs(epochs)
     .summary()
     .with_training_strategy(TrainingStrategy::Custom(strategy.clone()));
-    let vit = VitConfig::tiny(4).with_layers(blocks).init::<Train>(&device);
+    let vit = VitConfig::tiny(4)
+        .with_layers(blocks)
+        .init::<Train>(&device);
     let result = training.launch(Learner::new(vit, AdamConfig::new().init(), scheduler));
     if let Some(error) = strategy.take_error() {
         return Err(error.into());
@@ -139,6 +159,11 @@ fn run(args: &Args) -> Result<f64, Box<dyn std::error::Error>> {
     let ids: Vec<usize> = valid_ids.collect();
     let (images, labels) = task.samples(&ids, &device);
     let predicted = result.model.forward(images).argmax(1).flatten::<1>(0, 1);
-    let correct = predicted.equal(labels).int().sum().into_scalar().elem::<i64>();
+    let correct = predicted
+        .equal(labels)
+        .int()
+        .sum()
+        .into_scalar()
+        .elem::<i64>();
     Ok(correct as f64 / VALID as f64)
 }
