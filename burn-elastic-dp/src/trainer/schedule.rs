@@ -192,7 +192,7 @@ where
     /// let mut trainer = TrainerConfig::new()
     ///     .with_parts(Parts::new().with_freeze(false))
     ///     .with_batch(BatchPolicy::FixedGlobal { batch: 4 })
-    ///     .init(stack, vec![device], || SgdConfig::new().init(), |y: Tensor<B, 2>, t| (y - t).powi_scalar(2).mean())?;
+    ///     .init(stack, vec![device], || SgdConfig::new().init(), |y: Tensor<B, 2>, t: Tensor<B, 2>| (y - t).powi_scalar(2).mean())?;
     /// trainer.set_lr_scheduler(CosineAnnealingLrSchedulerConfig::new(0.1, 4).init().unwrap())?;
     /// trainer.fit_epoch(&InMemDataset::new(vec![0.5f32; 16]), &Rows)?;
     /// assert_eq!(trainer.steps(), 4);
