@@ -224,15 +224,13 @@ fn plain_config() -> TrainerConfig {
         .with_seed(4)
 }
 
-fn valid_loader() -> Arc<
-    dyn burn::data::dataloader::DataLoader<
-            <B as AutodiffBackend>::InnerBackend,
-            (
-                Tensor<<B as AutodiffBackend>::InnerBackend, 2>,
-                Tensor<<B as AutodiffBackend>::InnerBackend, 1, Int>,
-            ),
-        >,
-> {
+/// The inner backend, which validation runs on.
+type Inner = <B as AutodiffBackend>::InnerBackend;
+/// burn-train's validation loader of rows.
+type ValidLoader =
+    Arc<dyn burn::data::dataloader::DataLoader<Inner, (Tensor<Inner, 2>, Tensor<Inner, 1, Int>)>>;
+
+fn valid_loader() -> ValidLoader {
     DataLoaderBuilder::new(Rows::default())
         .batch_size(BATCH)
         .build(InMemDataset::new(items()[..BATCH].to_vec()))

@@ -10,9 +10,9 @@ use burn_freeze::{
     IntoLayerStack, LayerMap, StackOf, StackTypes,
 };
 use common::{B, Inner, graph_depth};
-use models::bert::{Bert, BertConfig};
-use models::synthetic::{BandImages, MajorityTokens};
-use models::vit::{Vit, VitConfig};
+use pipetransformer_models::bert::{Bert, BertConfig};
+use pipetransformer_models::synthetic::{BandImages, MajorityTokens};
+use pipetransformer_models::vit::{Vit, VitConfig};
 
 #[test]
 fn vit_frozen_blocks_give_the_same_output_with_a_shallower_graph() {

@@ -12,8 +12,8 @@ use burn_freeze::{
 };
 use burn_pipe::{PipeError, Pipeline, PipelineConfig};
 use common::{B, Weights};
-use models::synthetic::BandImages;
-use models::vit::{Vit, VitConfig, VitTypes};
+use pipetransformer_models::synthetic::BandImages;
+use pipetransformer_models::vit::{Vit, VitConfig, VitTypes};
 
 /// The 11 units of a 4-layer tiny ViT on 2 stages of 5 and 6 units, 2
 /// micro-batches, SGD with momentum.

@@ -14,9 +14,9 @@ use burn::prelude::*;
 use burn_freeze::{Activation, IntoLayerStack, LayerStack, StackTypes};
 use burn_pipe::{PipelineConfig, Schedule, balance_exact, unit_param_costs};
 use common::{B, CompareGrads, MaxGrad, user_batch, user_stack};
-use models::bert::BertConfig;
-use models::synthetic::{BandImages, MajorityTokens};
-use models::vit::VitConfig;
+use pipetransformer_models::bert::BertConfig;
+use pipetransformer_models::synthetic::{BandImages, MajorityTokens};
+use pipetransformer_models::vit::VitConfig;
 
 const TOLERANCE: f32 = 1e-5;
 

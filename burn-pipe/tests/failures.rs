@@ -15,7 +15,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn_freeze::{InnerOf, IntoLayerStack, LayerStack, StackMarker, Unit};
 use burn_pipe::{PipeError, Pipeline, PipelineConfig, Schedule};
 use common::{B, Classify, CompareGrads, Project, user_batch, user_stack};
-use models::vit::VitConfig;
+use pipetransformer_models::vit::VitConfig;
 
 /// A middle unit that misbehaves on micro-batches of exactly `trip` samples:
 /// it panics, or stalls for `stall_ms` before going on.

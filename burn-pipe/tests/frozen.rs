@@ -10,8 +10,8 @@ use burn::optim::{AdamConfig, SgdConfig};
 use burn_freeze::{FreezableStack, IntoLayerStack};
 use burn_pipe::{PipeError, Pipeline, PipelineConfig, Schedule};
 use common::{B, CompareGrads, MaxGrad, Weights, materialize};
-use models::synthetic::BandImages;
-use models::vit::{Vit, VitConfig};
+use pipetransformer_models::synthetic::BandImages;
+use pipetransformer_models::vit::{Vit, VitConfig};
 
 #[test]
 fn frozen_prefix_gradients_equal_plain_frozen_training() {

@@ -8,8 +8,8 @@ use burn::optim::AdamConfig;
 use burn_freeze::IntoLayerStack;
 use burn_pipe::{PipeError, PipelineConfig};
 use common::{B, Weights, materialize};
-use models::synthetic::BandImages;
-use models::vit::{Vit, VitConfig};
+use pipetransformer_models::synthetic::BandImages;
+use pipetransformer_models::vit::{Vit, VitConfig};
 
 #[test]
 fn training_continues_exactly_after_a_repartition() {

@@ -19,8 +19,8 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
 use burn_freeze::IntoLayerStack;
 use burn_pipe::{PipelineConfig, Schedule};
 use common::{B, Weights, materialize};
-use models::synthetic::BandImages;
-use models::vit::{Vit, VitConfig};
+use pipetransformer_models::synthetic::BandImages;
+use pipetransformer_models::vit::{Vit, VitConfig};
 
 #[test]
 fn one_f_one_b_never_holds_more_than_k_minus_s_micro_batches() {

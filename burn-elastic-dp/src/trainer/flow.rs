@@ -15,7 +15,7 @@ use super::{StackOptimizer, Trainer};
 ///
 /// ```
 /// use std::ops::ControlFlow;
-/// use burn_elastic_dp::StepFlow;
+/// use burn_elastic_dp::trainer::StepFlow;
 ///
 /// assert!(().into_flow().is_continue());
 /// assert!(ControlFlow::Break(()).into_flow().is_break());
