@@ -224,6 +224,31 @@ fn plain_config() -> TrainerConfig {
         .with_seed(4)
 }
 
+/// The stages' optimizer.
+type Adam = burn::optim::adaptor::OptimizerAdaptor<
+    burn::optim::Adam,
+    burn_freeze::TrainableUnits<Types>,
+    B,
+>;
+/// The strategy of these tests.
+type Strategy = PipeTransformerStrategy<Types, Item, Adam, Tensor<B, 1, Int>>;
+
+/// The strategy on the test's rows, batched by `batcher`, with Adam.
+fn strategy(
+    config: TrainerConfig,
+    devices: Vec<Device<B>>,
+    batcher: Rows,
+) -> Result<Strategy, burn_elastic_dp::TrainerError> {
+    Strategy::new(
+        config,
+        devices,
+        InMemDataset::new(items()),
+        batcher,
+        || AdamConfig::new().init(),
+        cross_entropy::<B>,
+    )
+}
+
 /// The inner backend, which validation runs on.
 type Inner = <B as AutodiffBackend>::InnerBackend;
 /// burn-train's validation loader of rows.
@@ -306,32 +331,21 @@ fn the_strategy_unfrozen_on_one_device_equals_burn_trains_own_loop() {
 #[test]
 fn the_strategy_freezes_and_a_bad_configuration_is_refused() {
     let device: Device<B> = Default::default();
-    let refused = PipeTransformerStrategy::<Types, Item, _, _>::new(
+    // Checked before any work: 3 stages on 2 devices.
+    let refused = strategy(
         plain_config().with_stages(Some(3)),
         vec![device; 2],
-        InMemDataset::new(items()),
         Rows::default(),
-        || AdamConfig::new().init(),
-        cross_entropy::<B>,
     );
-    assert!(refused.is_err());
+    let message = refused.err().expect("refused").to_string();
+    assert!(message.contains("stages"), "{message}");
     // Frozen after epoch 0: blocks 0 and 1 (units 0..2).
     let out = dir("freezing");
     let config = plain_config()
         .with_parts(Parts::new())
         .with_freeze(FreezeRule::Fronts { layers: vec![0, 2] })
         .with_output_dir(Some(out.join("trainer")));
-    let strategy = Arc::new(
-        PipeTransformerStrategy::<Types, Item, _, _>::new(
-            config,
-            vec![device],
-            InMemDataset::new(items()),
-            Rows::default(),
-            || AdamConfig::new().init(),
-            cross_entropy::<B>,
-        )
-        .unwrap(),
-    );
+    let strategy = Arc::new(strategy(config, vec![device], Rows::default()).unwrap());
     let train = DataLoaderBuilder::new(Rows::default())
         .batch_size(BATCH)
         .build(InMemDataset::new(items()));
@@ -372,17 +386,7 @@ fn checkpointed_run(
         .with_checkpoint(Some(burn_elastic_dp::CheckpointConfig::new(
             dir.join("trainer"),
         )));
-    let strategy = Arc::new(
-        PipeTransformerStrategy::<Types, Item, _, _>::new(
-            config,
-            vec![device],
-            InMemDataset::new(items()),
-            Rows::default(),
-            || AdamConfig::new().init(),
-            cross_entropy::<B>,
-        )
-        .unwrap(),
-    );
+    let strategy = Arc::new(strategy(config, vec![device], Rows::default()).unwrap());
     let losses = Losses::default();
     let train = DataLoaderBuilder::new(Rows::default())
         .batch_size(BATCH)
