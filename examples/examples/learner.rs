@@ -59,6 +59,9 @@ struct Args {
     /// burn-train's directory: its logs, metrics per epoch and checkpoints.
     #[arg(long, default_value = "target/learner")]
     output_dir: PathBuf,
+    /// Seeds the weights, the generated images and the sample order.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
 }
 
 /// (blocks, training images, epochs) of a size.
@@ -107,8 +110,9 @@ fn main() -> ExitCode {
 fn run(args: &Args) -> Result<f64, Box<dyn std::error::Error>> {
     let (blocks, samples, epochs) = preset(args.size);
     let device = backend::device(0);
+    <Train as Backend>::seed(&device, args.seed);
     let devices = (0..args.devices as usize).map(backend::device).collect();
-    let task = BandImages::new(4, 3, 16, 42);
+    let task = BandImages::new(4, 3, 16, args.seed);
     let ids = |range: std::ops::Range<usize>| InMemDataset::new(range.collect::<Vec<usize>>());
     let valid_ids = 1_000_000..1_000_000 + VALID;
 
@@ -125,6 +129,7 @@ fn run(args: &Args) -> Result<f64, Box<dyn std::error::Error>> {
                     layers: blocks,
                 })
                 .with_batch(BatchPolicy::FixedGlobal { batch: BATCH })
+                .with_seed(args.seed)
                 .with_output_dir(Some(args.output_dir.join("pipetransformer"))),
             devices,
             ids(0..samples),
