@@ -224,6 +224,31 @@ fn plain_config() -> TrainerConfig {
         .with_seed(4)
 }
 
+/// The stages' optimizer.
+type Adam = burn::optim::adaptor::OptimizerAdaptor<
+    burn::optim::Adam,
+    burn_freeze::TrainableUnits<Types>,
+    B,
+>;
+/// The strategy of these tests.
+type Strategy = PipeTransformerStrategy<Types, Item, Adam, Tensor<B, 1, Int>>;
+
+/// The strategy on the test's rows, batched by `batcher`, with Adam.
+fn strategy(
+    config: TrainerConfig,
+    devices: Vec<Device<B>>,
+    batcher: Rows,
+) -> Result<Strategy, burn_elastic_dp::TrainerError> {
+    Strategy::new(
+        config,
+        devices,
+        InMemDataset::new(items()),
+        batcher,
+        || AdamConfig::new().init(),
+        cross_entropy::<B>,
+    )
+}
+
 /// The inner backend, which validation runs on.
 type Inner = <B as AutodiffBackend>::InnerBackend;
 /// burn-train's validation loader of rows.
@@ -306,32 +331,21 @@ fn the_strategy_unfrozen_on_one_device_equals_burn_trains_own_loop() {
 #[test]
 fn the_strategy_freezes_and_a_bad_configuration_is_refused() {
     let device: Device<B> = Default::default();
-    let refused = PipeTransformerStrategy::<Types, Item, _, _>::new(
+    // Checked before any work: 3 stages on 2 devices.
+    let refused = strategy(
         plain_config().with_stages(Some(3)),
         vec![device; 2],
-        InMemDataset::new(items()),
         Rows::default(),
-        || AdamConfig::new().init(),
-        cross_entropy::<B>,
     );
-    assert!(refused.is_err());
+    let message = refused.err().expect("refused").to_string();
+    assert!(message.contains("stages"), "{message}");
     // Frozen after epoch 0: blocks 0 and 1 (units 0..2).
     let out = dir("freezing");
     let config = plain_config()
         .with_parts(Parts::new())
         .with_freeze(FreezeRule::Fronts { layers: vec![0, 2] })
         .with_output_dir(Some(out.join("trainer")));
-    let strategy = Arc::new(
-        PipeTransformerStrategy::<Types, Item, _, _>::new(
-            config,
-            vec![device],
-            InMemDataset::new(items()),
-            Rows::default(),
-            || AdamConfig::new().init(),
-            cross_entropy::<B>,
-        )
-        .unwrap(),
-    );
+    let strategy = Arc::new(strategy(config, vec![device], Rows::default()).unwrap());
     let train = DataLoaderBuilder::new(Rows::default())
         .batch_size(BATCH)
         .build(InMemDataset::new(items()));
@@ -355,4 +369,59 @@ fn the_strategy_freezes_and_a_bad_configuration_is_refused() {
     let trained = result.model;
     assert_ne!(weights(&trained.last), weights(&start.last.valid()));
     let _ = std::fs::remove_dir_all(out);
+}
+
+/// Runs the freezing strategy through burn-train for epochs up to
+/// `epochs`, from burn-train's checkpoint `resume_from` when given; the
+/// losses of its steps and the trained weights.
+fn checkpointed_run(
+    dir: &std::path::Path,
+    epochs: usize,
+    resume_from: Option<usize>,
+) -> (Vec<f64>, Vec<f32>) {
+    let device: Device<B> = Default::default();
+    let config = plain_config()
+        .with_parts(Parts::new())
+        .with_freeze(FreezeRule::Fronts { layers: vec![0, 2] })
+        .with_checkpoint(Some(burn_elastic_dp::CheckpointConfig::new(
+            dir.join("trainer"),
+        )));
+    let strategy = Arc::new(strategy(config, vec![device], Rows::default()).unwrap());
+    let losses = Losses::default();
+    let train = DataLoaderBuilder::new(Rows::default())
+        .batch_size(BATCH)
+        .build(InMemDataset::new(items()));
+    let mut training = SupervisedTraining::new(dir, train, valid_loader())
+        .metric_train(losses.clone())
+        .num_epochs(epochs)
+        .with_application_logger(None)
+        .with_file_checkpointer(burn::record::CompactRecorder::new())
+        .with_training_strategy(TrainingStrategy::Custom(strategy.clone()));
+    if let Some(epoch) = resume_from {
+        training = training.checkpoint(epoch);
+    }
+    let result = training.launch(Learner::new(net(), AdamConfig::new().init(), scheduler()));
+    assert!(strategy.take_error().is_none());
+    let losses = losses.0.lock().unwrap().clone();
+    (losses, weights(&result.model))
+}
+
+#[test]
+fn a_run_resumed_through_burn_trains_checkpoint_goes_on_as_one_never_stopped() {
+    let straight = dir("straight");
+    let (all_losses, all_weights) = checkpointed_run(&straight, EPOCHS, None);
+    let stopped = dir("stopped");
+    let (first, _) = checkpointed_run(&stopped, 1, None);
+    // burn-train restores its learner (and LR scheduler) from epoch 1; the
+    // strategy resumes the trainer from its own checkpoint: the front that
+    // moved after epoch 1, the optimizer state of every stage.
+    let (second, resumed_weights) = checkpointed_run(&stopped, EPOCHS, Some(1));
+    let steps = SAMPLES / BATCH;
+    assert_eq!(first.len(), steps);
+    assert_eq!(second.len(), steps);
+    let resumed: Vec<f64> = first.iter().chain(&second).copied().collect();
+    assert_eq!(resumed, all_losses, "losses step by step");
+    assert_eq!(resumed_weights, all_weights);
+    let _ = std::fs::remove_dir_all(straight);
+    let _ = std::fs::remove_dir_all(stopped);
 }

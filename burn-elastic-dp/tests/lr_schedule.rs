@@ -283,6 +283,8 @@ fn an_observer_stops_the_epoch_and_the_next_call_trains_the_rest() {
         .unwrap();
     let part = trainer
         .fit_epoch_observed(&data, &batcher, |p| {
+            // The shape each step ran with: K=1, R=1, M=1.
+            assert_eq!((p.stages, p.replicas, p.micro_batches), (1, 1, 1));
             if p.epoch_samples >= 2 * BATCH {
                 ControlFlow::Break(())
             } else {

@@ -26,6 +26,8 @@ pub struct StepInfo {
     pub stages: usize,
     /// Data-parallel replicas (R) it ran with.
     pub replicas: usize,
+    /// Micro-batches per replica (M) it ran with.
+    pub micro_batches: usize,
 }
 
 /// A model's training item (its `TrainStep::Output`) made from one
@@ -42,7 +44,7 @@ pub struct StepInfo {
 ///
 /// type B = Autodiff<Flex>;
 /// let device = Default::default();
-/// let info = StepInfo { loss: 0.5, learning_rate: 1e-3, samples: 3, samples_per_second: 10.0, frozen_layers: 0, stages: 1, replicas: 2 };
+/// let info = StepInfo { loss: 0.5, learning_rate: 1e-3, samples: 3, samples_per_second: 10.0, frozen_layers: 0, stages: 1, replicas: 2, micro_batches: 1 };
 /// let parts = vec![
 ///     (Tensor::<B, 2>::zeros([2, 4], &device), Tensor::<B, 1, Int>::from_ints([1, 2], &device)),
 ///     (Tensor::<B, 2>::zeros([1, 4], &device), Tensor::<B, 1, Int>::from_ints([3], &device)),

@@ -279,6 +279,7 @@ where
                 frozen_layers,
                 stages: step.stages,
                 replicas: step.replicas,
+                micro_batches: step.micro_batches,
             };
             let parts = scored.take_step::<S::Backend>(step.samples);
             let item = FromTrainStep::from_train_step(&info, parts, &device);

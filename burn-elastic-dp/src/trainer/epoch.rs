@@ -83,6 +83,7 @@ impl EpochTally {
         self.ran_with = shape;
         let micro_batches = report.replicas.first().map(|r| r.micro_batches);
         self.ran_micro_batches = micro_batches.or(self.ran_micro_batches);
+        let micro_batches = self.ran_micro_batches.unwrap_or(1);
         StepProgress {
             samples,
             epoch_samples: self.samples,
@@ -91,6 +92,7 @@ impl EpochTally {
             steps,
             stages,
             replicas,
+            micro_batches,
         }
     }
 

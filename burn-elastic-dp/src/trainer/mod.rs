@@ -84,6 +84,8 @@ pub struct StepProgress {
     pub stages: usize,
     /// Replicas (R) it ran with.
     pub replicas: usize,
+    /// Micro-batches per replica (M) it ran with.
+    pub micro_batches: usize,
 }
 
 /// The loss, shared by every replica's thread: a micro-batch's output and
