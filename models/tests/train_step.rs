@@ -39,7 +39,11 @@ impl ModuleVisitor<B> for SameGradients<'_> {
     }
 }
 
-fn assert_same_gradients<M: AutodiffModule<B>>(model: &M, step: &GradientsParams, loss: Tensor<B, 1>) {
+fn assert_same_gradients<M: AutodiffModule<B>>(
+    model: &M,
+    step: &GradientsParams,
+    loss: Tensor<B, 1>,
+) {
     let reference = GradientsParams::from_grads(loss.backward(), model);
     let mut visitor = SameGradients(step, &reference, 0);
     model.visit(&mut visitor);

@@ -79,7 +79,8 @@ impl EpochTally {
         self.loss_sum += f64::from(report.loss) * samples as f64;
         self.all_reduce += report.all_reduce.iter().copied().max().unwrap_or_default();
         self.bubble += bubble_seconds(&report.replicas);
-        let (stages, replicas) = (shape.stages(), shape.replicas);
+        // R of the whole group (every process's replicas).
+        let (stages, replicas) = (shape.stages(), total);
         self.ran_with = shape;
         let micro_batches = report.replicas.first().map(|r| r.micro_batches);
         self.ran_micro_batches = micro_batches.or(self.ran_micro_batches);

@@ -82,7 +82,7 @@ pub struct StepProgress {
     pub steps: usize,
     /// Pipeline stages (K) the step ran with.
     pub stages: usize,
-    /// Replicas (R) it ran with.
+    /// Replicas (R) it ran with, in every process of the group.
     pub replicas: usize,
     /// Micro-batches per replica (M) it ran with.
     pub micro_batches: usize,
