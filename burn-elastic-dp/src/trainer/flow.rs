@@ -14,8 +14,9 @@ use super::{StackOptimizer, Trainer};
 /// a [`ControlFlow`] goes on or stops the epoch after the step.
 ///
 /// Across the ranks of an MPI job, break on every rank after the same step
-/// (decide from what every rank sees alike: the step count, the loss of
-/// the whole batch is not; to stop a job on a signal use
+/// (decide from what every rank sees alike: the step count is, a step's
+/// loss, the mean over this rank's samples, is not; to stop a job on a
+/// signal use
 /// [`Trainer::set_stop_signal`], which agrees the step in the step
 /// headers). A rank that breaks alone leaves the others waiting at the next
 /// step: that step fails within its bound, naming the rank.
