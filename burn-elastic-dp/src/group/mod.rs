@@ -431,11 +431,7 @@ where
     /// Replicas of the whole group, in every process: this process's count
     /// without other processes. The global batch is shared among them.
     pub fn total_replicas(&self) -> usize {
-        if self.nodes.exist() {
-            self.nodes.counts(self.replicas.len()).iter().sum()
-        } else {
-            self.replicas.len()
-        }
+        self.replica_counts().iter().sum()
     }
 
     /// Every process's replica count, by rank, as last exchanged
@@ -476,13 +472,6 @@ where
             });
         }
         self.nodes.max(values, Instant::now() + self.timeout())
-    }
-
-    /// Every process's `record` (as long on every process), by rank
-    /// (`[record]` without other processes), within the step's bound.
-    /// Every process must call it at the same point.
-    pub fn gather(&self, record: Vec<i64>) -> Result<Vec<Vec<i64>>, ElasticError> {
-        self.nodes.gather(record, Instant::now() + self.timeout())
     }
 
     /// This process's header of the next step: its replicas, a hash of the

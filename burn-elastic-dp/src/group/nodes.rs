@@ -79,19 +79,6 @@ impl OtherNodes {
         }
     }
 
-    /// Every process's `record`, by rank (`[record]` without other
-    /// processes), by `deadline`.
-    pub fn gather(
-        &self,
-        record: Vec<i64>,
-        deadline: Instant,
-    ) -> Result<Vec<Vec<i64>>, ElasticError> {
-        match &self.0 {
-            Some(link) => link.gather(record, deadline),
-            None => Ok(vec![record]),
-        }
-    }
-
     /// The element-wise maximum of `values` over every process (`values`
     /// without other processes), by `deadline`.
     pub fn max(&self, values: Vec<f64>, deadline: Instant) -> Result<Vec<f64>, ElasticError> {

@@ -65,7 +65,7 @@ where
         tracing::debug!(from, to = self.replicas.len(), "replica group resized");
         self.nodes.set_local(
             self.replicas.len(),
-            std::time::Instant::now() + std::time::Duration::from_millis(self.config.timeout_ms),
+            std::time::Instant::now() + self.timeout(),
         )
     }
 
