@@ -62,3 +62,30 @@ pub fn check_mpi_build() -> Result<(), ElasticError> {
         _ => Ok(()),
     }
 }
+
+/// The element-wise maximum of every process's `values` in the MPI job
+/// (the same on every rank), for settings each rank measures before any
+/// group exists (a memory budget from measured activations, say), so that
+/// every rank configures the same run; `values` unchanged in a job of one
+/// process. Every rank must call it, at the same point of its program;
+/// within `timeout` (else [`ElasticError::NodesMissing`]). Needs a held
+/// [`Mpi`](crate::Mpi).
+///
+/// ```no_run
+/// use std::time::Duration;
+///
+/// let _mpi = burn_elastic_dp::Mpi::init()?;
+/// let measured = 41.5_f64;
+/// let agreed = burn_elastic_dp::launcher::agree_max(&[measured], Duration::from_secs(60))?;
+/// assert!(agreed[0] >= measured);
+/// # Ok::<(), burn_elastic_dp::ElasticError>(())
+/// ```
+#[cfg(feature = "mpi")]
+pub fn agree_max(values: &[f64], timeout: std::time::Duration) -> Result<Vec<f64>, ElasticError> {
+    let deadline = std::time::Instant::now() + timeout;
+    // A link of one (notional) replica per rank: the exchange needs no more.
+    match crate::mpi::join(1, timeout, timeout)? {
+        Some(link) => link.max(values.to_vec(), deadline),
+        None => Ok(values.to_vec()),
+    }
+}

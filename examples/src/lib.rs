@@ -31,6 +31,21 @@ pub fn stop_signal() -> burn_elastic_dp::StopSignal {
         .clone()
 }
 
+/// Sends this process's stdout to /dev/null (Linux with glibc; elsewhere
+/// nothing): the ranks other than 0 of an MPI job print nothing, so that
+/// rank 0's tables are read alone.
+pub fn silence_stdout() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        use std::os::fd::AsRawFd;
+        // SAFETY: dup2 on two open descriptors; stdout then refers to
+        // /dev/null (`null` may close: the duplicate stays open).
+        unsafe {
+            libc::dup2(null.as_raw_fd(), libc::STDOUT_FILENO);
+        }
+    }
+}
+
 /// Sends `tracing` logs to stderr, filtered by `RUST_LOG` (default `info`,
 /// burn-collective's at `warn`), coloured only on a terminal.
 pub fn init_logging() {

@@ -90,6 +90,7 @@ where
             micro: Default::default(),
             schedule: Default::default(),
             last_base_lr: config.lr,
+            profiling: Default::default(),
             config,
         })
     }

@@ -27,6 +27,8 @@ pub(super) struct EpochTally {
     ran_total: usize,
     /// The micro-batch count its last step ran with.
     ran_micro_batches: Option<usize>,
+    /// Time its steps spent measuring before they trained.
+    profiling: Duration,
 }
 
 /// What the epoch's end adds to its tally: the freeze state after it and
@@ -59,7 +61,14 @@ impl EpochTally {
             transitions: Vec::new(),
             ran_with: shape,
             ran_micro_batches: None,
+            profiling: Duration::ZERO,
         }
+    }
+
+    /// Adds time a step spent measuring (activations, unit costs,
+    /// micro-batch times) before it trained.
+    pub(super) fn profiling(&mut self, spent: Duration) {
+        self.profiling += spent;
     }
 
     /// Adds a step of `samples` samples that ran with `shape` (`total`
@@ -119,6 +128,7 @@ impl EpochTally {
             seconds,
             samples_per_second: self.samples as f64 / seconds,
             transition_seconds: transition_millis / 1e3,
+            profiling_seconds: self.profiling.as_secs_f64(),
             all_reduce_seconds: self.all_reduce.as_secs_f64() / self.steps.max(1) as f64,
             bubble_seconds: self.bubble,
             frozen_layers: end.frozen_layers,

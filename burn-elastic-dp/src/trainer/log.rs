@@ -85,6 +85,12 @@ pub struct EpochReport {
     pub samples_per_second: f64,
     /// Seconds spent in transitions.
     pub transition_seconds: f64,
+    /// Seconds of `seconds` its steps spent measuring before they trained:
+    /// activations (memory-aware AutoPipe), unit costs and micro-batch
+    /// times ([`CostModel::Profiled`](crate::CostModel::Profiled)); in the
+    /// first epoch of a run (or of a resumed run) only.
+    #[serde(default)]
+    pub profiling_seconds: f64,
     /// Mean per step of the slowest replica's all-reduce time, in seconds.
     pub all_reduce_seconds: f64,
     /// Seconds of its steps lost to pipeline bubbles: per step, each

@@ -191,6 +191,9 @@ pub struct Trainer<S: StackTypes, O, T> {
     schedule: schedule::Schedule,
     /// The unscaled rate of the last step (before the first: `config.lr`).
     last_base_lr: f64,
+    /// Time spent measuring (activations, unit costs, micro-batch times)
+    /// since the epoch's tally last took it.
+    profiling: std::time::Duration,
 }
 
 /// A batch drawn from the sampler, and where the sampler stood before it
@@ -336,6 +339,7 @@ where
                 }
             };
             self.steps += 1;
+            tally.profiling(std::mem::take(&mut self.profiling));
             let total = self.group.total_replicas();
             let (lr, steps) = (self.learning_rate(), self.steps);
             let progress = tally.step(
@@ -436,9 +440,11 @@ where
         let (mut input, mut targets) = batch()?;
         // Memory first: measured activations may deepen a one-stage start,
         // which then needs the profiled costs.
+        let measuring = std::time::Instant::now();
         self.measure_memory_if_pending(&input)?;
         self.profile_if_pending(&input)?;
         self.micro_batches_if_pending(&input)?;
+        self.profiling += measuring.elapsed();
         let lr = self.next_learning_rate()?;
         let report = loop {
             match self.forward_backward(indices, input, targets) {

@@ -8,6 +8,7 @@
 //! mpirun -np 2 target/release/bench elastic --mpi [--quick]   (built with --features mpi)
 //! cargo run --release -p examples --bin bench -- headline [--quick] [--model bert|vit] [--seeds 1,2,3] | headline --replot
 //! cargo run --release -p examples --bin bench -- headline --real [--quick] [--weights DIR] [--data DIR] [--seeds 1,2,3]
+//! mpirun -np 2 target/release/bench headline --mpi [--quick] [--seeds 1,2,3]   (built with --features mpi)
 //! ```
 
 use clap::{Parser, Subcommand};
@@ -68,6 +69,13 @@ enum Bench {
         /// trees) [default: ../shared/data/sst].
         #[arg(long, value_name = "DIR", requires = "real")]
         data: Option<std::path::PathBuf>,
+        /// Across the processes of an MPI job instead (under mpirun -np N,
+        /// N >= 2; cargo feature `mpi`): (b), (b*) searched on the same
+        /// ranks, (c) with AutoDP across them and freeze only, under the
+        /// memory-bound budget, seeds interleaved; written to
+        /// target/bench/headline-mpi.json.
+        #[arg(long, conflicts_with_all = ["replot", "real"])]
+        mpi: bool,
         /// Seeds, comma-separated, 1 to 10 distinct [default: 1,2,3; with
         /// --quick one: 42, or 1 with --real]. The generated task runs
         /// every table on the first and (a), (b), (b*), (c) on each;
@@ -129,6 +137,16 @@ fn main() {
                 });
             examples::bench::headline::real::run(args.quick, &paths, seeds.as_deref())
         }
+        Bench::Headline {
+            mpi: true,
+            model,
+            seeds,
+            ..
+        } => examples::bench::headline::run_mpi(
+            args.quick,
+            model.unwrap_or(examples::job::ModelKind::Bert),
+            &seeds.unwrap_or_else(|| examples::bench::headline::default_seeds(args.quick)),
+        ),
         Bench::Headline { model, seeds, .. } => examples::bench::headline::run(
             args.quick,
             model.unwrap_or(examples::job::ModelKind::Bert),

@@ -33,6 +33,13 @@ pub struct RunRecord {
 }
 
 impl RunRecord {
+    /// Of [`seconds`](Self::seconds), what the trainer spent measuring
+    /// before it trained (activations, unit costs, micro-batch times:
+    /// [`EpochReport::profiling_seconds`](burn_elastic_dp::EpochReport::profiling_seconds)).
+    pub fn profiling_seconds(&self) -> f64 {
+        self.epochs.iter().map(|e| e.report.profiling_seconds).sum()
+    }
+
     /// The run `name` of `epochs`: their seconds summed, the last one's
     /// accuracy (NaN without epochs).
     pub fn new(name: &str, epochs: Vec<EpochRecord>) -> Self {
@@ -78,6 +85,7 @@ mod tests {
             seconds: 0.5,
             samples_per_second: 512.0,
             transition_seconds: 0.001,
+            profiling_seconds: 0.0,
             all_reduce_seconds: 0.0,
             bubble_seconds: 0.0,
             frozen_layers: 3,

@@ -154,6 +154,24 @@ impl JobSpec {
     /// [`finetune`](Self::finetune) on SST-2 ([`load_sst`](Self::load_sst)),
     /// on the first `samples` training sentences where the spec asks for
     /// fewer than the job holds.
+    /// The units' memory ([`burn_pipe::measure_unit_memory`]) of
+    /// `pretrained` on the first global batch of `job`'s training sentences,
+    /// as memory-aware AutoPipe measures it on its first batch.
+    pub fn sst_unit_memory(
+        &self,
+        pretrained: &Pretrained,
+        job: &SstJob,
+    ) -> Result<burn_pipe::UnitMemory, JobError> {
+        let Pretrained::Bert(stack) = pretrained else {
+            return Err(JobError::Spec("SST-2 fine-tunes a BERT".into()));
+        };
+        let device = backend::device(0);
+        let items: Vec<SstItem> = job.train.items().iter().take(self.batch).cloned().collect();
+        let (input, _): (BertInput<Train>, Tensor<Train, 1, Int>) =
+            job.batcher.batch(items, &device);
+        Ok(burn_pipe::measure_unit_memory(stack, input, &device))
+    }
+
     pub fn finetune_sst(
         &self,
         pretrained: &Pretrained,

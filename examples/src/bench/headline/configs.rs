@@ -1,7 +1,9 @@
 //! What `bench headline` runs: the job's sizes and the configurations of
 //! its three tables.
 
-use burn_elastic_dp::{CostModel, FreezeRule, LayerSpec, Parts, TrainerConfig};
+use burn_elastic_dp::{
+    CostModel, FreezeRule, LayerSpec, MemoryConfig, NodeConfig, Parts, ReplicaConfig, TrainerConfig,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::job::{JobSpec, Method, ModelKind};
@@ -63,53 +65,86 @@ pub(super) fn parameter_costs() -> CostModel {
     }
 }
 
-fn trainer(parts: Parts, alpha: f64, layers: usize, costs: CostModel) -> TrainerConfig {
-    TrainerConfig::new()
-        .with_parts(parts)
-        .with_freeze(FreezeRule::AlphaSchedule { alpha })
-        .with_layers(LayerSpec::Uniform {
-            offset: 1,
-            per_layer: 2,
-            layers,
-        })
-        .with_costs(costs)
+/// What every trainer configuration of a table shares: the model's
+/// layers, AutoPipe's unit costs and the per-device memory budget.
+#[derive(Debug, Clone)]
+pub(super) struct Setting {
+    pub(super) layers: usize,
+    pub(super) costs: CostModel,
+    /// The per-device budget (the memory-bound setting), or none.
+    pub(super) memory: MemoryConfig,
+    /// Whether the replica groups span the processes of the MPI job
+    /// (`bench headline --mpi`).
+    pub(super) nodes: bool,
+}
+
+impl Setting {
+    fn trainer(&self, parts: Parts, freeze: FreezeRule) -> TrainerConfig {
+        TrainerConfig::new()
+            .with_parts(parts)
+            .with_freeze(freeze)
+            .with_layers(LayerSpec::Uniform {
+                offset: 1,
+                per_layer: 2,
+                layers: self.layers,
+            })
+            .with_costs(self.costs)
+            .with_memory(self.memory.clone())
+            .with_replicas(ReplicaConfig::new().with_nodes(self.nodes.then(NodeConfig::new)))
+    }
+
+    /// Whether the setting has a per-device budget.
+    pub(super) fn bounded(&self) -> bool {
+        self.memory.device_bytes.is_some()
+    }
+}
+
+fn alpha(alpha: f64) -> FreezeRule {
+    FreezeRule::AlphaSchedule { alpha }
 }
 
 /// The settings (b*) starts from before the search gives it its shape
 /// and turns freezing off (see [`crate::strongest::no_freeze_config`]).
-pub(super) fn strongest_base(layers: usize, costs: CostModel) -> TrainerConfig {
-    trainer(Parts::new(), 1.0 / 3.0, layers, costs)
+pub(super) fn strongest_base(setting: &Setting) -> TrainerConfig {
+    setting.trainer(Parts::new(), alpha(1.0 / 3.0))
 }
 
 /// The (b*) row for the search's `winner`; it goes after (b).
-pub(super) fn strongest_row(layers: usize, costs: CostModel, winner: Candidate) -> Configuration {
+pub(super) fn strongest_row(setting: &Setting, winner: Candidate) -> Configuration {
     Configuration {
         key: STRONGEST,
         name: format!("{}, {DEVICES} dev", strongest::name(winner)),
         group: Group::Headline,
-        method: strongest::method(&strongest_base(layers, costs), winner, DEVICES),
+        method: strongest::method(&strongest_base(setting), winner, DEVICES),
     }
 }
 
 /// (b*)'s key in the report.
 pub(super) const STRONGEST: &str = "bstar";
 
-/// (a), (b), (c), then the ablations and the alpha sweep, for a model of
-/// `layers` layers, AutoPipe balancing on `costs`. (b) is the paper's
-/// baseline: a pipeline over every device (K = D, set explicitly, not the
-/// trainer's default start), nothing frozen; (c) and the alpha sweep start
-/// where memory-aware AutoPipe chooses; the ablations (freeze only, ...)
-/// at the paper's start, K = D.
-pub(super) fn configurations(layers: usize, costs: CostModel) -> Vec<Configuration> {
+/// (a), (b), (c), then the ablations and the alpha sweep, in `setting`.
+/// (a) is plain Burn on one device, without the budget (it has no
+/// pipeline to spread a model over). (b) is the paper's baseline: a
+/// pipeline over every device (K = D, set explicitly), nothing frozen;
+/// (c), the ablations (freeze only, ...) and the alpha sweep start where
+/// memory-aware AutoPipe chooses (the smallest K whose stages fit). "all
+/// frozen" freezes every block from the first step (only the classifier
+/// trains): what the task loses without its top layers.
+pub(super) fn configurations(setting: &Setting) -> Vec<Configuration> {
     let all = Parts::new();
-    let trainer_method = |parts: Parts, alpha: f64| Method::Trainer {
-        config: trainer(parts, alpha, layers, costs),
+    let trainer_method = |parts: Parts, freeze: FreezeRule| Method::Trainer {
+        config: setting.trainer(parts, freeze),
         devices: DEVICES,
+    };
+    let plain = if setting.bounded() {
+        "(a) plain Burn, 1 device, no budget"
+    } else {
+        "(a) plain Burn, 1 device"
     };
     let mut list = vec![
         Configuration {
             key: "a",
-            name: "(a) plain Burn, 1 device".into(),
+            name: plain.into(),
             group: Group::Headline,
             method: Method::Plain,
         },
@@ -118,7 +153,8 @@ pub(super) fn configurations(layers: usize, costs: CostModel) -> Vec<Configurati
             name: format!("(b) pipe+DP baseline, {DEVICES} dev"),
             group: Group::Headline,
             method: Method::Trainer {
-                config: trainer(all.with_freeze(false), 1.0 / 3.0, layers, costs)
+                config: setting
+                    .trainer(all.with_freeze(false), alpha(1.0 / 3.0))
                     .with_stages(Some(DEVICES)),
                 devices: DEVICES,
             },
@@ -127,7 +163,7 @@ pub(super) fn configurations(layers: usize, costs: CostModel) -> Vec<Configurati
             key: "c",
             name: "(c) PipeTransformer a=1/3".into(),
             group: Group::Headline,
-            method: trainer_method(all, 1.0 / 3.0),
+            method: trainer_method(all, alpha(1.0 / 3.0)),
         },
     ];
     let ablations = [
@@ -139,20 +175,26 @@ pub(super) fn configurations(layers: usize, costs: CostModel) -> Vec<Configurati
         ("freeze+pipe+cache", "freeze+pipe+cache", all.with_dp(false)),
         ("freeze+pipe+dp", "freeze+pipe+dp", all.with_cache(false)),
     ];
-    // The paper's ablations at the paper's start (one pipeline over every
-    // device): from one stage, AutoPipe has nothing to compress.
     for (key, name, parts) in ablations {
         list.push(Configuration {
             key,
             name: name.into(),
             group: Group::Ablation,
-            method: Method::Trainer {
-                config: trainer(parts, 1.0 / 3.0, layers, costs).with_stages(Some(DEVICES)),
-                devices: DEVICES,
-            },
+            method: trainer_method(parts, alpha(1.0 / 3.0)),
         });
     }
-    for (key, name, alpha) in [
+    list.push(Configuration {
+        key: ALL_FROZEN,
+        name: "all frozen (classifier only)".into(),
+        group: Group::Ablation,
+        method: trainer_method(
+            all,
+            FreezeRule::Fronts {
+                layers: vec![setting.layers],
+            },
+        ),
+    });
+    for (key, name, alpha_value) in [
         ("alpha=1/5", "alpha=1/5", 0.2),
         ("alpha=1/4", "alpha=1/4", 0.25),
         ("alpha=2/5", "alpha=2/5", 0.4),
@@ -162,11 +204,20 @@ pub(super) fn configurations(layers: usize, costs: CostModel) -> Vec<Configurati
             key,
             name: name.into(),
             group: Group::Alpha,
-            method: trainer_method(all, alpha),
+            method: trainer_method(all, alpha(alpha_value)),
         });
     }
+    list.push(Configuration {
+        key: "argmin",
+        name: "--freeze-rule argmin a=1/3".into(),
+        group: Group::Alpha,
+        method: trainer_method(all, FreezeRule::AlphaArgmin { alpha: 1.0 / 3.0 }),
+    });
     list
 }
+
+/// The "all frozen" row's key in the report.
+pub(super) const ALL_FROZEN: &str = "all-frozen";
 
 /// Whether `method` reads frozen outputs from the cache.
 pub(super) fn uses_cache(method: &Method) -> bool {

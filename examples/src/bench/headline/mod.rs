@@ -42,18 +42,20 @@
 mod configs;
 mod ideal;
 mod memory;
+mod nodes;
 mod plots;
 pub mod real;
 mod real_rows;
 mod rows;
 mod seeds;
 
+pub use nodes::run_mpi;
 pub use seeds::{MAX_SEEDS, check_seeds, default_seeds};
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use burn_elastic_dp::CostModel;
+use burn_elastic_dp::MemoryConfig;
 use burn_pipe::UnitProfile;
 use serde::{Deserialize, Serialize};
 
@@ -64,7 +66,8 @@ use crate::job::{
 };
 use crate::strongest::{self, StepClock, Strongest, fits_without_budget};
 use configs::{
-    Configuration, DEVICES, configurations, parameter_costs, spec, strongest_base, strongest_row,
+    Configuration, DEVICES, Setting, configurations, parameter_costs, spec, strongest_base,
+    strongest_row,
 };
 use ideal::profile;
 use plots::{draw, plot_dir};
@@ -79,6 +82,8 @@ struct Report {
     note: &'static str,
     spec: JobSpec,
     devices: usize,
+    /// The per-device budget of the tables ((a) runs without it).
+    device_bytes: u64,
     micro_batches: String,
     cost_model: String,
     params: usize,
@@ -139,8 +144,6 @@ pub fn run(quick: bool, model: ModelKind, seeds: &[u64]) -> Result<(), BenchErro
         ..spec(model, quick)
     };
     spec.check().map_err(run_err)?;
-    let costs = parameter_costs();
-    let mut configurations = configurations(spec.layers, costs);
     print_start(&spec, quick);
     let (pretrained, pretrain_seconds) = pretrain(&spec);
     let profile = profile(&spec, &pretrained);
@@ -149,12 +152,32 @@ pub fn run(quick: bool, model: ModelKind, seeds: &[u64]) -> Result<(), BenchErro
         "unit profile (forward ms, backward ms per batch of {}): {unit_profile_ms:.2?}",
         spec.batch
     );
-    let strongest = find_strongest(&spec, spec.layers, costs, |short, method, clock| {
+    // The paper's situation first: a per-device budget under which the
+    // model does not fit one device, so (b*) must pipeline.
+    let budget = memory::budget(&spec, memory::unit_memory(&spec, &pretrained))?;
+    let unbounded = Setting {
+        layers: spec.layers,
+        costs: parameter_costs(),
+        memory: MemoryConfig::new(),
+        nodes: false,
+    };
+    let setting = Setting {
+        memory: MemoryConfig::new().with_device_bytes(Some(budget.bytes)),
+        ..unbounded.clone()
+    };
+    let mut configurations = configurations(&setting);
+    let strongest = find_strongest(&spec, &setting, |short, method, clock| {
         let (record, _) = short.finetune(&pretrained, "(b*) candidate", method, clock)?;
         Ok(record)
     })?;
+    if strongest.winner.stages < 2 {
+        return Err(BenchError::Run(format!(
+            "under the budget (b*) must pipeline, but K={} fit",
+            strongest.winner.stages
+        )));
+    }
     // After (a) and (b).
-    configurations.insert(2, strongest_row(spec.layers, costs, strongest.winner));
+    configurations.insert(2, strongest_row(&setting, strongest.winner));
     let runs = finetune_all(&spec, &pretrained, &configurations)?;
     let rows = rows::rows(&configurations, runs, &profile);
     print_rows(&rows, &spec);
@@ -173,7 +196,7 @@ pub fn run(quick: bool, model: ModelKind, seeds: &[u64]) -> Result<(), BenchErro
             },
         )
         .ok_or_else(|| BenchError::Run("no (c) configuration".into()))?;
-    let memory = memory::run(&spec, &pretrained, &c_config)?;
+    let memory = memory::run(&spec, &pretrained, budget, &unbounded, &c_config)?;
     let (params, units) = (pretrained.num_params(), pretrained.num_units());
     drop(pretrained);
     let seeds = if seeds.len() > 1 {
@@ -193,11 +216,12 @@ pub fn run(quick: bool, model: ModelKind, seeds: &[u64]) -> Result<(), BenchErro
         bench: "headline",
         backend: backend::NAME,
         quick,
-        note: "shared 2-core machine; logical devices share its CPU; the tables: one run per configuration (the first seed); `seeds`: (a), (b), (b*), (c) over every seed",
+        note: "shared 2-core machine; logical devices share its CPU; the tables: one run per configuration (the first seed) under the per-device budget `device_bytes` ((a) without it); `seeds`: (a), (b), (b*), (c) over every seed; `memory.unbounded`: (b*) and (c) without the budget",
         params,
         units,
         spec,
         devices: DEVICES,
+        device_bytes: memory.budget,
         micro_batches: "the paper's per K (burn_pipe::partition::default_micro_batches)".into(),
         cost_model: "AutoPipe: CostModel::Parameters { frozen_factor: 1/3 }; ideal: profiled units"
             .into(),
@@ -245,15 +269,15 @@ fn pretrain(spec: &JobSpec) -> (Pretrained, f64) {
 }
 
 /// (b*): each candidate fine-tuned for a few steps by `finetune` on
-/// [`DEVICES`] devices (a model of `layers` layers, AutoPipe on `costs`),
-/// the fastest per step; printed.
+/// [`DEVICES`] devices in `setting` (a candidate whose stages exceed its
+/// budget is refused by the trainer and skipped), the fastest per step;
+/// printed.
 fn find_strongest(
     spec: &JobSpec,
-    layers: usize,
-    costs: CostModel,
+    setting: &Setting,
     finetune: impl FnMut(&JobSpec, &Method, &mut StepClock) -> Result<RunRecord, JobError>,
 ) -> Result<Strongest, BenchError> {
-    let base = strongest_base(layers, costs);
+    let base = strongest_base(setting);
     let found =
         strongest::find(spec, &base, DEVICES, fits_without_budget, finetune).map_err(run_err)?;
     println!("{}", found.summary());

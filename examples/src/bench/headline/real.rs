@@ -25,10 +25,10 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use burn::data::dataset::Dataset;
-use burn_elastic_dp::CostModel;
+use burn_elastic_dp::{CostModel, MemoryConfig};
 use serde::{Deserialize, Serialize};
 
-use super::configs::{Configuration, DEVICES, configurations, strongest_row};
+use super::configs::{Configuration, DEVICES, Setting, configurations, strongest_row};
 use super::plots::plot_dir;
 use super::real_rows::{RealRow, RealTargets, print_rows, rows};
 use super::{Progress, find_strongest, run_err};
@@ -198,6 +198,10 @@ pub(super) struct RealReport {
     params: usize,
     /// AutoPipe's unit costs in every configuration.
     costs: CostModel,
+    /// The per-device budget of every configuration but (a) (0 in reports
+    /// written before the real task ran memory-bound).
+    #[serde(default)]
+    device_bytes: u64,
     /// (b*)'s search: each candidate's seconds per step and the winner.
     strongest: Strongest,
     rows: Vec<RealRow>,
@@ -247,9 +251,24 @@ pub fn run(quick: bool, paths: &RealPaths, seeds: Option<&[u64]>) -> Result<(), 
         job.dev.len()
     );
     let params = first.num_params();
+    // The paper's situation: a per-device budget under which MiniLM does
+    // not fit one device, so (b*) must pipeline.
+    let budget = super::memory::budget(
+        &sizes.spec(sizes.subset_seed, layers),
+        sizes
+            .spec(sizes.subset_seed, layers)
+            .sst_unit_memory(&first, &job)
+            .map_err(run_err)?,
+    )?;
     drop(first);
     let costs = real_costs();
-    let mut configurations: Vec<Configuration> = configurations(layers, costs)
+    let setting = Setting {
+        layers,
+        costs,
+        memory: MemoryConfig::new().with_device_bytes(Some(budget.bytes)),
+        nodes: false,
+    };
+    let mut configurations: Vec<Configuration> = configurations(&setting)
         .into_iter()
         .filter(|c| KEYS.contains(&c.key))
         .collect();
@@ -259,12 +278,18 @@ pub fn run(quick: bool, paths: &RealPaths, seeds: Option<&[u64]>) -> Result<(), 
         let spec = sizes.spec(seed, layers);
         let (model, _) = load(&sizes, paths, seed, false)?;
         if strongest.is_none() {
-            let found = find_strongest(&spec, layers, costs, |short, method, clock| {
+            let found = find_strongest(&spec, &setting, |short, method, clock| {
                 short
                     .finetune_sst(&model, &job, "(b*) candidate", method, clock)
                     .map(|(record, _)| record)
             })?;
-            configurations.insert(2, strongest_row(layers, costs, found.winner));
+            if found.winner.stages < 2 {
+                return Err(BenchError::Run(format!(
+                    "under the budget (b*) must pipeline, but K={} fit",
+                    found.winner.stages
+                )));
+            }
+            configurations.insert(2, strongest_row(&setting, found.winner));
             runs.resize_with(configurations.len(), Vec::new);
             strongest = Some(found);
         }
@@ -294,6 +319,7 @@ pub fn run(quick: bool, paths: &RealPaths, seeds: Option<&[u64]>) -> Result<(), 
         units,
         params,
         costs,
+        device_bytes: setting.memory.device_bytes.unwrap_or(0),
         strongest,
         rows,
         targets,

@@ -63,7 +63,8 @@ pub(super) struct RealRow {
 }
 
 /// The rows of `runs` (per configuration, one run per seed of `seeds`),
-/// in the order of `configurations`; (a), (b) and (b*) are found by key.
+/// in the order of `configurations`; (a), (b) and (b*) are found by key
+/// ((a) may be absent: its comparisons are then NaN).
 pub(super) fn rows(
     configurations: &[Configuration],
     runs: Vec<Vec<RunRecord>>,
@@ -87,7 +88,18 @@ pub(super) fn rows(
                 BenchError::Run(format!("no configuration `{key}` in the real headline"))
             })
     };
-    let (plain, baseline, strongest) = (of("a")?, of("b")?, of(STRONGEST)?);
+    // Without (a) (across processes), its comparisons are NaN.
+    let nan = Spread {
+        mean: f64::NAN,
+        min: f64::NAN,
+        max: f64::NAN,
+    };
+    let plain = if configurations.iter().any(|c| c.key == "a") {
+        of("a")?
+    } else {
+        (nan, nan)
+    };
+    let (baseline, strongest) = (of("b")?, of(STRONGEST)?);
     let versus = |(seconds, accuracy): (Spread, Spread), (own_s, own_a): (Spread, Spread)| Versus {
         speedup: seconds.mean / own_s.mean,
         accuracy_delta: own_a.mean - accuracy.mean,
@@ -154,8 +166,9 @@ pub(super) fn print_rows(rows: &[RealRow]) {
 pub(super) struct RealTargets {
     /// (c) at least 1.7x faster than (b*) (means).
     pub(super) speedup_vs_strongest_1_7x: bool,
-    /// (c)'s mean dev accuracy no lower than (b*)'s minus 0.5 points.
-    pub(super) accuracy_within_half_point_of_strongest: bool,
+    /// (c)'s mean dev accuracy no lower than (b*)'s minus 1 point.
+    #[serde(alias = "accuracy_within_half_point_of_strongest")]
+    pub(super) accuracy_within_one_point_of_strongest: bool,
 }
 
 impl RealTargets {
@@ -163,7 +176,7 @@ impl RealTargets {
     pub(super) fn of(c: &RealRow) -> Self {
         Self {
             speedup_vs_strongest_1_7x: c.vs_strongest.speedup >= 1.7,
-            accuracy_within_half_point_of_strongest: c.vs_strongest.accuracy_delta >= -0.5,
+            accuracy_within_one_point_of_strongest: c.vs_strongest.accuracy_delta >= -1.0,
         }
     }
 
@@ -171,10 +184,10 @@ impl RealTargets {
     pub(super) fn print(&self, c: &RealRow) {
         let yes = |ok: bool| if ok { "met" } else { "MISSED" };
         println!(
-            "targets for (c) on the real task: >= 1.7x vs (b*): {} ({:.2}x); mean dev accuracy >= (b*) - 0.5 pt: {} ({:+.2} pt); vs (a) {:.2}x ({:+.2} pt), vs (b) {:.2}x ({:+.2} pt)",
+            "targets for (c) on the real task: >= 1.7x vs (b*): {} ({:.2}x); mean dev accuracy >= (b*) - 1 pt: {} ({:+.2} pt); vs (a) {:.2}x ({:+.2} pt), vs (b) {:.2}x ({:+.2} pt)",
             yes(self.speedup_vs_strongest_1_7x),
             c.vs_strongest.speedup,
-            yes(self.accuracy_within_half_point_of_strongest),
+            yes(self.accuracy_within_one_point_of_strongest),
             c.vs_strongest.accuracy_delta,
             c.vs_plain.speedup,
             c.vs_plain.accuracy_delta,
@@ -224,7 +237,7 @@ mod tests {
             vec![run(100.0, 0.80), run(140.0, 0.84)],
             vec![run(150.0, 0.82), run(150.0, 0.82)],
             vec![run(60.0, 0.83), run(80.0, 0.85)],
-            vec![run(30.0, 0.82), run(40.0, 0.84)],
+            vec![run(30.0, 0.82), run(40.0, 0.83)],
         ];
         let rows = rows(&configurations, runs, &[1, 2]).unwrap();
         let c = &rows[3];
@@ -232,11 +245,12 @@ mod tests {
         assert!((c.vs_plain.speedup - 120.0 / 35.0).abs() < 1e-12);
         assert!((c.vs_baseline.speedup - 150.0 / 35.0).abs() < 1e-12);
         assert!((c.vs_strongest.speedup - 2.0).abs() < 1e-12);
-        assert!((c.vs_strongest.accuracy_delta - (83.0 - 84.0)).abs() < 1e-9);
+        assert!((c.vs_strongest.accuracy_delta - (82.5 - 84.0)).abs() < 1e-9);
         assert!((c.accuracy_percent.min - 82.0).abs() < 1e-9);
         let targets = RealTargets::of(c);
         assert!(targets.speedup_vs_strongest_1_7x);
-        assert!(!targets.accuracy_within_half_point_of_strongest);
+        // 1.5 points below (b*): more than the 1 point allowed.
+        assert!(!targets.accuracy_within_one_point_of_strongest);
         assert_eq!(rows[0].vs_plain.speedup, 1.0);
     }
 

@@ -99,9 +99,10 @@ fn mib(bytes: Option<usize>) -> String {
 /// The main table: a line per configuration.
 pub(super) fn print_rows(rows: &[Row], spec: &JobSpec) {
     println!(
-        "{:<30} {:>8} {:>9} {:>7} {:>7} {:>8} {:>6} {:>7} {:>7} {:>9} {:>6} {:>6} {:>7}",
+        "{:<36} {:>8} {:>7} {:>9} {:>7} {:>7} {:>8} {:>6} {:>7} {:>7} {:>9} {:>6} {:>6} {:>7}",
         "configuration",
         "wall s",
+        "prof. s",
         "samples/s",
         "vs (a)",
         "vs (b)",
@@ -117,9 +118,10 @@ pub(super) fn print_rows(rows: &[Row], spec: &JobSpec) {
     for row in rows {
         let r = &row.run;
         println!(
-            "{:<30} {:>8.1} {:>9.1} {:>6.2}x {:>6.2}x {:>7.2}x {:>5.2}x {:>6.0}% {:>8} {:>9.2} {:>+6.2} {:>+6.2} {:>+7.2}",
+            "{:<36} {:>8.1} {:>7.2} {:>9.1} {:>6.2}x {:>6.2}x {:>7.2}x {:>5.2}x {:>6.0}% {:>8} {:>9.2} {:>+6.2} {:>+6.2} {:>+7.2}",
             r.name,
             r.seconds,
+            r.profiling_seconds(),
             (spec.samples * spec.epochs) as f64 / r.seconds,
             row.speedup_vs_plain,
             row.speedup_vs_baseline,
@@ -134,7 +136,7 @@ pub(super) fn print_rows(rows: &[Row], spec: &JobSpec) {
         );
     }
     println!(
-        "(vs: speed-up in wall time; ideal: the freeze schedule's cost model; of id.: speed-up vs (b*) / ideal; d: accuracy points vs (a), (b), (b*); (b*): the fastest configuration that freezes nothing, measured)"
+        "(wall s: training seconds, evaluation excluded; prof. s: of which the trainer measured before training (activations for the budget; unit costs and micro-batch times where profiled), paid inside the timed epochs by every configuration that measures; vs: speed-up in wall time; ideal: the freeze schedule's cost model; of id.: speed-up vs (b*) / ideal; d: accuracy points vs (a), (b), (b*); (b*): the fastest configuration that freezes nothing, measured)"
     );
 }
 
@@ -271,14 +273,14 @@ pub(super) fn print_breakdown(breakdown: &[Phases]) {
     );
 }
 
-/// The goals for (c): against the paper's (b), and against (b*).
+/// The goals for (c) in the memory-bound setting: against the paper's
+/// (b), and against (b*).
 #[derive(Debug, Serialize)]
 pub(super) struct Targets {
-    speedup_vs_baseline_3x: bool,
-    speedup_vs_plain_5x: bool,
+    speedup_vs_baseline_4x: bool,
     accuracy_within_half_point_of_baseline: bool,
     fraction_of_ideal_85_percent: bool,
-    speedup_vs_strongest_2_5x: bool,
+    speedup_vs_strongest_3x: bool,
     accuracy_within_half_point_of_strongest: bool,
     fraction_of_ideal_vs_strongest_85_percent: bool,
 }
@@ -287,11 +289,10 @@ impl Targets {
     /// Which goals row (c) meets.
     pub(super) fn of(c: &Row) -> Self {
         Self {
-            speedup_vs_baseline_3x: c.speedup_vs_baseline >= 3.0,
-            speedup_vs_plain_5x: c.speedup_vs_plain >= 5.0,
+            speedup_vs_baseline_4x: c.speedup_vs_baseline >= 4.0,
             accuracy_within_half_point_of_baseline: c.accuracy_delta_vs_baseline >= -0.5,
             fraction_of_ideal_85_percent: c.fraction_of_ideal_vs_baseline >= 0.85,
-            speedup_vs_strongest_2_5x: c.speedup_vs_strongest >= 2.5,
+            speedup_vs_strongest_3x: c.speedup_vs_strongest >= 3.0,
             accuracy_within_half_point_of_strongest: c.accuracy_delta_vs_strongest >= -0.5,
             fraction_of_ideal_vs_strongest_85_percent: c.fraction_of_ideal_vs_strongest >= 0.85,
         }
@@ -301,24 +302,21 @@ impl Targets {
     /// with (c)'s figure.
     pub(super) fn print(&self, c: &Row) {
         println!(
-            "targets for (c): >= 3x vs (b): {} ({:.2}x); >= 5x vs (a): {} ({:.2}x); accuracy >= (b) - 0.5 pt: {} ({:+.2} pt); >= 85% of ideal: {} ({:.0}% of {:.2}x vs (b); {:.0}% vs (a))",
-            yes(self.speedup_vs_baseline_3x),
+            "targets for (c): >= 4x vs (b): {} ({:.2}x); accuracy >= (b) - 0.5 pt: {} ({:+.2} pt); >= 85% of ideal: {} ({:.0}% of {:.2}x vs (b); {:.0}% vs (a), {:.2}x)",
+            yes(self.speedup_vs_baseline_4x),
             c.speedup_vs_baseline,
-            yes(self.speedup_vs_plain_5x),
-            c.speedup_vs_plain,
             yes(self.accuracy_within_half_point_of_baseline),
             c.accuracy_delta_vs_baseline,
             yes(self.fraction_of_ideal_85_percent),
             100.0 * c.fraction_of_ideal_vs_baseline,
             c.ideal_speedup,
-            100.0 * c.fraction_of_ideal_vs_plain
+            100.0 * c.fraction_of_ideal_vs_plain,
+            c.speedup_vs_plain
         );
         println!(
-            "targets for (c) against (b*): >= 2.5x vs (b*): {} ({:.2}x); >= 5x vs (a): {} ({:.2}x); accuracy >= (b*) - 0.5 pt: {} ({:+.2} pt); >= 85% of ideal: {} ({:.0}% of {:.2}x vs (b*))",
-            yes(self.speedup_vs_strongest_2_5x),
+            "targets for (c) against (b*): >= 3x vs (b*): {} ({:.2}x); accuracy >= (b*) - 0.5 pt: {} ({:+.2} pt); >= 85% of ideal: {} ({:.0}% of {:.2}x vs (b*))",
+            yes(self.speedup_vs_strongest_3x),
             c.speedup_vs_strongest,
-            yes(self.speedup_vs_plain_5x),
-            c.speedup_vs_plain,
             yes(self.accuracy_within_half_point_of_strongest),
             c.accuracy_delta_vs_strongest,
             yes(self.fraction_of_ideal_vs_strongest_85_percent),

@@ -94,7 +94,7 @@ impl MpiJob {
                 args.output_dir.display()
             );
         } else {
-            silence_stdout();
+            examples::silence_stdout();
         }
         Ok(args)
     }
@@ -126,19 +126,5 @@ impl MpiJob {
         model
             .save_file(&path)
             .map_err(|e| Failure::io(format!("cannot save the model to {}: {e}", path.display())))
-    }
-}
-
-/// Sends this process's stdout to /dev/null (a rank other than 0: its
-/// lines would repeat rank 0's).
-fn silence_stdout() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
-        use std::os::fd::AsRawFd;
-        // SAFETY: dup2 on two open descriptors; stdout then refers to
-        // /dev/null (`null` may close: the duplicate stays open).
-        unsafe {
-            libc::dup2(null.as_raw_fd(), libc::STDOUT_FILENO);
-        }
     }
 }
