@@ -154,13 +154,17 @@ pub fn run(quick: bool, model: ModelKind, seeds: &[u64]) -> Result<(), BenchErro
     );
     // The paper's situation first: a per-device budget under which the
     // model does not fit one device, so (b*) must pipeline.
-    let budget = memory::budget(&spec, memory::unit_memory(&spec, &pretrained))?;
     let unbounded = Setting {
         layers: spec.layers,
         costs: parameter_costs(),
         memory: MemoryConfig::new(),
         nodes: false,
     };
+    let budget = memory::budget(
+        &spec,
+        memory::unit_memory(&spec, &pretrained),
+        &strongest_base(&unbounded),
+    )?;
     let setting = Setting {
         memory: MemoryConfig::new().with_device_bytes(Some(budget.bytes)),
         ..unbounded.clone()

@@ -159,7 +159,17 @@ pub fn run_mpi(quick: bool, model: ModelKind, seeds: &[u64]) -> Result<(), Bench
         let pretrained = spec.pretrain(&mut observer);
         if first_seed.is_none() {
             let profile = super::ideal::profile(&spec, &pretrained);
-            let budget = memory::budget(&spec, memory::unit_memory(&spec, &pretrained))?;
+            let unbounded = Setting {
+                layers: spec.layers,
+                costs: parameter_costs(),
+                memory: burn_elastic_dp::MemoryConfig::new(),
+                nodes: true,
+            };
+            let budget = memory::budget(
+                &spec,
+                memory::unit_memory(&spec, &pretrained),
+                &super::configs::strongest_base(&unbounded),
+            )?;
             // Every rank configures the same budget: the largest estimate.
             let agreed = burn_elastic_dp::launcher::agree_max(
                 &[budget.bytes as f64],
@@ -168,10 +178,8 @@ pub fn run_mpi(quick: bool, model: ModelKind, seeds: &[u64]) -> Result<(), Bench
             .map_err(run_err)?;
             let bytes = agreed[0] as u64;
             let setting = Setting {
-                layers: spec.layers,
-                costs: parameter_costs(),
                 memory: burn_elastic_dp::MemoryConfig::new().with_device_bytes(Some(bytes)),
-                nodes: true,
+                ..unbounded
             };
             let mut list: Vec<Configuration> = configurations(&setting)
                 .into_iter()
