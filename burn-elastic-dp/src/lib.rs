@@ -59,6 +59,8 @@ mod shards;
 mod stop;
 pub mod trainer;
 
+/// The statistic of [`FreezeRule::AlphaArgmin`] (burn-freeze's).
+pub use burn_freeze::ArgminStatistic;
 pub use config::{AllReduce, ReplicaConfig};
 pub use error::ElasticError;
 pub use group::{GroupReport, ReplicaGroup, ReplicaLoss};

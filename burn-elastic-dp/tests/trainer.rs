@@ -428,7 +428,10 @@ fn bad_configurations_are_refused_before_any_work() {
         (elastic_config().with_lr(f64::NAN), 4, "lr"),
         (elastic_config().with_lr(-1.0), 4, "lr"),
         (
-            elastic_config().with_freeze(FreezeRule::AlphaArgmin { alpha: 1.5 }),
+            elastic_config().with_freeze(FreezeRule::AlphaArgmin {
+                alpha: 1.5,
+                statistic: None,
+            }),
             4,
             "alpha",
         ),
@@ -677,7 +680,10 @@ fn valid_random_configurations_finish_a_short_job() {
             .with_cache(below(2) == 0);
         let rule = match below(3) {
             0 => FreezeRule::AlphaSchedule { alpha: 0.3 },
-            1 => FreezeRule::AlphaArgmin { alpha: 0.5 },
+            1 => FreezeRule::AlphaArgmin {
+                alpha: 0.5,
+                statistic: None,
+            },
             _ => FreezeRule::ChangeRate {
                 every_steps: 2,
                 percentile: 50.0,

@@ -10,6 +10,7 @@ use crate::error::{CacheError, FreezeError};
 use crate::flow::{Flow, InnerFlow, flow_from_inner};
 use crate::freeze_front::FreezeFront;
 use crate::frozen::FrozenUnits;
+use crate::grad_sums::GradientSums;
 use crate::policy::GradNorm;
 use crate::range::{TrainableUnits, UnitRange, check_freeze};
 use crate::stack::LayerStack;
@@ -62,6 +63,8 @@ pub struct FreezableStack<S: StackTypes> {
     units: UnitRange<S>,
     cache: Option<StackCache<S>>,
     norms: Vec<Option<GradNorm>>,
+    /// Running sums of the trainable parameters' gradients, when kept.
+    sums: Option<GradientSums<InnerBackendOf<S>>>,
 }
 
 impl<S: StackTypes> FreezableStack<S> {
@@ -72,6 +75,7 @@ impl<S: StackTypes> FreezableStack<S> {
             units: UnitRange::whole(stack),
             cache: None,
             norms: vec![None; len],
+            sums: None,
         }
     }
 
@@ -116,13 +120,18 @@ impl<S: StackTypes> FreezableStack<S> {
     /// Gradients of the trainable parameters only, from a step's backward
     /// pass (frozen parameters have none: they are not on the autodiff
     /// backend). Also records each unit's gradient norm for
-    /// [`last_gradient_norms`](FreezeFront::last_gradient_norms).
+    /// [`last_gradient_norms`](FreezeFront::last_gradient_norms) and, when
+    /// gradient sums are kept ([`set_gradient_sums`](FreezeFront::set_gradient_sums)),
+    /// adds the gradients to them: pass each step's gradients here once.
     pub fn gradients(
         &mut self,
         mut grads: <S::Backend as burn::tensor::backend::AutodiffBackend>::Gradients,
     ) -> GradientsParams {
         let params = GradientsParams::from_module(&mut grads, self.units.trainable());
         self.norms = self.units.unit_gradient_norms(&params);
+        if let Some(sums) = self.sums.as_mut() {
+            self.units.add_gradient_sums(sums, &params);
+        }
         params
     }
 
@@ -134,6 +143,9 @@ impl<S: StackTypes> FreezableStack<S> {
         check_freeze(front, frozen, self.num_units())?;
         if front > frozen {
             self.units.freeze_to(front);
+            if let Some(sums) = self.sums.as_mut() {
+                sums.retain(self.units.trainable());
+            }
             tracing::debug!(
                 from = frozen,
                 to = front,
@@ -288,6 +300,27 @@ impl<S: StackTypes> FreezeFront for FreezableStack<S> {
             .map(|(unit, norm)| norm.filter(|_| unit >= front))
             .collect()
     }
+
+    fn set_gradient_sums(&mut self, keep: bool) {
+        match (keep, self.sums.is_some()) {
+            (true, false) => self.sums = Some(GradientSums::new()),
+            (false, true) => self.sums = None,
+            _ => {}
+        }
+    }
+
+    fn gradient_sum_norms(&self) -> Vec<Option<GradNorm>> {
+        match &self.sums {
+            Some(sums) => self.units.unit_gradient_sum_norms(sums),
+            None => vec![None; self.num_units()],
+        }
+    }
+
+    fn reset_gradient_sums(&mut self) {
+        if let Some(sums) = self.sums.as_mut() {
+            sums.clear();
+        }
+    }
 }
 
 impl<S: StackTypes> Clone for FreezableStack<S> {
@@ -297,6 +330,7 @@ impl<S: StackTypes> Clone for FreezableStack<S> {
             units: self.units.clone(),
             cache: None,
             norms: self.norms.clone(),
+            sums: self.sums.clone(),
         }
     }
 }

@@ -52,4 +52,30 @@ pub trait FreezeFront {
     /// unit; `None` for frozen units, for units that got no gradient, and
     /// for every unit before the first step.
     fn last_gradient_norms(&self) -> Vec<Option<GradNorm>>;
+
+    /// Starts (`true`) or stops (`false`, dropping them) keeping a running
+    /// sum of each trainable parameter's gradients, the gradients the
+    /// optimizer sees, for [`gradient_sum_norms`](Self::gradient_sum_norms).
+    /// Starting when they are kept already changes nothing. A policy whose
+    /// [`needs_gradient_sums`](crate::FreezePolicy::needs_gradient_sums) is
+    /// true needs them; [`AutoFreeze::prepare`](crate::AutoFreeze::prepare)
+    /// starts them.
+    ///
+    /// The default ignores the request: a target that keeps no sums
+    /// reports none, and a policy that needs them then keeps its front.
+    fn set_gradient_sums(&mut self, keep: bool) {
+        let _ = keep;
+    }
+
+    /// Per-unit norms of the gradients summed since the sums were started
+    /// or last [reset](Self::reset_gradient_sums), one entry per unit:
+    /// `None` for frozen units, units that got no gradient, and every unit
+    /// when no sums are kept (the default).
+    fn gradient_sum_norms(&self) -> Vec<Option<GradNorm>> {
+        vec![None; self.num_units()]
+    }
+
+    /// Drops the sums so far (they stay kept): the next step starts a new
+    /// accumulation. The default does nothing.
+    fn reset_gradient_sums(&mut self) {}
 }

@@ -51,6 +51,7 @@ mod flow;
 mod freezable;
 mod freeze_front;
 mod frozen;
+mod grad_sums;
 mod leaves;
 mod optim_state;
 mod policy;
@@ -71,8 +72,9 @@ pub use freeze_front::FreezeFront;
 pub use frozen::FrozenUnits;
 pub use optim_state::ParamStates;
 pub use policy::{
-    AlphaArgmin, AlphaArgminConfig, AutoFreeze, ChangeRate, ChangeRateConfig, ChangeRateReading,
-    FixedSchedule, FreezePolicy, FreezeState, GradNorm, LayerMap, PolicyState, alpha_front,
+    AlphaArgmin, AlphaArgminConfig, ArgminStatistic, AutoFreeze, ChangeRate, ChangeRateConfig,
+    ChangeRateReading, FixedSchedule, FreezePolicy, FreezeState, GradNorm, LayerMap, PolicyState,
+    alpha_front,
 };
 pub use range::{TrainableUnits, UnitRange, check_freeze};
 pub use stack::{IntoLayerStack, LayerStack, StackOf, TypesOf};

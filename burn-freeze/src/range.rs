@@ -15,9 +15,10 @@ use burn::optim::GradientsParams;
 use crate::error::{FreezeError, StackError};
 use crate::flow::{Flow, InnerFlow, TrainFlow, flow_from_inner, flow_into_inner};
 use crate::frozen::FrozenUnits;
-use crate::policy::stats::{GradNorm, NormCollector};
+use crate::grad_sums::GradientSums;
+use crate::policy::stats::{GradNorm, GradSource, NormCollector};
 use crate::stack::LayerStack;
-use crate::types::StackTypes;
+use crate::types::{InnerBackendOf, StackTypes};
 use crate::unit::Unit;
 
 /// The trainable units of a [`UnitRange`]: the stack's first unit if the
@@ -368,7 +369,32 @@ impl<S: StackTypes> UnitRange<S> {
     /// range's trainable units), in order; `None` for frozen units and for
     /// units whose parameters got no gradient. Reads the device once.
     pub fn unit_gradient_norms(&self, grads: &GradientsParams) -> Vec<Option<GradNorm>> {
-        let mut collector = NormCollector::<S::Backend>::new(grads);
+        self.collect_norms(GradSource::Step(grads))
+    }
+
+    /// Norms of each unit's summed gradients in `sums` (as
+    /// [`unit_gradient_norms`](Self::unit_gradient_norms) for one step's):
+    /// `None` for frozen units and units without a sum. Reads the device
+    /// once.
+    pub fn unit_gradient_sum_norms(
+        &self,
+        sums: &GradientSums<InnerBackendOf<S>>,
+    ) -> Vec<Option<GradNorm>> {
+        self.collect_norms(GradSource::Sums(sums))
+    }
+
+    /// Adds `grads` (this range's trainable units' gradients of one step)
+    /// to `sums`: one add per parameter tensor.
+    pub fn add_gradient_sums(
+        &self,
+        sums: &mut GradientSums<InnerBackendOf<S>>,
+        grads: &GradientsParams,
+    ) {
+        sums.add(&self.trainable, grads);
+    }
+
+    fn collect_norms(&self, source: GradSource<'_, S::Backend>) -> Vec<Option<GradNorm>> {
+        let mut collector = NormCollector::<S::Backend>::new(source);
         for _ in 0..self.frozen.len() {
             collector.skip();
         }

@@ -5,8 +5,9 @@ mod common;
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn_freeze::{
-    AlphaArgmin, AlphaArgminConfig, AutoFreeze, ChangeRate, ChangeRateConfig, FixedSchedule,
-    FreezableStack, FreezeFront, FreezePolicy, FreezeState, GradNorm, LayerMap, alpha_front,
+    AlphaArgmin, AlphaArgminConfig, ArgminStatistic, AutoFreeze, ChangeRate, ChangeRateConfig,
+    FixedSchedule, FreezableStack, FreezeFront, FreezePolicy, FreezeState, GradNorm, LayerMap,
+    alpha_front,
 };
 use common::*;
 
@@ -71,7 +72,11 @@ fn paper_rule_takes_the_smaller_of_alpha_bound_and_argmin() {
 
 #[test]
 fn paper_rule_sums_norms_over_the_epoch() {
-    let mut rule = AlphaArgmin::new(AlphaArgminConfig::new().with_alpha(0.5));
+    let mut rule = AlphaArgmin::new(
+        AlphaArgminConfig::new()
+            .with_alpha(0.5)
+            .with_statistic(ArgminStatistic::SummedStepNorms),
+    );
     let s = state(0, 4, 0);
     let n = |l2: f64| Some(GradNorm { l1: l2, l2 });
     // Step 1 alone would pick layer 0; over the epoch layer 1 is smallest.

@@ -7,7 +7,7 @@ use std::thread;
 use burn::optim::Optimizer;
 use burn::prelude::*;
 use burn_freeze::fault::{self, Phase};
-use burn_freeze::plumbing::{Flow, flow_to_device};
+use burn_freeze::plumbing::{Flow, GradientSums, flow_to_device};
 use burn_freeze::{
     FreezeFront, GradNorm, InnerInput, InnerOutput, LayerStack, ParamStates, StackCache,
     StackTypes, TrainableUnits, UnitRange,
@@ -93,6 +93,9 @@ pub struct Pipeline<S: StackTypes, O> {
     pub(crate) norms: Vec<Option<GradNorm>>,
     /// AutoCache for stage 0's frozen units.
     pub(crate) cache: Option<StackCache<S>>,
+    /// Whether every stage keeps running sums of its gradients
+    /// ([`FreezeFront::set_gradient_sums`]).
+    pub(crate) keep_sums: bool,
 }
 
 impl<S, O> Pipeline<S, O>
@@ -126,6 +129,7 @@ where
             make_optimizer: std::sync::Arc::new(make_optimizer),
             norms: vec![None; units],
             cache: None,
+            keep_sums: false,
         })
     }
 
@@ -202,8 +206,11 @@ where
     /// Applies every stage's optimizer to its accumulated gradients with
     /// learning rate `lr` (one schedule drives all stages), then clears them,
     /// recording each unit's gradient norm for
-    /// [`last_gradient_norms`](FreezeFront::last_gradient_norms). A stage
-    /// without gradients (nothing trainable) is left as it is.
+    /// [`last_gradient_norms`](FreezeFront::last_gradient_norms) and, when
+    /// kept ([`set_gradient_sums`](FreezeFront::set_gradient_sums)), adding
+    /// the gradients to each stage's running sums (on its own thread and
+    /// device). A stage without gradients (nothing trainable) is left as it
+    /// is.
     ///
     /// A gradient that is not finite (NaN or infinite) refuses the step:
     /// no stage steps, the gradients are dropped, weights and optimizer
@@ -250,6 +257,13 @@ where
                     let Some(grads) = stage.pending.take() else {
                         return;
                     };
+                    if let Some(sums) = stage.sums.as_mut() {
+                        stage
+                            .units
+                            .as_ref()
+                            .expect("units present")
+                            .add_gradient_sums(sums, &grads);
+                    }
                     let units = stage.units.as_mut().expect("units present");
                     let optimizer = &mut stage.optimizer;
                     units.map_trainable(|module| optimizer.step(lr, module, grads));
@@ -344,5 +358,44 @@ where
             .enumerate()
             .map(|(unit, norm)| norm.filter(|_| unit >= front))
             .collect()
+    }
+
+    /// Every stage keeps the sums of its own units' gradients, on its
+    /// device; they follow the units through
+    /// [`repartition`](Pipeline::repartition) and
+    /// [`replicate`](Pipeline::replicate), and a frozen unit's are dropped.
+    fn set_gradient_sums(&mut self, keep: bool) {
+        if keep == self.keep_sums {
+            return;
+        }
+        self.keep_sums = keep;
+        for stage in &mut self.stages {
+            stage.sums = keep.then(GradientSums::new);
+        }
+    }
+
+    fn gradient_sum_norms(&self) -> Vec<Option<GradNorm>> {
+        if !self.keep_sums {
+            return vec![None; self.num_units()];
+        }
+        // Once an epoch: stage after stage, each read from its device once.
+        let front = self.front;
+        self.stages
+            .iter()
+            .flat_map(|stage| match &stage.sums {
+                None => vec![None; stage.range.len()],
+                Some(sums) => stage.units().unit_gradient_sum_norms(sums),
+            })
+            .enumerate()
+            .map(|(unit, norm)| norm.filter(|_| unit >= front))
+            .collect()
+    }
+
+    fn reset_gradient_sums(&mut self) {
+        for stage in &mut self.stages {
+            if let Some(sums) = stage.sums.as_mut() {
+                sums.clear();
+            }
+        }
     }
 }

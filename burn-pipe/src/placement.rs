@@ -3,7 +3,8 @@
 
 use burn::optim::GradientsParams;
 use burn::tensor::Device;
-use burn_freeze::{LayerStack, StackTypes, TrainableUnits, UnitRange};
+use burn_freeze::plumbing::GradientSums;
+use burn_freeze::{InnerBackendOf, LayerStack, StackTypes, TrainableUnits, UnitRange};
 
 use crate::config::PipelineConfig;
 use crate::error::PipeError;
@@ -18,6 +19,9 @@ pub(crate) struct Stage<S: StackTypes, O> {
     pub range: std::ops::Range<usize>,
     /// Gradients accumulated since the last optimizer step.
     pub pending: Option<GradientsParams>,
+    /// Running sums of the stage's trainable parameters' gradients over
+    /// the steps taken, when the pipeline keeps them.
+    pub sums: Option<GradientSums<InnerBackendOf<S>>>,
 }
 
 impl<S: StackTypes, O> Stage<S, O> {
@@ -97,6 +101,7 @@ pub(crate) fn place<S: StackTypes, O>(
                 units: Some(units),
                 device,
                 pending: None,
+                sums: None,
             }
         })
         .collect()

@@ -5,7 +5,7 @@
 use burn::optim::Optimizer;
 use burn::prelude::*;
 use burn_freeze::fault::{self, Phase};
-use burn_freeze::plumbing::{StatePool, optimizer_for, pool_optimizer_state};
+use burn_freeze::plumbing::{GradientSums, StatePool, optimizer_for, pool_optimizer_state};
 use burn_freeze::{ParamStates, StackTypes, TrainableUnits, UnitRange, check_freeze};
 
 use crate::error::PipeError;
@@ -41,9 +41,13 @@ where
         fault::check(Phase::Repartition, None, None)?;
         validate(balance, self.num_units(), devices.len(), &self.config)?;
         let mut pool = StatePool::<O, TrainableUnits<S>, S::Backend>::new();
+        let mut sums = GradientSums::new();
         let mut ranges = Vec::with_capacity(self.stages.len());
         for stage in self.stages.drain(..) {
             pool_optimizer_state(&stage.optimizer, &mut pool);
+            if let Some(stage_sums) = stage.sums {
+                sums.merge(stage_sums);
+            }
             ranges.push(stage.units.expect("units present"));
         }
         let stack = UnitRange::join(ranges).expect("the stages cover the stack in order");
@@ -51,6 +55,13 @@ where
         self.stages = place(stack, balance, self.front, devices, |trainable| {
             optimizer_for(make(), trainable, &mut pool)
         });
+        if self.keep_sums {
+            // Each unit's gradient sums follow it to its new stage.
+            for stage in &mut self.stages {
+                let taken = sums.take_for(stage.units().trainable(), &stage.device);
+                stage.sums = Some(taken);
+            }
+        }
         tracing::debug!(?balance, "pipeline repartitioned");
         Ok(())
     }
@@ -82,6 +93,9 @@ where
             let fresh = (self.make_optimizer)();
             let trainable = stage.units().trainable();
             stage.optimizer = optimizer_for(fresh, trainable, &mut pool);
+            if let Some(sums) = stage.sums.as_mut() {
+                sums.retain(stage.units.as_ref().expect("units present").trainable());
+            }
         }
         tracing::debug!(
             from = self.front,
@@ -146,9 +160,10 @@ where
             .map(|(stage, device)| Stage {
                 units: Some(stage.units().clone().fork(&device)),
                 optimizer: stage.optimizer.clone(),
-                device,
                 range: stage.range.clone(),
                 pending: None,
+                sums: stage.sums.as_ref().map(|sums| sums.to_device(&device)),
+                device,
             })
             .collect();
         Ok(Self {
@@ -158,6 +173,7 @@ where
             make_optimizer: self.make_optimizer.clone(),
             norms: self.norms.clone(),
             cache: None,
+            keep_sums: self.keep_sums,
         })
     }
 }

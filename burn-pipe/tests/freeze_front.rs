@@ -7,8 +7,8 @@ mod common;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsParams, Optimizer, SgdConfig, momentum::MomentumConfig};
 use burn_freeze::{
-    AlphaArgmin, AlphaArgminConfig, AutoFreeze, ChangeRate, ChangeRateConfig, FreezableStack,
-    FreezeFront, FreezePolicy, GradNorm, LayerMap, ParamStates, TrainableUnits,
+    AlphaArgmin, AlphaArgminConfig, ArgminStatistic, AutoFreeze, ChangeRate, ChangeRateConfig,
+    FreezableStack, FreezeFront, FreezePolicy, GradNorm, LayerMap, ParamStates, TrainableUnits,
 };
 use burn_pipe::PipelineConfig;
 use common::{B, UserStack, UserTypes, user_batch, user_stack};
@@ -29,6 +29,8 @@ fn sgd() -> impl Optimizer<TrainableUnits<UserTypes>, B, Record: ParamStates> {
 struct Trace {
     fronts: Vec<usize>,
     norms: Vec<Vec<Option<GradNorm>>>,
+    /// Per epoch, the norms of the epoch's summed gradients at its end.
+    sums: Vec<Vec<Option<GradNorm>>>,
 }
 
 impl Trace {
@@ -49,6 +51,7 @@ fn run_stack<P: FreezePolicy>(stack: UserStack, policy: P) -> Trace {
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let mut stack = FreezableStack::new(stack.fork(&device));
     let mut auto = AutoFreeze::new(policy, layer_map());
+    auto.prepare(&mut stack);
     let mut optim = sgd();
     let mut trace = Trace::default();
     for epoch in 0..EPOCHS {
@@ -61,6 +64,7 @@ fn run_stack<P: FreezePolicy>(stack: UserStack, policy: P) -> Trace {
             trace.record(&stack);
             optim = burn_freeze::plumbing::retain_optimizer_state(optim, stack.trainable());
         }
+        trace.sums.push(stack.gradient_sum_norms());
         auto.after_epoch(&mut stack).unwrap();
         trace.record(&stack);
         optim = burn_freeze::plumbing::retain_optimizer_state(optim, stack.trainable());
@@ -77,6 +81,7 @@ fn run_pipeline<P: FreezePolicy>(stack: UserStack, policy: P) -> Trace {
         .init(stack, vec![device; 3], sgd)
         .unwrap();
     let mut auto = AutoFreeze::new(policy, layer_map());
+    auto.prepare(&mut pipeline);
     let mut trace = Trace::default();
     for epoch in 0..EPOCHS {
         for step in 0..STEPS_PER_EPOCH {
@@ -87,6 +92,7 @@ fn run_pipeline<P: FreezePolicy>(stack: UserStack, policy: P) -> Trace {
             auto.after_step(&mut pipeline).unwrap();
             trace.record(&pipeline);
         }
+        trace.sums.push(pipeline.gradient_sum_norms());
         auto.after_epoch(&mut pipeline).unwrap();
         trace.record(&pipeline);
     }
@@ -100,7 +106,15 @@ fn assert_same_run(stack: &Trace, pipeline: &Trace, policy: &str) {
         "{policy}: the front never moved ({:?}), so nothing was compared",
         stack.fronts
     );
-    for (step, (a, b)) in stack.norms.iter().zip(&pipeline.norms).enumerate() {
+    assert_eq!(stack.sums.len(), pipeline.sums.len());
+    assert_close(&stack.norms, &pipeline.norms, policy);
+    assert_close(&stack.sums, &pipeline.sums, policy);
+}
+
+/// Per record, per unit: both `None`, or norms within 1e-4.
+fn assert_close(a: &[Vec<Option<GradNorm>>], b: &[Vec<Option<GradNorm>>], policy: &str) {
+    assert_eq!(a.len(), b.len());
+    for (step, (a, b)) in a.iter().zip(b).enumerate() {
         assert_eq!(a.len(), b.len());
         for (unit, (a, b)) in a.iter().zip(b).enumerate() {
             match (a, b) {
@@ -132,4 +146,70 @@ fn the_papers_rule_moves_a_pipeline_as_it_moves_a_stack() {
     let stack = run_stack(model.clone(), policy());
     let pipeline = run_pipeline(model, policy());
     assert_same_run(&stack, &pipeline, "alpha argmin");
+    // The accumulated gradient: every epoch's sums were read, on both.
+    assert!(stack.sums.iter().all(|s| s.iter().any(Option::is_some)));
+}
+
+#[test]
+fn the_papers_rule_on_summed_step_norms_moves_a_pipeline_as_it_moves_a_stack() {
+    let policy = || {
+        AlphaArgmin::new(
+            AlphaArgminConfig::new()
+                .with_alpha(0.5)
+                .with_statistic(ArgminStatistic::SummedStepNorms),
+        )
+    };
+    let model = user_stack(6, 16, 4, 3);
+    let stack = run_stack(model.clone(), policy());
+    let pipeline = run_pipeline(model, policy());
+    assert_same_run(&stack, &pipeline, "alpha argmin, summed step norms");
+    // No sums kept for it.
+    assert!(stack.sums.iter().flatten().all(Option::is_none));
+}
+
+/// Gradient sums follow their units through a repartition in mid-epoch and
+/// into a replica: the pipeline's equal a single stack's on the same steps.
+#[test]
+fn gradient_sums_follow_units_through_repartition_and_replication() {
+    let device = Default::default();
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let model = user_stack(6, 16, 4, 3);
+    let mut stack = FreezableStack::new(model.clone().fork(&device));
+    stack.set_gradient_sums(true);
+    let mut optim = sgd();
+    let mut pipeline = PipelineConfig::new()
+        .with_micro_batches(Some(3))
+        .with_balance(Some(vec![3, 2, 2]))
+        .init(model, vec![device; 3], sgd)
+        .unwrap();
+    pipeline.set_gradient_sums(true);
+    for step in 0..6u64 {
+        if step == 3 {
+            pipeline.repartition(&[1, 4, 2], vec![device; 3]).unwrap();
+        }
+        if step == 4 {
+            stack.freeze_to(1).unwrap();
+            optim = burn_freeze::plumbing::retain_optimizer_state(optim, stack.trainable());
+            pipeline.freeze_to(1).unwrap();
+        }
+        let (x, y) = user_batch(step, 24, 6, 3);
+        let loss = loss_fn.forward(stack.forward(x.clone()), y.clone());
+        let grads: GradientsParams = stack.gradients(loss.backward());
+        stack.map_trainable(|units| optim.step(LR, units, grads));
+        pipeline
+            .train_step(x, y, |l, t| loss_fn.forward(l, t), LR)
+            .unwrap();
+    }
+    let expected = stack.gradient_sum_norms();
+    // Unit 0 froze; the tanh unit (2) has no parameters.
+    assert!(expected[0].is_none() && expected[2].is_none());
+    assert!([1, 3, 4, 5, 6].iter().all(|&u| expected[u].is_some()));
+    let replica = pipeline.replicate(vec![device; 3]).unwrap();
+    assert_close(
+        &[expected.clone(), expected],
+        &[pipeline.gradient_sum_norms(), replica.gradient_sum_norms()],
+        "repartitioned",
+    );
+    pipeline.reset_gradient_sums();
+    assert!(pipeline.gradient_sum_norms().iter().all(Option::is_none));
 }

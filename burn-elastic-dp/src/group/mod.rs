@@ -540,6 +540,27 @@ where
     fn last_gradient_norms(&self) -> Vec<Option<GradNorm>> {
         self.replicas[0].last_gradient_norms()
     }
+
+    /// On every replica, each stage its own units' sums: they all add the
+    /// same all-reduced gradients, so any replica's sums are the group's,
+    /// whichever replicas a failure leaves; a new replica copies replica
+    /// 0's ([`resize`](ReplicaGroup::resize)).
+    fn set_gradient_sums(&mut self, keep: bool) {
+        for replica in &mut self.replicas {
+            replica.set_gradient_sums(keep);
+        }
+    }
+
+    /// Replica 0's (every replica holds the same).
+    fn gradient_sum_norms(&self) -> Vec<Option<GradNorm>> {
+        self.replicas[0].gradient_sum_norms()
+    }
+
+    fn reset_gradient_sums(&mut self) {
+        for replica in &mut self.replicas {
+            replica.reset_gradient_sums();
+        }
+    }
 }
 
 impl<S: StackTypes, O> Drop for ReplicaGroup<S, O> {

@@ -213,7 +213,7 @@ impl PlanConfig {
         })?;
         let layers = model.layer_map()?.num_layers();
         match &self.freeze {
-            FreezeRule::AlphaSchedule { alpha } | FreezeRule::AlphaArgmin { alpha } => {
+            FreezeRule::AlphaSchedule { alpha } | FreezeRule::AlphaArgmin { alpha, .. } => {
                 check(*alpha > 0.0 && *alpha < 1.0, || {
                     format!("alpha must be in (0, 1), got {alpha}")
                 })?
@@ -294,7 +294,7 @@ impl PlanConfig {
             return 0;
         }
         let schedule = match &self.freeze {
-            FreezeRule::AlphaSchedule { alpha } | FreezeRule::AlphaArgmin { alpha } => {
+            FreezeRule::AlphaSchedule { alpha } | FreezeRule::AlphaArgmin { alpha, .. } => {
                 FixedSchedule::alpha(layers, *alpha)
             }
             FreezeRule::Fronts { layers } => FixedSchedule::Fronts(layers.clone()),

@@ -58,6 +58,12 @@ where
             device_lists(&devices, &shape),
             make_optimizer,
         )?;
+        let auto = AutoFreeze::new(policy, map);
+        if config.parts.freeze {
+            // The argmin of accumulated gradients: every stage sums its
+            // gradients from the first step on.
+            auto.prepare(&mut group);
+        }
         if config.parts.cache && config.parts.freeze {
             group.attach_cache(ActivationCache::new(config.cache.clone())?);
         }
@@ -81,7 +87,7 @@ where
             initial_largest,
             base_replicas: replicas,
             devices,
-            auto: AutoFreeze::new(policy, map),
+            auto,
             sampler: None,
             epoch: 0,
             steps: 0,

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use burn::config::Config;
 use burn::tensor::{Device, Tensor};
 use burn_freeze::{
-    Activation, AlphaArgmin, AlphaArgminConfig, CacheConfig, ChangeRate, ChangeRateConfig,
-    FixedSchedule, FreezePolicy, LayerMap, LayerStack, StackTypes,
+    Activation, AlphaArgmin, AlphaArgminConfig, ArgminStatistic, CacheConfig, ChangeRate,
+    ChangeRateConfig, FixedSchedule, FreezePolicy, LayerMap, LayerStack, StackTypes,
 };
 
 use super::error::TrainerError;
@@ -53,10 +53,31 @@ pub enum FreezeRule {
         alpha: f64,
     },
     /// The paper's AutoFreeze, once per epoch: the alpha bound combined with
-    /// the argmin of the epoch's per-layer gradient norms.
+    /// the argmin of the epoch's per-layer gradient norms (burn-freeze's
+    /// [`AlphaArgmin`]).
+    ///
+    /// ```
+    /// use burn_elastic_dp::{ArgminStatistic, FreezeRule, TrainerConfig};
+    ///
+    /// // The paper's code: the norm of each layer's epoch-accumulated gradient.
+    /// let paper = FreezeRule::AlphaArgmin { alpha: 1.0 / 3.0, statistic: None };
+    /// assert_eq!(paper.argmin_statistic(), Some(ArgminStatistic::AccumulatedGradient));
+    /// // Each step's norm summed over the epoch instead.
+    /// let steps = FreezeRule::AlphaArgmin {
+    ///     alpha: 1.0 / 3.0,
+    ///     statistic: Some(ArgminStatistic::SummedStepNorms),
+    /// };
+    /// assert!(TrainerConfig::new().with_freeze(steps).check(4).is_ok());
+    /// // A configuration written before the statistic existed still parses.
+    /// let old: FreezeRule = serde_json::from_str(r#"{"AlphaArgmin":{"alpha":0.5}}"#).unwrap();
+    /// assert_eq!(old, FreezeRule::AlphaArgmin { alpha: 0.5, statistic: None });
+    /// ```
     AlphaArgmin {
         /// In (0, 1).
         alpha: f64,
+        /// The per-layer statistic; `None` (or absent from a configuration
+        /// file) is the default, [`ArgminStatistic::AccumulatedGradient`].
+        statistic: Option<ArgminStatistic>,
     },
     /// The gradient-change rule (Liu et al.), every `every_steps` steps.
     ChangeRate {
@@ -72,6 +93,19 @@ pub enum FreezeRule {
         /// `layers[T]` layers frozen in epoch `T`.
         layers: Vec<usize>,
     },
+}
+
+impl FreezeRule {
+    /// The statistic of [`FreezeRule::AlphaArgmin`] (its default when
+    /// `None`); `None` for the other rules.
+    pub fn argmin_statistic(&self) -> Option<ArgminStatistic> {
+        match self {
+            FreezeRule::AlphaArgmin { statistic, .. } => {
+                Some(statistic.unwrap_or(ArgminStatistic::AccumulatedGradient))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// How the freeze policy's layers map onto the stack's units.
@@ -128,7 +162,7 @@ pub struct TrainerConfig {
     #[config(default = "Parts::new()")]
     pub parts: Parts,
     /// The freeze policy.
-    #[config(default = "FreezeRule::AlphaArgmin { alpha: 1.0 / 3.0 }")]
+    #[config(default = "FreezeRule::AlphaArgmin { alpha: 1.0 / 3.0, statistic: None }")]
     pub freeze: FreezeRule,
     /// The policy's layers in units.
     #[config(default = "LayerSpec::PerUnit")]
@@ -239,7 +273,7 @@ impl TrainerConfig {
             return Err(invalid("devices", 0, "at least 1 device"));
         }
         match &self.freeze {
-            FreezeRule::AlphaSchedule { alpha } | FreezeRule::AlphaArgmin { alpha } => {
+            FreezeRule::AlphaSchedule { alpha } | FreezeRule::AlphaArgmin { alpha, .. } => {
                 check_alpha(*alpha)?
             }
             FreezeRule::ChangeRate {
@@ -431,11 +465,17 @@ impl TrainerConfig {
     }
 
     /// The configured freeze policy for a model of `layers` layers.
+    ///
+    /// With [`ArgminStatistic::AccumulatedGradient`] every stage of every
+    /// replica keeps a running sum of its trainable parameters' gradients
+    /// (one copy of its active weights, on its device) for the epoch.
     pub(crate) fn policy(&self, layers: usize) -> Box<dyn FreezePolicy + Send> {
         match &self.freeze {
             FreezeRule::AlphaSchedule { alpha } => Box::new(FixedSchedule::alpha(layers, *alpha)),
-            FreezeRule::AlphaArgmin { alpha } => Box::new(AlphaArgmin::new(
-                AlphaArgminConfig::new().with_alpha(*alpha),
+            FreezeRule::AlphaArgmin { alpha, statistic } => Box::new(AlphaArgmin::new(
+                AlphaArgminConfig::new()
+                    .with_alpha(*alpha)
+                    .with_statistic(statistic.unwrap_or(ArgminStatistic::AccumulatedGradient)),
             )),
             FreezeRule::ChangeRate {
                 every_steps,

@@ -43,7 +43,10 @@ pub struct MemoryConfig {
     #[config(default = "None")]
     pub device_bytes: Option<u64>,
     /// The optimizer's state per parameter, in copies of the parameters
-    /// (Adam: 2, SGD with momentum: 1, plain SGD: 0); in [0, 16].
+    /// (Adam: 2, SGD with momentum: 1, plain SGD: 0); in [0, 16]. The
+    /// running gradient sums of [`FreezeRule::AlphaArgmin`](crate::FreezeRule)'s
+    /// default statistic (the accumulated gradient) are one more copy of
+    /// the active parameters, not counted here: add 1 for them (Adam: 3).
     #[config(default = 2.0)]
     pub optimizer_slots: f64,
 }

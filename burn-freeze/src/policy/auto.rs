@@ -9,7 +9,8 @@ use crate::freeze_front::FreezeFront;
 /// replica group) with a [`FreezePolicy`], in layers mapped to units by a
 /// [`LayerMap`].
 ///
-/// Call [`after_step`](Self::after_step) after each optimizer step (it reads
+/// Call [`prepare`](Self::prepare) once before training,
+/// [`after_step`](Self::after_step) after each optimizer step (it reads
 /// the step's per-unit gradient norms from the target: no extra backward
 /// pass) and [`after_epoch`](Self::after_epoch) at the end of each epoch.
 ///
@@ -72,6 +73,17 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         }
     }
 
+    /// Prepares `target` for the policy before the first step: when the
+    /// policy [needs the epoch's accumulated gradients](FreezePolicy::needs_gradient_sums),
+    /// the target starts keeping a running sum per trainable parameter
+    /// ([`FreezeFront::set_gradient_sums`]). [`after_step`](Self::after_step)
+    /// does it too, so a target never prepared misses only its first step.
+    pub fn prepare<T: FreezeFront>(&self, target: &mut T) {
+        if self.policy.needs_gradient_sums() {
+            target.set_gradient_sums(true);
+        }
+    }
+
     /// Feeds the policy the per-layer gradient norms of the step `target`
     /// just took and applies its decision. Returns the new layer front when
     /// it moved.
@@ -80,6 +92,7 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         target: &mut T,
     ) -> Result<Option<usize>, T::Error> {
         self.check(target.num_units())?;
+        self.prepare(target);
         self.state.step += 1;
         let norms = self.map.layer_norms(&target.last_gradient_norms());
         let decision = self.policy.after_step(self.state, &norms);
@@ -88,13 +101,26 @@ impl<P: FreezePolicy> AutoFreeze<P> {
 
     /// Asks the policy at the end of an epoch and applies its decision.
     /// Returns the new layer front when it moved.
+    ///
+    /// A policy that [needs them](FreezePolicy::needs_gradient_sums) first
+    /// gets the per-layer norms of the epoch's accumulated gradients
+    /// ([`FreezePolicy::epoch_gradient_sums`]), and the target's sums are
+    /// reset for the next epoch.
     pub fn after_epoch<T: FreezeFront>(
         &mut self,
         target: &mut T,
     ) -> Result<Option<usize>, T::Error> {
         self.check(target.num_units())?;
+        let sums = self.policy.needs_gradient_sums();
+        if sums {
+            let norms = self.map.layer_norms(&target.gradient_sum_norms());
+            self.policy.epoch_gradient_sums(self.state, &norms);
+        }
         let decision = self.policy.after_epoch(self.state);
         self.state.epoch += 1;
+        if sums {
+            target.reset_gradient_sums();
+        }
         self.apply(target, decision)
     }
 

@@ -16,7 +16,7 @@ pub(crate) mod stats;
 
 pub use auto::AutoFreeze;
 pub use change_rate::{ChangeRate, ChangeRateConfig, ChangeRateReading};
-pub use paper::{AlphaArgmin, AlphaArgminConfig};
+pub use paper::{AlphaArgmin, AlphaArgminConfig, ArgminStatistic};
 pub use schedule::{FixedSchedule, alpha_front};
 pub use stats::{GradNorm, LayerMap};
 
@@ -44,6 +44,23 @@ pub trait FreezePolicy {
     fn after_step(&mut self, state: FreezeState, norms: &[Option<GradNorm>]) -> Option<usize> {
         let _ = (state, norms);
         None
+    }
+
+    /// Whether the policy reads the norms of each epoch's accumulated
+    /// gradients ([`epoch_gradient_sums`](Self::epoch_gradient_sums)); the
+    /// target then keeps a running sum per trainable parameter
+    /// ([`FreezeFront::set_gradient_sums`](crate::FreezeFront::set_gradient_sums)).
+    /// `false` by default.
+    fn needs_gradient_sums(&self) -> bool {
+        false
+    }
+
+    /// At the end of every epoch, just before [`after_epoch`](Self::after_epoch),
+    /// when [`needs_gradient_sums`](Self::needs_gradient_sums): per layer,
+    /// the norms of the sum of the layer's gradients over the epoch's steps
+    /// (`None` for frozen layers and layers without a gradient).
+    fn epoch_gradient_sums(&mut self, state: FreezeState, norms: &[Option<GradNorm>]) {
+        let _ = (state, norms);
     }
 
     /// At the end of every epoch.
@@ -86,6 +103,14 @@ pub struct PolicyState {
 impl<P: FreezePolicy + ?Sized> FreezePolicy for Box<P> {
     fn after_step(&mut self, state: FreezeState, norms: &[Option<GradNorm>]) -> Option<usize> {
         (**self).after_step(state, norms)
+    }
+
+    fn needs_gradient_sums(&self) -> bool {
+        (**self).needs_gradient_sums()
+    }
+
+    fn epoch_gradient_sums(&mut self, state: FreezeState, norms: &[Option<GradNorm>]) {
+        (**self).epoch_gradient_sums(state, norms)
     }
 
     fn after_epoch(&mut self, state: FreezeState) -> Option<usize> {

@@ -14,8 +14,10 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::error::FreezeError;
+use crate::grad_sums::{GradientSums, flatten};
 
-/// Norms of a gradient (of one unit or one layer, one step).
+/// Norms of a gradient (of one unit or one layer): one step's, or the sum
+/// of several steps' ([`FreezeFront::gradient_sum_norms`](crate::FreezeFront::gradient_sum_norms)).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct GradNorm {
     /// Sum of absolute values (L1 norm), used by the change-rate rule.
@@ -34,24 +36,44 @@ impl GradNorm {
     }
 }
 
+/// Where a [`NormCollector`] reads each parameter's gradient from.
+pub(crate) enum GradSource<'a, B: AutodiffBackend> {
+    /// One step's gradients.
+    Step(&'a GradientsParams),
+    /// Running sums of gradients over steps.
+    Sums(&'a GradientSums<B::InnerBackend>),
+}
+
+impl<B: AutodiffBackend> Clone for GradSource<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: AutodiffBackend> Copy for GradSource<'_, B> {}
+
 /// Per-unit gradient norms of several units, read from the device once:
 /// each unit's sums stay on the device until [`finish`](Self::finish).
 pub(crate) struct NormCollector<'a, B: AutodiffBackend> {
-    grads: &'a GradientsParams,
+    source: GradSource<'a, B>,
     /// Per unit, the index of its two sums (L1, squared L2) in `sums`.
     units: Vec<Option<usize>>,
     sums: Vec<Tensor<B::InnerBackend, 1>>,
 }
 
 struct SumVisitor<'a, B: AutodiffBackend> {
-    grads: &'a GradientsParams,
+    source: GradSource<'a, B>,
     l1: Option<Tensor<B::InnerBackend, 1>>,
     sq: Option<Tensor<B::InnerBackend, 1>>,
 }
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for SumVisitor<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if let Some(grad) = self.grads.get::<B::InnerBackend, D>(param.id) {
+        let grad = match self.source {
+            GradSource::Step(grads) => grads.get::<B::InnerBackend, D>(param.id).map(flatten),
+            GradSource::Sums(sums) => sums.get(param.id).cloned(),
+        };
+        if let Some(grad) = grad {
             let l1 = grad.clone().abs().sum();
             let sq = grad.powi_scalar(2).sum();
             self.l1 = Some(match self.l1.take() {
@@ -67,9 +89,9 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for SumVisitor<'_, B> {
 }
 
 impl<'a, B: AutodiffBackend> NormCollector<'a, B> {
-    pub(crate) fn new(grads: &'a GradientsParams) -> Self {
+    pub(crate) fn new(source: GradSource<'a, B>) -> Self {
         Self {
-            grads,
+            source,
             units: Vec::new(),
             sums: Vec::new(),
         }
@@ -83,7 +105,7 @@ impl<'a, B: AutodiffBackend> NormCollector<'a, B> {
     /// The next unit.
     pub(crate) fn unit<U: AutodiffModule<B>>(&mut self, unit: &U) {
         let mut visitor = SumVisitor::<B> {
-            grads: self.grads,
+            source: self.source,
             l1: None,
             sq: None,
         };

@@ -211,7 +211,13 @@ pub(super) fn configurations(setting: &Setting) -> Vec<Configuration> {
         key: "argmin",
         name: "--freeze-rule argmin a=1/3".into(),
         group: Group::Alpha,
-        method: trainer_method(all, FreezeRule::AlphaArgmin { alpha: 1.0 / 3.0 }),
+        method: trainer_method(
+            all,
+            FreezeRule::AlphaArgmin {
+                alpha: 1.0 / 3.0,
+                statistic: None,
+            },
+        ),
     });
     list
 }

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use burn_elastic_dp::{
-    BatchPolicy, CheckpointConfig, CostModel, FreezeRule, LayerSpec, MemoryConfig, Parts,
-    ReplicaConfig, TrainerConfig,
+    ArgminStatistic, BatchPolicy, CheckpointConfig, CostModel, FreezeRule, LayerSpec, MemoryConfig,
+    Parts, ReplicaConfig, TrainerConfig,
 };
 use burn_pipe::PipelineConfig;
 use clap::{Parser, ValueEnum};
@@ -43,9 +43,13 @@ struct Preset {
 pub(crate) enum Rule {
     /// The alpha closed form, once per epoch (needs no gradient statistics).
     Schedule,
-    /// The paper's AutoFreeze: the alpha bound and the argmin of the epoch's
-    /// per-layer gradient norms, once per epoch.
+    /// The paper's AutoFreeze: the alpha bound and the argmin of the
+    /// per-layer norms of the epoch's accumulated gradient, once per epoch
+    /// (the paper's code).
     Argmin,
+    /// The alpha bound and the argmin of each layer's per-step gradient
+    /// norms summed over the epoch, once per epoch.
+    ArgminSteps,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -418,6 +422,11 @@ impl Args {
             },
             Rule::Argmin => FreezeRule::AlphaArgmin {
                 alpha: self.freeze_alpha,
+                statistic: Some(ArgminStatistic::AccumulatedGradient),
+            },
+            Rule::ArgminSteps => FreezeRule::AlphaArgmin {
+                alpha: self.freeze_alpha,
+                statistic: Some(ArgminStatistic::SummedStepNorms),
             },
         };
         TrainerConfig::new()
