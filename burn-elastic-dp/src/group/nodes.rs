@@ -13,7 +13,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use crate::config::ReplicaConfig;
 use crate::error::ElasticError;
-use crate::node::{self, NodeLink, StepHeader};
+use crate::node::{self, ExchangePhases, NodeLink, StepHeader};
 use crate::shards::Shards;
 
 /// This process's link to the group's other processes; none when every
@@ -63,6 +63,12 @@ impl OtherNodes {
         self.0
             .as_ref()
             .map_or_else(|| vec![local], |link| link.replicas())
+    }
+
+    /// The phases of the last step's exchanges of gradients with the other
+    /// processes; none without other processes.
+    pub fn phases(&self) -> Option<ExchangePhases> {
+        self.0.as_ref().map(|link| link.phases())
     }
 
     /// Whether a process asked to stop in the last step's header.

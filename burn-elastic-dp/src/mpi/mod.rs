@@ -44,7 +44,9 @@ use crate::error::ElasticError;
 
 mod sum;
 
-use sum::{Job, Payload, serve};
+use sum::{Done, Job, Payload, serve};
+
+use crate::node::ExchangePhases;
 
 /// Values per `MPI_Allreduce` of a group's exchange (64 MiB of f32; MPI
 /// counts are 32-bit).
@@ -214,6 +216,8 @@ pub(crate) struct NodeLink {
     followers: Mutex<Followers>,
     /// Whether a rank asked to stop in the last step's header.
     stop_seen: AtomicBool,
+    /// The phases of this step's exchanges of gradients, as the leader saw them.
+    phases: Mutex<ExchangePhases>,
     /// Dropped on abort, which wakes the waits of this process.
     abort_tx: Mutex<Option<Sender<()>>>,
     abort_rx: Receiver<()>,
@@ -279,6 +283,7 @@ pub(crate) fn join(
         under_way: Mutex::new(None),
         followers: Mutex::new(Followers::new(local)),
         stop_seen: AtomicBool::new(false),
+        phases: Mutex::new(ExchangePhases::default()),
         abort_tx: Mutex::new(Some(abort_tx)),
         abort_rx,
         step_timeout,
@@ -320,6 +325,17 @@ impl NodeLink {
         self.stop_seen.load(Ordering::SeqCst)
     }
 
+    /// The phases of this step's exchanges of gradients so far (the last
+    /// step's once it ended), as this process's leader replica saw them.
+    pub fn phases(&self) -> ExchangePhases {
+        *lock(&self.phases)
+    }
+
+    /// Adds `phases` to this step's.
+    fn record(&self, phases: &ExchangePhases) {
+        lock(&self.phases).add(phases);
+    }
+
     /// Sets this process's replica count to `local` (at a step boundary, on
     /// every rank at the same point: a resize in lockstep, or the join) and
     /// exchanges every rank's count, within `deadline`.
@@ -346,6 +362,7 @@ impl NodeLink {
         deadline: Instant,
     ) -> Result<Vec<usize>, ElasticError> {
         let step = self.steps.fetch_add(1, Ordering::SeqCst) + 1;
+        *lock(&self.phases) = ExchangePhases::default();
         let record = vec![
             step as i64,
             header.local as i64,
@@ -384,7 +401,7 @@ impl NodeLink {
         deadline: Instant,
     ) -> Result<Vec<Vec<i64>>, ElasticError> {
         let len = record.len();
-        match self.exchange(Payload::Gather(record), deadline)? {
+        match self.exchange(Payload::Gather(record), deadline)?.payload {
             Payload::Gather(all) if len > 0 => Ok(all.chunks(len).map(<[i64]>::to_vec).collect()),
             Payload::Gather(_) => Ok(vec![Vec::new(); self.size]),
             _ => Err(node_error(
@@ -397,7 +414,7 @@ impl NodeLink {
     /// The element-wise maximum over every rank of `values` (as many on
     /// every rank), within `deadline`: exact, the same on every rank.
     pub fn max(&self, values: Vec<f64>, deadline: Instant) -> Result<Vec<f64>, ElasticError> {
-        match self.exchange(Payload::Max(values), deadline)? {
+        match self.exchange(Payload::Max(values), deadline)?.payload {
             Payload::Max(max) => Ok(max),
             _ => Err(node_error(
                 self.rank,
@@ -489,8 +506,24 @@ impl NodeLink {
                 default(timeout) => Err(ElasticError::NodesMissing { missing: vec![self.rank], waited: self.step_timeout }),
             };
         }
+        let values_len = values.len();
         let result = match self.exchange(Payload::Sum(values), deadline) {
-            Ok(Payload::Sum(total)) => Ok(Arc::new(total)),
+            Ok(Done {
+                payload: Payload::Sum(total),
+                check,
+                reduce,
+                buckets,
+            }) => {
+                self.record(&ExchangePhases {
+                    exchanges: 1,
+                    values: values_len,
+                    buckets,
+                    check,
+                    all_reduce: reduce,
+                    ..ExchangePhases::default()
+                });
+                Ok(Arc::new(total))
+            }
             Ok(_) => Err(node_error(
                 self.rank,
                 "the MPI thread answered another kind of exchange".into(),
@@ -509,7 +542,7 @@ impl NodeLink {
     }
 
     /// Runs one exchange on the MPI thread, waiting for it until `deadline`.
-    fn exchange(&self, payload: Payload, deadline: Instant) -> Result<Payload, ElasticError> {
+    fn exchange(&self, payload: Payload, deadline: Instant) -> Result<Done, ElasticError> {
         let round = {
             let state = lock(&self.state);
             if let Some(why) = &state.1 {
@@ -575,6 +608,7 @@ where
     AB: AutodiffBackend,
     M: AutodiffModule<AB>,
 {
+    let start = Instant::now();
     let (slots, flat) = crate::collective::flatten::<AB, M>(module, &mut grads);
     if flat.is_empty() {
         // Nothing trains here; the exchange still runs to keep every process
@@ -590,9 +624,19 @@ where
         .into_vec::<f32>()
         .map_err(|error| node_error(link.rank, format!("reading gradients: {error:?}")))?;
     let len = values.len();
+    let copy_out = start.elapsed();
     let reduced = link.all_reduce(replica, values, deadline)?;
+    let back = Instant::now();
     let data = TensorData::new(reduced.as_ref().clone(), [len]).convert_dtype(dtype);
     let flat = Tensor::<AB::InnerBackend, 1>::from_data(data, &device);
     crate::collective::unflatten::<AB, M>(module, &mut grads, slots, flat);
+    if replica == 0 {
+        link.record(&ExchangePhases {
+            copy_out,
+            copy_back: back.elapsed(),
+            total: start.elapsed(),
+            ..ExchangePhases::default()
+        });
+    }
     Ok(grads)
 }

@@ -1,6 +1,8 @@
 //! The MPI thread of a link: each exchange's MPI calls, in order (see the
 //! steps in the documentation of `mpi`).
 
+use std::time::{Duration, Instant};
+
 use crossbeam_channel::{Receiver, Sender};
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
@@ -46,7 +48,19 @@ impl Payload {
 pub(super) struct Job {
     pub round: u64,
     pub payload: Payload,
-    pub reply: Sender<Result<Payload, String>>,
+    pub reply: Sender<Result<Done, String>>,
+}
+
+/// An exchange done: its result, and how long its MPI calls took.
+#[derive(Debug)]
+pub(super) struct Done {
+    pub payload: Payload,
+    /// The arrival messages and the typed check (kind, round, length).
+    pub check: Duration,
+    /// The payload's collectives.
+    pub reduce: Duration,
+    /// The payload's `MPI_Allreduce` calls (buckets) of a sum.
+    pub buckets: usize,
 }
 
 /// The MPI thread: runs the exchanges in order until the link is dropped.
@@ -60,8 +74,9 @@ pub(super) fn serve(queue: Receiver<Job>) {
 
 /// Runs one exchange: arrival messages, the check that every rank is at
 /// the same exchange of the same kind and length, then the payload.
-fn exchange(world: &SimpleCommunicator, round: u64, payload: &Payload) -> Result<Payload, String> {
+fn exchange(world: &SimpleCommunicator, round: u64, payload: &Payload) -> Result<Done, String> {
     let (rank, size) = (world.rank(), world.size());
+    let start = Instant::now();
     let others = || (0..size).filter(move |&r| r != rank);
     for peer in others() {
         world.process_at_rank(peer).send_with_tag(&round, ARRIVED);
@@ -76,6 +91,12 @@ fn exchange(world: &SimpleCommunicator, round: u64, payload: &Payload) -> Result
         SystemOperation::min(),
     );
     let agreed = check[0] == -check[1] && check[2] == -check[3] && check[4] == -check[5];
+    let mut check_time = start.elapsed();
+    let reduce = Instant::now();
+    let buckets = match payload {
+        Payload::Sum(values) => values.len().div_ceil(BUCKET_VALUES),
+        _ => 0,
+    };
     let result = agreed.then(|| match payload {
         Payload::Sum(values) => Payload::Sum(sum(world, values)),
         Payload::Gather(record) => {
@@ -89,9 +110,18 @@ fn exchange(world: &SimpleCommunicator, round: u64, payload: &Payload) -> Result
             Payload::Max(max)
         }
     });
+    let reduce = reduce.elapsed();
+    let received = Instant::now();
     for peer in others() {
         let _: (u64, _) = world.process_at_rank(peer).receive_with_tag(ARRIVED);
     }
+    check_time += received.elapsed();
+    let result = result.map(|payload| Done {
+        payload,
+        check: check_time,
+        reduce,
+        buckets,
+    });
     result.ok_or_else(|| {
         format!(
             "the ranks are at exchanges {}..={} of kinds {}..={} with {}..={} values: they run different steps or models",
