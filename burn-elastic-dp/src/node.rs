@@ -272,6 +272,7 @@ impl NodeLink {
 pub(crate) fn all_reduce_gradients<AB, M>(
     link: &NodeLink,
     _replica: usize,
+    _stage: usize,
     _module: &M,
     _grads: burn::optim::GradientsParams,
     _deadline: std::time::Instant,

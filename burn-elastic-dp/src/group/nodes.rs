@@ -96,11 +96,12 @@ impl OtherNodes {
 
     /// The sum with the other processes of `grads` (this process's sum of
     /// the gradients of `module`'s parameters), for local replica
-    /// `replica`, waiting until `deadline` at the most; `grads` as they are
-    /// without other processes.
+    /// `replica` on stage `stage`, waiting until `deadline` at the most;
+    /// `grads` as they are without other processes.
     pub fn all_reduce<AB, M>(
         &self,
         replica: usize,
+        stage: usize,
         module: &M,
         grads: GradientsParams,
         deadline: Instant,
@@ -111,7 +112,7 @@ impl OtherNodes {
     {
         match &self.0 {
             Some(link) => {
-                node::all_reduce_gradients::<AB, M>(link, replica, module, grads, deadline)
+                node::all_reduce_gradients::<AB, M>(link, replica, stage, module, grads, deadline)
             }
             None => Ok(grads),
         }
