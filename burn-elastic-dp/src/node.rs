@@ -98,6 +98,7 @@ pub struct ExchangePhases {
 
 impl ExchangePhases {
     /// Adds `other`'s figures to these.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // recorded by the MPI link
     pub(crate) fn add(&mut self, other: &ExchangePhases) {
         self.exchanges += other.exchanges;
         self.values += other.values;
