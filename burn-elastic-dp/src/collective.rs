@@ -207,9 +207,9 @@ fn all_reduce_sum<B: Backend>(
 
 /// One gradient of a bucket: its parameter, shape and element count.
 pub(crate) struct Slot {
-    id: ParamId,
-    shape: Vec<usize>,
-    len: usize,
+    pub id: ParamId,
+    pub shape: Vec<usize>,
+    pub len: usize,
 }
 
 /// Takes every gradient of `module`'s parameters out of `grads`, flattened,
@@ -287,20 +287,23 @@ fn split_bucket<B: Backend>(
     }
 }
 
-/// Puts `flat` (the gradients of `slots`, one after another) back into
-/// `grads` under `module`'s parameters.
+/// Puts `parts` (the flattened gradients of `slots`, one per slot, in
+/// order) back into `grads` under `module`'s parameters.
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // the exchange between processes
-pub(crate) fn unflatten<AB, M>(
+pub(crate) fn register_parts<AB, M>(
     module: &M,
     grads: &mut GradientsParams,
     slots: Vec<Slot>,
-    flat: Tensor<AB::InnerBackend, 1>,
+    parts: Vec<Tensor<AB::InnerBackend, 1>>,
 ) where
     AB: AutodiffBackend,
     M: AutodiffModule<AB>,
 {
-    let mut reduced = std::collections::HashMap::with_capacity(slots.len());
-    split_bucket(slots, flat, &mut reduced);
+    let reduced = slots
+        .into_iter()
+        .zip(parts)
+        .map(|(slot, part)| (slot.id, (slot.shape, part)))
+        .collect();
     module.visit(&mut Unflatten::<AB::InnerBackend> { grads, reduced });
 }
 

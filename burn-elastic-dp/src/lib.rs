@@ -66,7 +66,7 @@ pub use error::ElasticError;
 pub use group::{GroupReport, ReplicaGroup, ReplicaLoss};
 #[cfg(feature = "mpi")]
 pub use mpi::{BUCKET_VALUES as MPI_BUCKET_VALUES, Mpi};
-pub use node::NodeConfig;
+pub use node::{ExchangePhases, NodeConfig};
 pub use sampler::{BatchPolicy, ElasticSampler};
 pub use stop::{STOPPED_EXIT_CODE, StopSignal};
 pub use trainer::{

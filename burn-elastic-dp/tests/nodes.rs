@@ -137,6 +137,30 @@ fn group_config(timeout_ms: u64) -> ReplicaConfig {
         .with_nodes(Some(NodeConfig::new()))
 }
 
+/// The steps of the reshaping run, on a group of `replicas` replicas of two
+/// stages: each step's gradients differ (another batch), and between steps
+/// the gradients exchanged change size: a freeze of units 0..2 (stage 0's
+/// shrink), then a repartition to stages of 2 and 4 units (both change).
+/// (A macro: the group's optimizer type has no name to write.)
+macro_rules! reshaping_steps {
+    ($group:expr, $replicas:expr) => {{
+        let group = $group;
+        let device: Device<B> = Default::default();
+        for step in 0..6u64 {
+            if step == 2 {
+                group.freeze_to(2).unwrap();
+            }
+            if step == 4 {
+                group
+                    .repartition(&[2, 4], vec![vec![device; 2]; $replicas])
+                    .unwrap();
+            }
+            let (x, y) = batch(200 + step);
+            group.train_step(x, y, loss, 0.5).unwrap();
+        }
+    }};
+}
+
 const ROLE: &str = "ELASTIC_DP_NODE_ROLE";
 
 fn var(name: &str) -> String {
@@ -147,6 +171,8 @@ fn var(name: &str) -> String {
 /// - `train`: joins with as many replicas as `ELASTIC_DP_NODE_LAYOUT`
 ///   (comma-separated, by rank) gives its rank, trains `STEPS` steps and
 ///   writes its weights (little-endian f32) to `ELASTIC_DP_NODE_OUT-<rank>`;
+/// - `reshape`: as `train`, through `reshaping_steps!` (the exchange's
+///   buffers kept across steps while its gradients change size);
 /// - `absent`: rank 1 never joins the group (rank 0 builds it, 1 s to join);
 /// - `exit`: rank 1 joins and takes one step, then exits;
 /// - `stall`: rank 1 joins and takes one step, then never steps again;
@@ -158,7 +184,7 @@ fn child(role: &str) {
     let mpi = Mpi::init().unwrap();
     let rank = mpi.rank();
     let device = Default::default();
-    if role == "train" {
+    if role == "train" || role == "reshape" {
         let layout: Vec<usize> = var("ELASTIC_DP_NODE_LAYOUT")
             .split(',')
             .map(|n| n.parse().unwrap())
@@ -171,10 +197,18 @@ fn child(role: &str) {
                 SgdConfig::new().init()
             })
             .unwrap();
-        for step in 0..STEPS {
-            let (x, y) = batch(100 + step);
-            let report = group.train_step(x, y, loss, 0.5).unwrap();
-            assert_eq!(report.shards.len(), replicas);
+        if role == "reshape" {
+            reshaping_steps!(&mut group, replicas);
+            // The last step's exchanges summed the 243 trainable values
+            // (units 2..6: three 8x8 blocks and the 8x3 head, with biases).
+            let phases = group.exchange_phases().unwrap();
+            assert_eq!(phases.values, 3 * (8 * 8 + 8) + 8 * 3 + 3, "{phases:?}");
+        } else {
+            for step in 0..STEPS {
+                let (x, y) = batch(100 + step);
+                let report = group.train_step(x, y, loss, 0.5).unwrap();
+                assert_eq!(report.shards.len(), replicas);
+            }
         }
         let bytes: Vec<u8> = flat_weights(&group.to_layer_stack())
             .iter()
@@ -424,4 +458,60 @@ fn the_watchdog_ends_the_job_when_no_rank_ends_by_itself() {
         "{stderr}"
     );
     assert!(started.elapsed() < Duration::from_secs(60));
+}
+
+#[test]
+fn buffers_kept_across_steps_sum_as_fresh_ones_while_the_gradients_change_size() {
+    const TEST: &str =
+        "buffers_kept_across_steps_sum_as_fresh_ones_while_the_gradients_change_size";
+    if let Ok(role) = std::env::var(ROLE) {
+        return child(&role);
+    }
+    // Two ranks of two replicas (the leader's buffers, the followers'
+    // shared result), against one process of four replicas, which never
+    // exchanges through MPI.
+    let device: Device<B> = Default::default();
+    let mut one_process = ReplicaConfig::new()
+        .with_pipeline(pipeline_config())
+        .init(stack(), vec![vec![device; 2]; 4], || {
+            SgdConfig::new().init()
+        })
+        .unwrap();
+    let initial = flat_weights(&one_process.to_layer_stack());
+    reshaping_steps!(&mut one_process, 4);
+    let expected = flat_weights(&one_process.to_layer_stack());
+    assert!(initial.iter().zip(&expected).any(|(a, b)| a != b));
+    let out = std::env::temp_dir().join(format!(
+        "burn-elastic-dp-nodes-reshape-{}",
+        std::process::id()
+    ));
+    let job = mpirun(
+        TEST,
+        2,
+        false,
+        &[
+            (ROLE, "reshape".into()),
+            ("ELASTIC_DP_NODE_LAYOUT", "2,2".into()),
+            ("ELASTIC_DP_NODE_OUT", out.display().to_string()),
+        ],
+    );
+    let (status, stderr) = finish(job, Duration::from_secs(300));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the MPI job failed ({status:?}):\n{stderr}"
+    );
+    let trained: Vec<Vec<u8>> = (0..2)
+        .map(|rank| {
+            let path = PathBuf::from(format!("{}-{rank}", out.display()));
+            let bytes = std::fs::read(&path).unwrap();
+            let _ = std::fs::remove_file(&path);
+            bytes
+        })
+        .collect();
+    assert_eq!(trained[0], trained[1], "the ranks' weights differ");
+    let actual: Vec<f32> = trained[0]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_close(&actual, &expected, "against one process of 4 replicas");
 }

@@ -423,6 +423,14 @@ where
         self.nodes.exist()
     }
 
+    /// How long the phases of the last step's exchanges of gradients with
+    /// the other processes took in this process (copy out, the consistency
+    /// check, `MPI_Allreduce`, copy back); `None` when the group spans no
+    /// other process.
+    pub fn exchange_phases(&self) -> Option<crate::ExchangePhases> {
+        self.nodes.phases()
+    }
+
     /// Processes of the group: 1, or the ranks of the MPI job it spans.
     pub fn processes(&self) -> usize {
         self.nodes.processes()

@@ -13,7 +13,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use crate::config::ReplicaConfig;
 use crate::error::ElasticError;
-use crate::node::{self, NodeLink, StepHeader};
+use crate::node::{self, ExchangePhases, NodeLink, StepHeader};
 use crate::shards::Shards;
 
 /// This process's link to the group's other processes; none when every
@@ -65,6 +65,12 @@ impl OtherNodes {
             .map_or_else(|| vec![local], |link| link.replicas())
     }
 
+    /// The phases of the last step's exchanges of gradients with the other
+    /// processes; none without other processes.
+    pub fn phases(&self) -> Option<ExchangePhases> {
+        self.0.as_ref().map(|link| link.phases())
+    }
+
     /// Whether a process asked to stop in the last step's header.
     pub fn stop_seen(&self) -> bool {
         self.0.as_ref().is_some_and(|link| link.stop_seen())
@@ -90,11 +96,12 @@ impl OtherNodes {
 
     /// The sum with the other processes of `grads` (this process's sum of
     /// the gradients of `module`'s parameters), for local replica
-    /// `replica`, waiting until `deadline` at the most; `grads` as they are
-    /// without other processes.
+    /// `replica` on stage `stage`, waiting until `deadline` at the most;
+    /// `grads` as they are without other processes.
     pub fn all_reduce<AB, M>(
         &self,
         replica: usize,
+        stage: usize,
         module: &M,
         grads: GradientsParams,
         deadline: Instant,
@@ -105,7 +112,7 @@ impl OtherNodes {
     {
         match &self.0 {
             Some(link) => {
-                node::all_reduce_gradients::<AB, M>(link, replica, module, grads, deadline)
+                node::all_reduce_gradients::<AB, M>(link, replica, stage, module, grads, deadline)
             }
             None => Ok(grads),
         }

@@ -155,8 +155,12 @@ where
         } else {
             grads
         };
-        share
-            .nodes
-            .all_reduce::<S::Backend, _>(replica, &modules[stage], grads, share.deadline)
+        share.nodes.all_reduce::<S::Backend, _>(
+            replica,
+            stage,
+            &modules[stage],
+            grads,
+            share.deadline,
+        )
     })
 }

@@ -7,8 +7,16 @@
 //! 2. checks with one small `MPI_Allreduce` that every rank is at the same
 //!    exchange with as many values;
 //! 3. sums the values with one `MPI_Allreduce` (SUM, f32) per bucket of at
-//!    most [`BUCKET_VALUES`], in order;
+//!    most [`BUCKET_VALUES`], in order, from the stage's send buffer into
+//!    its receive buffer, both kept across steps (reallocated only when the
+//!    stage's gradients change size);
 //! 4. takes the other ranks' arrival messages.
+//!
+//! Only the leader copies: its gradients (after the sum inside the process,
+//! the same on every local replica) into the send buffer, and the sums
+//! back into one tensor per parameter, which the other local replicas
+//! share (a tensor handle each, moved to their devices); they drop their
+//! own gradients without reading them.
 //!
 //! Same bits on every rank: with two ranks each element of the sum is one
 //! f32 addition of the two ranks' values, and addition is commutative, so
@@ -27,14 +35,15 @@
 //! when [`Mpi`] is dropped, or at the latest one more step timeout later,
 //! this process calls `MPI_Abort`, which ends every rank.
 
+use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use burn::module::AutodiffModule;
+use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
-use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, Tensor, TensorData};
 use crossbeam_channel::{Receiver, Sender, bounded, select, unbounded};
 use mpi::environment::{Threading, Universe};
 use mpi::topology::SimpleCommunicator;
@@ -44,7 +53,10 @@ use crate::error::ElasticError;
 
 mod sum;
 
-use sum::{Job, Payload, serve};
+use sum::{Done, Job, Payload, SumBuffers, serve};
+
+use crate::collective::Slot;
+use crate::node::ExchangePhases;
 
 /// Values per `MPI_Allreduce` of a group's exchange (64 MiB of f32; MPI
 /// counts are 32-bit).
@@ -166,8 +178,47 @@ fn end_job(why: &str) -> ! {
     SimpleCommunicator::world().abort(3)
 }
 
-/// The result of one exchange, from the leader to the other local replicas.
-type Reduced = Result<Arc<Vec<f32>>, String>;
+/// The result of one exchange, from the leader to the other local replicas:
+/// one reduced gradient per parameter (`Vec<Tensor<B, 1>>` of the inner
+/// backend), shared, or why there is none.
+type Reduced = Result<Arc<dyn Any + Send + Sync>, String>;
+
+/// The buffers of every stage's exchange, kept across steps.
+#[derive(Debug, Default)]
+struct Buffers {
+    /// By stage; taken by the leader for its exchange and put back after.
+    stages: Vec<Option<SumBuffers>>,
+    /// Whether the stage's buffers were used since the last step began.
+    used: Vec<bool>,
+}
+
+impl Buffers {
+    /// Forgets the buffers of the stages that had no exchange in the last
+    /// step (a repartition to fewer stages, say).
+    fn new_step(&mut self) {
+        for (stage, used) in self.stages.iter_mut().zip(&mut self.used) {
+            if !*used {
+                *stage = None;
+            }
+            *used = false;
+        }
+    }
+
+    fn take(&mut self, stage: usize) -> SumBuffers {
+        if self.stages.len() <= stage {
+            self.stages.resize_with(stage + 1, || None);
+            self.used.resize(stage + 1, false);
+        }
+        self.used[stage] = true;
+        self.stages[stage].take().unwrap_or_default()
+    }
+
+    fn keep(&mut self, stage: usize, buffers: SumBuffers) {
+        if let Some(slot) = self.stages.get_mut(stage) {
+            *slot = Some(buffers);
+        }
+    }
+}
 
 /// What a rank says of itself at the start of every step (one small
 /// all-gather): the ranks must agree on the step and the shape; the
@@ -214,6 +265,10 @@ pub(crate) struct NodeLink {
     followers: Mutex<Followers>,
     /// Whether a rank asked to stop in the last step's header.
     stop_seen: AtomicBool,
+    /// The phases of this step's exchanges of gradients, as the leader saw them.
+    phases: Mutex<ExchangePhases>,
+    /// The leader's send and receive buffers, by stage, kept across steps.
+    buffers: Mutex<Buffers>,
     /// Dropped on abort, which wakes the waits of this process.
     abort_tx: Mutex<Option<Sender<()>>>,
     abort_rx: Receiver<()>,
@@ -279,6 +334,8 @@ pub(crate) fn join(
         under_way: Mutex::new(None),
         followers: Mutex::new(Followers::new(local)),
         stop_seen: AtomicBool::new(false),
+        phases: Mutex::new(ExchangePhases::default()),
+        buffers: Mutex::new(Buffers::default()),
         abort_tx: Mutex::new(Some(abort_tx)),
         abort_rx,
         step_timeout,
@@ -320,6 +377,17 @@ impl NodeLink {
         self.stop_seen.load(Ordering::SeqCst)
     }
 
+    /// The phases of this step's exchanges of gradients so far (the last
+    /// step's once it ended), as this process's leader replica saw them.
+    pub fn phases(&self) -> ExchangePhases {
+        *lock(&self.phases)
+    }
+
+    /// Adds `phases` to this step's.
+    fn record(&self, phases: &ExchangePhases) {
+        lock(&self.phases).add(phases);
+    }
+
     /// Sets this process's replica count to `local` (at a step boundary, on
     /// every rank at the same point: a resize in lockstep, or the join) and
     /// exchanges every rank's count, within `deadline`.
@@ -346,6 +414,8 @@ impl NodeLink {
         deadline: Instant,
     ) -> Result<Vec<usize>, ElasticError> {
         let step = self.steps.fetch_add(1, Ordering::SeqCst) + 1;
+        *lock(&self.phases) = ExchangePhases::default();
+        lock(&self.buffers).new_step();
         let record = vec![
             step as i64,
             header.local as i64,
@@ -384,7 +454,7 @@ impl NodeLink {
         deadline: Instant,
     ) -> Result<Vec<Vec<i64>>, ElasticError> {
         let len = record.len();
-        match self.exchange(Payload::Gather(record), deadline)? {
+        match self.exchange(Payload::Gather(record), deadline)?.payload {
             Payload::Gather(all) if len > 0 => Ok(all.chunks(len).map(<[i64]>::to_vec).collect()),
             Payload::Gather(_) => Ok(vec![Vec::new(); self.size]),
             _ => Err(node_error(
@@ -397,7 +467,7 @@ impl NodeLink {
     /// The element-wise maximum over every rank of `values` (as many on
     /// every rank), within `deadline`: exact, the same on every rank.
     pub fn max(&self, values: Vec<f64>, deadline: Instant) -> Result<Vec<f64>, ElasticError> {
-        match self.exchange(Payload::Max(values), deadline)? {
+        match self.exchange(Payload::Max(values), deadline)?.payload {
             Payload::Max(max) => Ok(max),
             _ => Err(node_error(
                 self.rank,
@@ -460,56 +530,72 @@ impl NodeLink {
         }
     }
 
-    /// The group-wide sum of `values` (this process's local sum, the same
-    /// on every local replica), for local replica `replica`: the leader
-    /// exchanges with the other processes, the others wait for its result.
-    /// Every process must call this in the same order with as many values.
-    pub fn all_reduce(
-        &self,
-        replica: usize,
-        values: Vec<f32>,
-        deadline: Instant,
-    ) -> Result<Arc<Vec<f32>>, ElasticError> {
-        if replica > 0 {
-            let inbox = lock(&self.followers).inboxes.get(replica - 1).cloned();
-            let Some(inbox) = inbox else {
-                return Err(node_error(
-                    self.rank,
-                    format!("local replica {replica} is not in the group"),
-                ));
-            };
-            let timeout = deadline.saturating_duration_since(Instant::now());
-            return select! {
-                recv(inbox) -> reduced => match reduced {
-                    Ok(Ok(reduced)) => Ok(reduced),
-                    Ok(Err(message)) => Err(node_error(self.rank, message)),
-                    Err(_) => Err(node_error(self.rank, "the leader replica is gone".into())),
-                },
-                recv(self.abort_rx) -> _ => Err(node_error(self.rank, "the step was aborted".into())),
-                default(timeout) => Err(ElasticError::NodesMissing { missing: vec![self.rank], waited: self.step_timeout }),
-            };
-        }
-        let result = match self.exchange(Payload::Sum(values), deadline) {
-            Ok(Payload::Sum(total)) => Ok(Arc::new(total)),
-            Ok(_) => Err(node_error(
+    /// The group-wide sum of `buffers.send` (this process's local sum)
+    /// into `buffers.recv` (as long), by the leader replica; the buffers
+    /// come back for the next step. Every process must call this in the
+    /// same order with as many values.
+    fn sum(&self, buffers: SumBuffers, deadline: Instant) -> Result<SumBuffers, ElasticError> {
+        let values = buffers.send.len();
+        match self.exchange(Payload::Sum(buffers), deadline)? {
+            Done {
+                payload: Payload::Sum(buffers),
+                check,
+                reduce,
+                buckets,
+            } => {
+                self.record(&ExchangePhases {
+                    exchanges: 1,
+                    values,
+                    buckets,
+                    check,
+                    all_reduce: reduce,
+                    ..ExchangePhases::default()
+                });
+                Ok(buffers)
+            }
+            _ => Err(node_error(
                 self.rank,
                 "the MPI thread answered another kind of exchange".into(),
             )),
-            Err(error) => Err(error),
-        };
-        let shared = result
-            .as_ref()
-            .map(Arc::clone)
-            .map_err(|error| error.to_string());
+        }
+    }
+
+    /// Hands the leader's result of an exchange to the other local replicas.
+    fn share(&self, result: Reduced) {
         let senders = lock(&self.followers).senders.clone();
         for follower in &senders {
-            let _ = follower.send(shared.clone());
+            let _ = follower.send(result.clone());
         }
-        result
+    }
+
+    /// The leader's result of the next exchange, for local replica
+    /// `replica` (not the leader), waited for until `deadline`.
+    fn leader_result(
+        &self,
+        replica: usize,
+        deadline: Instant,
+    ) -> Result<Arc<dyn Any + Send + Sync>, ElasticError> {
+        let inbox = lock(&self.followers).inboxes.get(replica - 1).cloned();
+        let Some(inbox) = inbox else {
+            return Err(node_error(
+                self.rank,
+                format!("local replica {replica} is not in the group"),
+            ));
+        };
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        select! {
+            recv(inbox) -> reduced => match reduced {
+                Ok(Ok(reduced)) => Ok(reduced),
+                Ok(Err(message)) => Err(node_error(self.rank, message)),
+                Err(_) => Err(node_error(self.rank, "the leader replica is gone".into())),
+            },
+            recv(self.abort_rx) -> _ => Err(node_error(self.rank, "the step was aborted".into())),
+            default(timeout) => Err(ElasticError::NodesMissing { missing: vec![self.rank], waited: self.step_timeout }),
+        }
     }
 
     /// Runs one exchange on the MPI thread, waiting for it until `deadline`.
-    fn exchange(&self, payload: Payload, deadline: Instant) -> Result<Payload, ElasticError> {
+    fn exchange(&self, payload: Payload, deadline: Instant) -> Result<Done, ElasticError> {
         let round = {
             let state = lock(&self.state);
             if let Some(why) = &state.1 {
@@ -561,12 +647,72 @@ impl NodeLink {
     }
 }
 
+/// Takes the gradients of a module's parameters out of `grads` in the
+/// module's visiting order (the same on every replica): the leader copies
+/// them into its send buffer, another replica only drops them.
+struct CopyOut<'a, B: Backend> {
+    grads: &'a mut GradientsParams,
+    /// The leader's send buffer (emptied first, its capacity kept); `None`
+    /// on the other replicas.
+    send: Option<&'a mut Vec<f32>>,
+    slots: Vec<Slot>,
+    /// The first gradient's device and dtype: the reduced ones take them.
+    device: Option<(B::Device, DType)>,
+    error: Option<String>,
+}
+
+impl<AB: AutodiffBackend> ModuleVisitor<AB> for CopyOut<'_, AB::InnerBackend> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
+        let Some(grad) = self.grads.remove::<AB::InnerBackend, D>(param.id) else {
+            return;
+        };
+        let shape = grad.dims().to_vec();
+        let len = shape.iter().product();
+        if self.device.is_none() {
+            self.device = Some((grad.device(), grad.dtype()));
+        }
+        self.slots.push(Slot {
+            id: param.id,
+            shape,
+            len,
+        });
+        let Some(send) = self.send.as_deref_mut() else {
+            return;
+        };
+        let mut data = grad.into_data();
+        if data.dtype != DType::F32 {
+            data = data.convert::<f32>();
+        }
+        let copied = match data.as_slice::<f32>() {
+            Ok(values) => {
+                send.extend_from_slice(values);
+                Ok(())
+            }
+            // Bytes not aligned for f32: read them by value.
+            Err(_) => data
+                .to_vec::<f32>()
+                .map(|values| send.extend_from_slice(&values)),
+        };
+        if let Err(error) = copied {
+            self.error
+                .get_or_insert_with(|| format!("reading the gradient of {}: {error:?}", param.id));
+        }
+    }
+}
+
+/// The shared result of an exchange: one reduced gradient per slot.
+type Parts<B> = Vec<Tensor<B, 1>>;
+
 /// The group-wide sum of the gradients of `module`'s parameters (this
-/// process's sum in `grads`), flattened into one message per stage, for
-/// local replica `replica`.
+/// process's sum in `grads`) on stage `stage`, for local replica
+/// `replica`: the leader exchanges them with the other processes in one
+/// message (buckets of at most [`BUCKET_VALUES`]) through the stage's
+/// buffers kept across steps; the other local replicas drop theirs and take
+/// the leader's result.
 pub(crate) fn all_reduce_gradients<AB, M>(
     link: &NodeLink,
     replica: usize,
+    stage: usize,
     module: &M,
     mut grads: GradientsParams,
     deadline: Instant,
@@ -575,24 +721,121 @@ where
     AB: AutodiffBackend,
     M: AutodiffModule<AB>,
 {
-    let (slots, flat) = crate::collective::flatten::<AB, M>(module, &mut grads);
-    if flat.is_empty() {
-        // Nothing trains here; the exchange still runs to keep every process
-        // in step.
-        link.all_reduce(replica, Vec::new(), deadline)?;
+    let start = Instant::now();
+    if replica > 0 {
+        // The same sums as the leader's (the sum inside the process came
+        // first): dropped unread, the leader's taken instead.
+        let mut take = CopyOut::<AB::InnerBackend> {
+            grads: &mut grads,
+            send: None,
+            slots: Vec::new(),
+            device: None,
+            error: None,
+        };
+        module.visit(&mut take);
+        let (slots, device) = (take.slots, take.device);
+        let shared = link.leader_result(replica, deadline)?;
+        let Some((device, _)) = device else {
+            return Ok(grads);
+        };
+        let parts = shared
+            .downcast_ref::<Parts<AB::InnerBackend>>()
+            .filter(|parts| parts.len() == slots.len())
+            .ok_or_else(|| {
+                node_error(
+                    link.rank,
+                    format!(
+                        "the leader replica's sums are not those of stage {stage}'s {} gradients",
+                        slots.len()
+                    ),
+                )
+            })?;
+        let parts = parts
+            .iter()
+            .map(|part| part.clone().to_device(&device))
+            .collect();
+        crate::collective::register_parts::<AB, M>(module, &mut grads, slots, parts);
         return Ok(grads);
     }
-    let flat = Tensor::cat(flat, 0);
-    let (device, dtype) = (flat.device(), flat.dtype());
-    let values = flat
-        .into_data()
-        .convert::<f32>()
-        .into_vec::<f32>()
-        .map_err(|error| node_error(link.rank, format!("reading gradients: {error:?}")))?;
-    let len = values.len();
-    let reduced = link.all_reduce(replica, values, deadline)?;
-    let data = TensorData::new(reduced.as_ref().clone(), [len]).convert_dtype(dtype);
-    let flat = Tensor::<AB::InnerBackend, 1>::from_data(data, &device);
-    crate::collective::unflatten::<AB, M>(module, &mut grads, slots, flat);
+    let result = leader_exchange::<AB, M>(link, stage, module, &mut grads, deadline, start);
+    link.share(match &result {
+        Ok((_, parts)) => Ok(Arc::new(parts.clone())),
+        Err(error) => Err(error.to_string()),
+    });
+    let (slots, parts) = result?;
+    let back = Instant::now();
+    crate::collective::register_parts::<AB, M>(module, &mut grads, slots, parts);
+    link.record(&ExchangePhases {
+        copy_back: back.elapsed(),
+        total: start.elapsed(),
+        ..ExchangePhases::default()
+    });
     Ok(grads)
+}
+
+/// The leader's exchange of stage `stage`: its gradients out of `grads`
+/// into the stage's send buffer, summed over the processes, and back as
+/// one tensor per parameter (with the slots they belong to).
+fn leader_exchange<AB, M>(
+    link: &NodeLink,
+    stage: usize,
+    module: &M,
+    grads: &mut GradientsParams,
+    deadline: Instant,
+    start: Instant,
+) -> Result<(Vec<Slot>, Parts<AB::InnerBackend>), ElasticError>
+where
+    AB: AutodiffBackend,
+    M: AutodiffModule<AB>,
+{
+    let mut buffers = lock(&link.buffers).take(stage);
+    buffers.send.clear();
+    let mut copy = CopyOut::<AB::InnerBackend> {
+        grads,
+        send: Some(&mut buffers.send),
+        slots: Vec::new(),
+        device: None,
+        error: None,
+    };
+    module.visit(&mut copy);
+    let (slots, device, error) = (copy.slots, copy.device, copy.error);
+    if let Some(message) = error {
+        return Err(node_error(link.rank, message));
+    }
+    let len = buffers.send.len();
+    if buffers.recv.len() != len {
+        // The stage's gradients changed size (the first step, a freeze, a
+        // repartition): the buffers follow, and keep no more than twice
+        // what they hold.
+        tracing::debug!(stage, values = len, "exchange buffers (re)allocated");
+        buffers.recv = vec![0.0; len];
+        if buffers.send.capacity() > 2 * len {
+            buffers.send.shrink_to_fit();
+        }
+    }
+    let copy_out = start.elapsed();
+    // Nothing trains here: the exchange still runs (with no value) to keep
+    // every process in step.
+    let buffers = link.sum(buffers, deadline)?;
+    let back = Instant::now();
+    let mut parts = Vec::with_capacity(slots.len());
+    if let Some((device, dtype)) = device {
+        let mut offset = 0;
+        for slot in &slots {
+            let values = buffers.recv[offset..offset + slot.len].to_vec();
+            offset += slot.len;
+            let mut data = TensorData::new(values, [slot.len]);
+            if dtype != DType::F32 {
+                data = data.convert_dtype(dtype);
+            }
+            parts.push(Tensor::<AB::InnerBackend, 1>::from_data(data, &device));
+        }
+    }
+    lock(&link.buffers).keep(stage, buffers);
+    link.record(&ExchangePhases {
+        copy_out,
+        copy_back: back.elapsed(),
+        ..ExchangePhases::default()
+    });
+    Ok((slots, parts))
 }

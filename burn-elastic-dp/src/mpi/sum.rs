@@ -1,6 +1,8 @@
 //! The MPI thread of a link: each exchange's MPI calls, in order (see the
 //! steps in the documentation of `mpi`).
 
+use std::time::{Duration, Instant};
+
 use crossbeam_channel::{Receiver, Sender};
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
@@ -11,9 +13,9 @@ use super::{ARRIVED, BUCKET_VALUES};
 /// What one exchange combines across the ranks.
 #[derive(Debug)]
 pub(super) enum Payload {
-    /// The element-wise sum of every rank's values (gradients), the same
-    /// bits on every rank.
-    Sum(Vec<f32>),
+    /// The element-wise sum of every rank's values (gradients, in the
+    /// send buffer), the same bits on every rank (in the receive buffer).
+    Sum(SumBuffers),
     /// Every rank's record (as long on every rank), gathered in rank order:
     /// step headers, replica counts, checkpoint steps.
     Gather(Vec<i64>),
@@ -35,33 +37,55 @@ impl Payload {
 
     fn len(&self) -> usize {
         match self {
-            Payload::Sum(v) => v.len(),
+            Payload::Sum(buffers) => buffers.send.len(),
             Payload::Gather(v) => v.len(),
             Payload::Max(v) => v.len(),
         }
     }
 }
 
+/// The buffers of one stage's exchange of gradients, kept across steps by
+/// the link: this process's values, and their sum over every rank (as long,
+/// reallocated only when the stage's gradients change size).
+#[derive(Debug, Default)]
+pub(super) struct SumBuffers {
+    pub send: Vec<f32>,
+    pub recv: Vec<f32>,
+}
+
 /// One exchange for the MPI thread.
 pub(super) struct Job {
     pub round: u64,
     pub payload: Payload,
-    pub reply: Sender<Result<Payload, String>>,
+    pub reply: Sender<Result<Done, String>>,
+}
+
+/// An exchange done: its result, and how long its MPI calls took.
+#[derive(Debug)]
+pub(super) struct Done {
+    pub payload: Payload,
+    /// The arrival messages and the typed check (kind, round, length).
+    pub check: Duration,
+    /// The payload's collectives.
+    pub reduce: Duration,
+    /// The payload's `MPI_Allreduce` calls (buckets) of a sum.
+    pub buckets: usize,
 }
 
 /// The MPI thread: runs the exchanges in order until the link is dropped.
 pub(super) fn serve(queue: Receiver<Job>) {
     let world = SimpleCommunicator::world();
     for job in queue {
-        let result = exchange(&world, job.round, &job.payload);
+        let result = exchange(&world, job.round, job.payload);
         let _ = job.reply.send(result);
     }
 }
 
 /// Runs one exchange: arrival messages, the check that every rank is at
 /// the same exchange of the same kind and length, then the payload.
-fn exchange(world: &SimpleCommunicator, round: u64, payload: &Payload) -> Result<Payload, String> {
+fn exchange(world: &SimpleCommunicator, round: u64, payload: Payload) -> Result<Done, String> {
     let (rank, size) = (world.rank(), world.size());
+    let start = Instant::now();
     let others = || (0..size).filter(move |&r| r != rank);
     for peer in others() {
         world.process_at_rank(peer).send_with_tag(&round, ARRIVED);
@@ -76,8 +100,17 @@ fn exchange(world: &SimpleCommunicator, round: u64, payload: &Payload) -> Result
         SystemOperation::min(),
     );
     let agreed = check[0] == -check[1] && check[2] == -check[3] && check[4] == -check[5];
+    let mut check_time = start.elapsed();
+    let reduce = Instant::now();
+    let buckets = match &payload {
+        Payload::Sum(buffers) => buffers.send.len().div_ceil(BUCKET_VALUES),
+        _ => 0,
+    };
     let result = agreed.then(|| match payload {
-        Payload::Sum(values) => Payload::Sum(sum(world, values)),
+        Payload::Sum(mut buffers) => {
+            sum(world, &mut buffers);
+            Payload::Sum(buffers)
+        }
         Payload::Gather(record) => {
             let mut all = vec![0i64; record.len() * size as usize];
             world.all_gather_into(&record[..], &mut all[..]);
@@ -89,9 +122,18 @@ fn exchange(world: &SimpleCommunicator, round: u64, payload: &Payload) -> Result
             Payload::Max(max)
         }
     });
+    let reduce = reduce.elapsed();
+    let received = Instant::now();
     for peer in others() {
         let _: (u64, _) = world.process_at_rank(peer).receive_with_tag(ARRIVED);
     }
+    check_time += received.elapsed();
+    let result = result.map(|payload| Done {
+        payload,
+        check: check_time,
+        reduce,
+        buckets,
+    });
     result.ok_or_else(|| {
         format!(
             "the ranks are at exchanges {}..={} of kinds {}..={} with {}..={} values: they run different steps or models",
@@ -100,19 +142,22 @@ fn exchange(world: &SimpleCommunicator, round: u64, payload: &Payload) -> Result
     })
 }
 
-/// Every rank's `values` summed, the same bits on every rank.
-fn sum(world: &SimpleCommunicator, values: &[f32]) -> Vec<f32> {
-    let mut total = vec![0f32; values.len()];
-    for (send, receive) in values
+/// Every rank's `buffers.send` summed into `buffers.recv` (as long), the
+/// same bits on every rank: one `MPI_Allreduce` per bucket, into the
+/// buffers kept across steps (mpi 0.8 has no `MPI_IN_PLACE`; the receive
+/// buffer is the one reused instead).
+fn sum(world: &SimpleCommunicator, buffers: &mut SumBuffers) {
+    let SumBuffers { send, recv } = buffers;
+    debug_assert_eq!(send.len(), recv.len());
+    for (send, receive) in send
         .chunks(BUCKET_VALUES)
-        .zip(total.chunks_mut(BUCKET_VALUES))
+        .zip(recv.chunks_mut(BUCKET_VALUES))
     {
         world.all_reduce_into(send, receive, SystemOperation::sum());
     }
     if world.size() > 2 {
-        same_bits(world, &mut total);
+        same_bits(world, recv);
     }
-    total
 }
 
 /// Makes every rank hold rank 0's `total` should the ranks' bits differ.
