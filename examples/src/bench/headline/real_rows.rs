@@ -53,6 +53,10 @@ pub(super) struct RealRow {
     pub(super) seeds: Vec<u64>,
     /// Training seconds (evaluation excluded) over the seeds.
     pub(super) seconds: Spread,
+    /// Of them, what the trainer spent measuring before it trained
+    /// ([`RunRecord::profiling_seconds`]); absent in reports written before.
+    #[serde(default)]
+    pub(super) profiling_seconds: Option<Spread>,
     /// Dev accuracy after the last epoch, in percent, over the seeds.
     pub(super) accuracy_percent: Spread,
     pub(super) vs_plain: Versus,
@@ -113,6 +117,12 @@ pub(super) fn rows(
             name: c.name.clone(),
             seeds: seeds.to_vec(),
             seconds: own.0,
+            profiling_seconds: Spread::of(
+                &runs
+                    .iter()
+                    .map(RunRecord::profiling_seconds)
+                    .collect::<Vec<_>>(),
+            ),
             accuracy_percent: own.1,
             vs_plain: versus(plain, own),
             vs_baseline: versus(baseline, own),
@@ -125,10 +135,11 @@ pub(super) fn rows(
 /// The table: a line per configuration, means with their ranges.
 pub(super) fn print_rows(rows: &[RealRow]) {
     println!(
-        "{:<30} {:>8} {:>15} {:>7} {:>13} {:>7} {:>7} {:>8} {:>6} {:>6} {:>7}",
+        "{:<30} {:>8} {:>15} {:>7} {:>7} {:>13} {:>7} {:>7} {:>8} {:>6} {:>6} {:>7}",
         "configuration",
         "train s",
         "(min..max)",
+        "prof. s",
         "dev %",
         "(min..max)",
         "vs (a)",
@@ -141,10 +152,11 @@ pub(super) fn print_rows(rows: &[RealRow]) {
     for row in rows {
         let (s, a) = (row.seconds, row.accuracy_percent);
         println!(
-            "{:<30} {:>8.1} {:>15} {:>7.2} {:>13} {:>6.2}x {:>6.2}x {:>7.2}x {:>+6.2} {:>+6.2} {:>+7.2}",
+            "{:<30} {:>8.1} {:>15} {:>7.2} {:>7.2} {:>13} {:>6.2}x {:>6.2}x {:>7.2}x {:>+6.2} {:>+6.2} {:>+7.2}",
             row.name,
             s.mean,
             format!("({:.1}..{:.1})", s.min, s.max),
+            row.profiling_seconds.map_or(f64::NAN, |p| p.mean),
             a.mean,
             format!("({:.2}..{:.2})", a.min, a.max),
             row.vs_plain.speedup,
@@ -156,7 +168,7 @@ pub(super) fn print_rows(rows: &[RealRow]) {
         );
     }
     println!(
-        "(train s: training seconds, evaluation excluded, mean over {} seed(s) with the range; dev %: accuracy after the last epoch; vs: speed-up of the means; d: mean accuracy points vs (a), (b), (b*))",
+        "(train s: training seconds, evaluation excluded, mean over {} seed(s) with the range; prof. s: of which the trainer measured before training (mean); dev %: accuracy after the last epoch; vs: speed-up of the means; d: mean accuracy points vs (a), (b), (b*))",
         rows.first().map_or(0, |r| r.seeds.len())
     );
 }
