@@ -65,50 +65,6 @@ impl TrainerConfig {
         )
     }
 
-    /// The bytes each stage of the start this configuration takes on
-    /// `devices` devices would hold, as the trainer estimates them for
-    /// units of `memory` (parameters, gradients, optimizer state and, once
-    /// measured, the activations in flight), whatever the budget: the
-    /// figures a budget is checked against. The start is balanced on the
-    /// units' parameters, as before the first batch (with
-    /// [`stages`](TrainerConfig::stages) unset and no budget: one stage).
-    ///
-    /// ```
-    /// use burn_elastic_dp::TrainerConfig;
-    /// use burn_pipe::UnitMemory;
-    ///
-    /// // 8 units of 100 parameters of 4 bytes: 1600 bytes each with
-    /// // gradients and Adam's two moments.
-    /// let memory = UnitMemory::from_param_counts(&[100; 8], 4);
-    /// let two = TrainerConfig::new().with_stages(Some(2));
-    /// assert_eq!(two.start_stage_bytes(&memory, 4), vec![6400, 6400]);
-    /// ```
-    pub fn start_stage_bytes(&self, memory: &UnitMemory, devices: usize) -> Vec<u64> {
-        let unlimited = TrainerConfig {
-            memory: MemoryConfig {
-                device_bytes: Some(u64::MAX),
-                ..self.memory.clone()
-            },
-            ..self.clone()
-        };
-        let Some(fit) = unlimited.memory_fit(memory) else {
-            return Vec::new();
-        };
-        let params: Vec<usize> = memory.params.iter().map(|&b| b as usize).collect();
-        let costs = UnitCosts::from_params(&params, 1.0 / 3.0);
-        let fixed = self
-            .stages
-            .map(|stages| (stages, self.replicas_for(stages, stages, devices)));
-        match starting_shape(&costs, fixed, Some(&fit), devices) {
-            Ok((shape, _)) => fit
-                .stage_memory(&shape.balance, 0, devices)
-                .iter()
-                .map(|m| m.total())
-                .collect(),
-            Err(_) => Vec::new(),
-        }
-    }
-
     /// Checks, before any work, that a stack whose units hold `unit_params`
     /// parameters of `element_bytes` bytes each has a start that fits the
     /// budget on `devices` devices (on parameters, gradients and optimizer

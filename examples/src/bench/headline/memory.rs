@@ -11,7 +11,8 @@
 //! measured figure is the peak heap above the level before a short
 //! one-stage run (K = 1, R = 1, M = 1, nothing frozen) of the same job.
 
-use burn_elastic_dp::TrainerConfig;
+use burn_elastic_dp::shape::{MemoryFit, UnitCosts, initial_shape};
+use burn_elastic_dp::{BatchPolicy, TrainerConfig};
 use burn_pipe::{MemoryQuery, Schedule, UnitMemory, measure_unit_memory};
 use serde::Serialize;
 
@@ -90,6 +91,18 @@ pub(super) fn unit_memory(spec: &JobSpec, pretrained: &Pretrained) -> UnitMemory
     })
 }
 
+/// The fit of `memory` for the job's batch on [`DEVICES`] devices.
+fn fit(spec: &JobSpec, memory: &UnitMemory, budget: u64) -> MemoryFit {
+    MemoryFit {
+        units: memory.clone(),
+        device_bytes: budget,
+        batch: BatchPolicy::FixedGlobal { batch: spec.batch },
+        micro_batches: None,
+        schedule: Schedule::OneFOneB,
+        optimizer_slots: ADAM_SLOTS,
+    }
+}
+
 /// The memory-bound setting's budget and the estimates it rests on.
 #[derive(Debug)]
 pub(super) struct Budget {
@@ -103,18 +116,12 @@ pub(super) struct Budget {
 /// The per-device budget of the memory-bound setting: 5% over the largest
 /// stage of K = 2 and of K = 4 (R = D / K; both fit), which must lie below
 /// the one stage of K = 1 (which then does not fit, so (b*) pipelines).
-/// Each stage is as the trainer estimates it
-/// ([`TrainerConfig::start_stage_bytes`]) for `base` (the (b*) search's
-/// settings, without a budget) at that K, on the units' parameters and the
-/// activations measured on one global batch.
+/// The estimate is memory-aware AutoPipe's on the units' parameters and
+/// the activations measured on one global batch.
 ///
 /// `memory`: the units' memory measured on one global batch of the task
 /// ([`unit_memory`] for the generated one).
-pub(super) fn budget(
-    spec: &JobSpec,
-    memory: UnitMemory,
-    base: &TrainerConfig,
-) -> Result<Budget, BenchError> {
+pub(super) fn budget(spec: &JobSpec, memory: UnitMemory) -> Result<Budget, BenchError> {
     let units = memory.len();
     let one_stage = memory.stages(&MemoryQuery {
         balance: &[units],
@@ -125,16 +132,16 @@ pub(super) fn budget(
         optimizer_slots: ADAM_SLOTS,
     })[0]
         .total();
+    // Parameter costs (bytes are counts times 4: the same balance).
+    let params: Vec<usize> = memory.params.iter().map(|&b| b as usize).collect();
+    let costs = UnitCosts::from_params(&params, 1.0 / 3.0);
+    let unlimited = fit(spec, &memory, u64::MAX);
     let stages_by_k: Vec<(usize, Vec<u64>)> = burn_elastic_dp::shape::stage_counts(DEVICES, units)
         .into_iter()
         .map(|k| {
-            let candidate = strongest::Candidate {
-                stages: k,
-                replicas: DEVICES / k,
-                micro_batches: base.replicas.pipeline.micro_batches_for(k),
-            };
-            let config = strongest::no_freeze_config(base, candidate);
-            (k, config.start_stage_bytes(&memory, DEVICES))
+            let (shape, _) = initial_shape(&costs, k, DEVICES / k);
+            let held = unlimited.stage_memory(&shape.balance, 0, DEVICES);
+            (k, held.iter().map(|m| m.total()).collect())
         })
         .collect();
     let largest = |k: usize| {

@@ -160,11 +160,7 @@ pub fn run(quick: bool, model: ModelKind, seeds: &[u64]) -> Result<(), BenchErro
         memory: MemoryConfig::new(),
         nodes: false,
     };
-    let budget = memory::budget(
-        &spec,
-        memory::unit_memory(&spec, &pretrained),
-        &strongest_base(&unbounded),
-    )?;
+    let budget = memory::budget(&spec, memory::unit_memory(&spec, &pretrained))?;
     let setting = Setting {
         memory: MemoryConfig::new().with_device_bytes(Some(budget.bytes)),
         ..unbounded.clone()

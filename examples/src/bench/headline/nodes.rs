@@ -165,11 +165,7 @@ pub fn run_mpi(quick: bool, model: ModelKind, seeds: &[u64]) -> Result<(), Bench
                 memory: burn_elastic_dp::MemoryConfig::new(),
                 nodes: true,
             };
-            let budget = memory::budget(
-                &spec,
-                memory::unit_memory(&spec, &pretrained),
-                &super::configs::strongest_base(&unbounded),
-            )?;
+            let budget = memory::budget(&spec, memory::unit_memory(&spec, &pretrained))?;
             // Every rank configures the same budget: the largest estimate.
             let agreed = burn_elastic_dp::launcher::agree_max(
                 &[budget.bytes as f64],

@@ -266,11 +266,8 @@ pub fn run(quick: bool, paths: &RealPaths, seeds: Option<&[u64]>) -> Result<(), 
         nodes: false,
     };
     let spec = sizes.spec(sizes.subset_seed, layers);
-    let budget = super::memory::budget(
-        &spec,
-        spec.sst_unit_memory(&first, &job).map_err(run_err)?,
-        &super::configs::strongest_base(&unbounded),
-    )?;
+    let budget =
+        super::memory::budget(&spec, spec.sst_unit_memory(&first, &job).map_err(run_err)?)?;
     drop(first);
     let setting = Setting {
         memory: MemoryConfig::new().with_device_bytes(Some(budget.bytes)),
