@@ -106,6 +106,29 @@ const CASES: &[(&str, &[&str], i32, &str)] = &[
         "/nonexistent",
     ),
     ("train", &["--max-length", "600"], 2, "8..=512"),
+    // The ViT fine-tunes on its bands; the other tasks are BERT's.
+    (
+        "train",
+        &["--model", "vit", "--task", "first-token"],
+        2,
+        "BERT's",
+    ),
+    ("train", &["--task", "first"], 2, "--task <TASK>"),
+    (
+        "train",
+        &[
+            "--task",
+            "middle-majority",
+            "--weights",
+            "/nonexistent",
+            "--data",
+            "/nonexistent",
+        ],
+        2,
+        "drop --task",
+    ),
+    ("bench", &["tasks", "--lr", "0"], 2, "(0, 1]"),
+    ("bench", &["tasks", "--seeds", "1,1"], 2, "twice"),
     ("train", &["--backend", "cuda"], 2, "--features cuda"),
     ("sst2", &["--batch-size", "0"], 2, "1..=4096"),
     ("sst2", &["--max-length", "0"], 2, "3..=512"),
@@ -127,6 +150,7 @@ fn binary(name: &str) -> &'static str {
     match name {
         "train" => env!("CARGO_BIN_EXE_train"),
         "sst2" => env!("CARGO_BIN_EXE_sst2"),
+        "bench" => env!("CARGO_BIN_EXE_bench"),
         other => panic!("no binary {other}"),
     }
 }

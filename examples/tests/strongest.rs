@@ -113,6 +113,7 @@ fn tiny_spec(batch: usize) -> examples::job::JobSpec {
         epochs: 5,
         lr: 1e-3,
         seed: 1,
+        task: examples::job::FinetuneTask::Same,
     }
 }
 

@@ -162,8 +162,8 @@ impl BandImages {
 /// numbered batches are different draws.
 const SAMPLE_STREAMS: u64 = 0x5A4D_504C_4553_0001;
 
-/// Token sequences labelled 1 when most of their tokens come from the upper
-/// half of the vocabulary, else 0.
+/// Token sequences labelled by a [`TokenRule`]: by default 1 when most of
+/// their tokens come from the upper half of the vocabulary, else 0.
 ///
 /// Token 0 is padding and token 1 opens every sequence (like `[CLS]`); the
 /// others are drawn from `2..vocab_size`. Sequences have an odd number of
@@ -188,6 +188,54 @@ pub struct MajorityTokens {
     pub max_len: usize,
     /// Seed of the generator.
     pub seed: u64,
+    /// What the label says of a sequence.
+    pub rule: TokenRule,
+}
+
+/// What a [`MajorityTokens`] label says of a sequence's drawn tokens (the
+/// opening token and the padding excluded). "Upper" tokens are the upper
+/// half of the drawn ids, `2 + (vocab_size - 2) / 2..vocab_size`.
+///
+/// ```
+/// use pipetransformer_models::synthetic::TokenRule;
+///
+/// // vocabulary 10: drawn ids 2..10, upper half 6..10, middle half 4..8.
+/// assert_eq!(TokenRule::UpperMajority.label(&[6, 7, 2], 10), 1);
+/// assert_eq!(TokenRule::FirstUpper.label(&[2, 7, 8], 10), 0);
+/// assert_eq!(TokenRule::MiddleMajority.label(&[4, 7, 9], 10), 1);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum TokenRule {
+    /// 1 when most drawn tokens are upper (the pretraining task).
+    #[default]
+    UpperMajority,
+    /// 1 when the first drawn token (the one after the opening token) is
+    /// upper: a rule about one position, which a sequence-wide count does
+    /// not give.
+    FirstUpper,
+    /// 1 when most drawn tokens come from the middle half of the drawn ids
+    /// (`2 + q..2 + 3q`, `q = (vocab_size - 2) / 4`).
+    MiddleMajority,
+}
+
+impl TokenRule {
+    /// The label of the drawn tokens `drawn` over a vocabulary of
+    /// `vocab_size` (`drawn` is not empty).
+    pub fn label(self, drawn: &[u32], vocab_size: usize) -> i64 {
+        let drawn_ids = vocab_size - 2;
+        let upper = |t: u32| t as usize >= 2 + drawn_ids / 2;
+        match self {
+            TokenRule::UpperMajority => {
+                i64::from(2 * drawn.iter().filter(|&&t| upper(t)).count() > drawn.len())
+            }
+            TokenRule::FirstUpper => i64::from(upper(drawn[0])),
+            TokenRule::MiddleMajority => {
+                let q = drawn_ids / 4;
+                let middle = |t: u32| (2 + q..2 + 3 * q).contains(&(t as usize));
+                i64::from(2 * drawn.iter().filter(|&&t| middle(t)).count() > drawn.len())
+            }
+        }
+    }
 }
 
 impl MajorityTokens {
@@ -214,7 +262,25 @@ impl MajorityTokens {
             min_len,
             max_len,
             seed,
+            rule: TokenRule::default(),
         }
+    }
+
+    /// The same sequences labelled by `rule` instead.
+    ///
+    /// ```
+    /// use burn::backend::Flex;
+    /// use pipetransformer_models::synthetic::{MajorityTokens, TokenRule};
+    ///
+    /// let majority = MajorityTokens::new(64, 5, 15, 3);
+    /// let first = majority.clone().with_rule(TokenRule::FirstUpper);
+    /// let (a, _) = majority.samples::<Flex>(&[0, 1, 2, 3], &Default::default());
+    /// let (b, _) = first.samples::<Flex>(&[0, 1, 2, 3], &Default::default());
+    /// assert_eq!(a.tokens.into_data(), b.tokens.into_data());
+    /// ```
+    pub fn with_rule(mut self, rule: TokenRule) -> Self {
+        self.rule = rule;
+        self
     }
 
     /// Longest sequence a batch can hold, the opening token included.
@@ -268,19 +334,16 @@ impl MajorityTokens {
 
     /// One sequence and its label.
     fn sequence(&self, rng: &mut SplitMix64) -> (Vec<u32>, i64) {
-        let middle = 2 + (self.vocab_size - 2) / 2;
         let mut len = self.min_len + rng.below(self.max_len - self.min_len + 1);
         if len.is_multiple_of(2) {
             len += 1;
         }
         let mut sequence = vec![Self::CLS];
-        let mut high = 0;
         for _ in 0..len {
-            let token = 2 + rng.below(self.vocab_size - 2);
-            high += usize::from(token >= middle);
-            sequence.push(token as u32);
+            sequence.push((2 + rng.below(self.vocab_size - 2)) as u32);
         }
-        (sequence, i64::from(2 * high > len))
+        let label = self.rule.label(&sequence[1..], self.vocab_size);
+        (sequence, label)
     }
 }
 
@@ -318,5 +381,66 @@ impl<B: Backend>
 {
     fn batch(&self, items: Vec<usize>, device: &B::Device) -> (BertInput<B>, Tensor<B, 1, Int>) {
         self.samples(&items, device)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+
+    use super::*;
+
+    /// Each sample's drawn tokens (opening token and padding dropped) and
+    /// its label.
+    fn drawn_and_labels(task: &MajorityTokens, n: usize) -> Vec<(Vec<u32>, i64)> {
+        let indices: Vec<usize> = (0..n).collect();
+        let (input, labels) = task.samples::<Flex>(&indices, &Default::default());
+        let width = task.max_tokens();
+        let tokens: Vec<i64> = input.tokens.into_data().iter::<i64>().collect();
+        let labels: Vec<i64> = labels.into_data().iter::<i64>().collect();
+        tokens
+            .chunks(width)
+            .zip(labels)
+            .map(|(row, label)| {
+                let drawn = row[1..]
+                    .iter()
+                    .filter(|&&t| t != i64::from(MajorityTokens::PAD))
+                    .map(|&t| t as u32)
+                    .collect();
+                (drawn, label)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_rule_labels_the_same_sequences_by_its_own_count() {
+        let majority = MajorityTokens::new(64, 5, 15, 9);
+        // Drawn ids 2..64: upper from 33, the middle half 17..47.
+        let upper = |t: u32| t >= 33;
+        let middle = |t: u32| (17..47).contains(&t);
+        let most =
+            |d: &[u32], f: &dyn Fn(u32) -> bool| 2 * d.iter().filter(|&&t| f(t)).count() > d.len();
+        let base = drawn_and_labels(&majority, 200);
+        for rule in [
+            TokenRule::UpperMajority,
+            TokenRule::FirstUpper,
+            TokenRule::MiddleMajority,
+        ] {
+            let samples = drawn_and_labels(&majority.clone().with_rule(rule), 200);
+            let mut ones = 0;
+            for ((drawn, label), (base_drawn, _)) in samples.iter().zip(&base) {
+                assert_eq!(drawn, base_drawn, "{rule:?} drew other tokens");
+                let expected = match rule {
+                    TokenRule::UpperMajority => most(drawn, &upper),
+                    TokenRule::FirstUpper => upper(drawn[0]),
+                    TokenRule::MiddleMajority => most(drawn, &middle),
+                };
+                assert_eq!(*label, i64::from(expected), "{rule:?} on {drawn:?}");
+                ones += label;
+            }
+            // Neither class is rare: a rule the classifier cannot answer
+            // by always saying one thing.
+            assert!((50..150).contains(&ones), "{rule:?}: {ones} of 200 are 1");
+        }
     }
 }

@@ -6,9 +6,10 @@
 //! cargo run --release -p examples --bin bench -- freeze [--quick]
 //! cargo run --release -p examples --bin bench -- elastic [--quick]
 //! mpirun -np 2 target/release/bench elastic --mpi [--quick]   (built with --features mpi)
-//! cargo run --release -p examples --bin bench -- headline [--quick] [--model bert|vit] [--seeds 1,2,3] | headline --replot
+//! cargo run --release -p examples --bin bench -- headline [--quick] [--model bert|vit] [--task TASK] [--seeds 1,2,3] | headline --replot
 //! cargo run --release -p examples --bin bench -- headline --real [--quick] [--weights DIR] [--data DIR] [--seeds 1,2,3]
 //! mpirun -np 2 target/release/bench headline --mpi [--quick] [--seeds 1,2,3]   (built with --features mpi)
+//! cargo run --release -p examples --bin bench -- tasks [--quick] [--tasks same,first-token] [--lr 3e-4,1e-4] [--seeds 1,2,3]
 //! ```
 
 use clap::{Parser, Subcommand};
@@ -51,6 +52,10 @@ enum Bench {
         /// Model and generated tasks (default: bert).
         #[arg(long, value_enum)]
         model: Option<examples::job::ModelKind>,
+        /// BERT's generated fine-tuning task (see `bench tasks`) [default:
+        /// same, the pretraining's rule].
+        #[arg(long, value_enum, conflicts_with_all = ["replot", "real"])]
+        task: Option<examples::job::FinetuneTask>,
         /// Redraw the plots from target/bench/headline.json; trains nothing.
         #[arg(long, conflicts_with = "model")]
         replot: bool,
@@ -88,6 +93,23 @@ enum Bench {
         )]
         seeds: Option<Vec<u64>>,
     },
+    /// Which generated fine-tuning task needs its top layers: per task,
+    /// plain Burn's accuracy per epoch, all blocks frozen, and alpha = 1/3,
+    /// on one device (accuracies only).
+    Tasks {
+        /// Candidate tasks, comma-separated [default: same, first-token,
+        /// middle-majority].
+        #[arg(long, value_enum, value_name = "LIST", value_delimiter = ',')]
+        tasks: Option<Vec<examples::job::FinetuneTask>>,
+        /// Fine-tuning learning rates, comma-separated, each in (0, 1]
+        /// [default: the headline's, 3e-4]; pretraining keeps the headline's.
+        #[arg(long, value_name = "LIST", value_delimiter = ',')]
+        lr: Option<Vec<f64>>,
+        /// Seeds, comma-separated, 1 to 10 distinct [default: 1,2,3; with
+        /// --quick: 42].
+        #[arg(long, value_name = "LIST", value_delimiter = ',')]
+        seeds: Option<Vec<u64>>,
+    },
 }
 
 fn main() {
@@ -111,7 +133,35 @@ fn main() {
         eprintln!("error: {message}");
         std::process::exit(2);
     }
+    if let Bench::Tasks { seeds, lr, .. } = &args.bench {
+        let seeds = seeds
+            .as_deref()
+            .map_or(Ok(()), examples::bench::headline::check_seeds);
+        let lr = lr
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .try_for_each(|&lr| {
+                if lr.is_finite() && lr > 0.0 && lr <= 1.0 {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "--lr: each learning rate must be in (0, 1], got {lr}"
+                    ))
+                }
+            });
+        if let Err(message) = seeds.and(lr) {
+            eprintln!("error: {message}");
+            std::process::exit(2);
+        }
+    }
     let result = match args.bench {
+        Bench::Tasks { tasks, lr, seeds } => examples::bench::headline::run_tasks(
+            args.quick,
+            &tasks.unwrap_or_else(|| examples::bench::headline::DEFAULT_TASKS.to_vec()),
+            &lr.unwrap_or_else(|| vec![3e-4]),
+            &seeds.unwrap_or_else(|| examples::bench::headline::default_seeds(args.quick)),
+        ),
         Bench::Pipe => examples::bench::pipe::run(args.quick),
         Bench::Freeze => examples::bench::freeze::run(args.quick),
         Bench::Elastic { mpi: true } => examples::bench::elastic_nodes::run_mpi(args.quick),
@@ -140,16 +190,21 @@ fn main() {
         Bench::Headline {
             mpi: true,
             model,
+            task,
             seeds,
             ..
         } => examples::bench::headline::run_mpi(
             args.quick,
             model.unwrap_or(examples::job::ModelKind::Bert),
+            task.unwrap_or_default(),
             &seeds.unwrap_or_else(|| examples::bench::headline::default_seeds(args.quick)),
         ),
-        Bench::Headline { model, seeds, .. } => examples::bench::headline::run(
+        Bench::Headline {
+            model, task, seeds, ..
+        } => examples::bench::headline::run(
             args.quick,
             model.unwrap_or(examples::job::ModelKind::Bert),
+            task.unwrap_or_default(),
             &seeds.unwrap_or_else(|| examples::bench::headline::default_seeds(args.quick)),
         ),
     };

@@ -7,8 +7,8 @@
 //! - ViT: pretrained to tell which of 8 horizontal bands of an image is
 //!   bright, fine-tuned (fresh classifier) on 4 coarser bands of new images.
 //! - BERT: pretrained on whether most tokens of a sequence come from the
-//!   upper half of the vocabulary, fine-tuned on new sequences of the same
-//!   rule (fresh classifier).
+//!   upper half of the vocabulary, fine-tuned (fresh classifier) on new
+//!   sequences of the same rule, or of another ([`FinetuneTask`]).
 
 mod finetune;
 mod model;
@@ -62,6 +62,37 @@ pub struct JobSpec {
     pub lr: f64,
     /// Seeds the weights, the data and the sample order.
     pub seed: u64,
+    /// The fine-tuning task's rule (pretraining always takes the model's
+    /// own rule).
+    #[serde(default)]
+    pub task: FinetuneTask,
+}
+
+/// Which rule the generated fine-tuning task follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+pub enum FinetuneTask {
+    /// The pretraining's rule on new samples, with a fresh classifier; the
+    /// frozen encoder already solves it.
+    #[default]
+    Same,
+    /// BERT only: whether the first drawn token is from the upper half of
+    /// the vocabulary (pretraining counts upper tokens over the whole
+    /// sequence, so the encoder's summary does not carry one position).
+    FirstToken,
+    /// BERT only: whether most tokens come from the middle half of the ids.
+    MiddleMajority,
+}
+
+impl FinetuneTask {
+    /// The token rule of this task for BERT.
+    pub(crate) fn token_rule(self) -> models::synthetic::TokenRule {
+        use models::synthetic::TokenRule;
+        match self {
+            FinetuneTask::Same => TokenRule::UpperMajority,
+            FinetuneTask::FirstToken => TokenRule::FirstUpper,
+            FinetuneTask::MiddleMajority => TokenRule::MiddleMajority,
+        }
+    }
 }
 
 /// How pretraining runs where it differs from fine-tuning: a fine-tuning
@@ -147,6 +178,12 @@ impl JobSpec {
         if !(self.lr.is_finite() && self.lr > 0.0 && self.lr <= 1.0) {
             return fail(format!("lr must be in (0, 1], got {}", self.lr));
         }
+        if self.model == ModelKind::Vit && self.task != FinetuneTask::Same {
+            return fail(format!(
+                "the fine-tuning task {:?} is BERT's; the ViT fine-tunes on its own bands (task same)",
+                self.task
+            ));
+        }
         Ok(())
     }
 
@@ -196,7 +233,11 @@ impl JobSpec {
     fn pretrain_model<M: JobModel>(&self, observer: &mut impl Observer) -> Pretrained {
         let device = backend::device(0);
         <Inner as Backend>::seed(&device, self.seed);
-        let task = M::task(PRETRAIN_CLASSES, self.seed ^ PRETRAIN_DATA);
+        let task = M::task(
+            PRETRAIN_CLASSES,
+            FinetuneTask::Same,
+            self.seed ^ PRETRAIN_DATA,
+        );
         let stack = M::init(self, PRETRAIN_CLASSES, &device);
         let stack = if self.pretrain_epochs == 0 {
             stack
@@ -231,7 +272,7 @@ impl JobSpec {
     ) -> Result<(RunRecord, Pretrained), JobError> {
         self.check()?;
         with_model!(pretrained, M, stack => {
-            let task = M::task(FINETUNE_CLASSES, self.seed ^ FINETUNE_DATA);
+            let task = M::task(FINETUNE_CLASSES, self.task, self.seed ^ FINETUNE_DATA);
             let (record, stack) =
                 self.finetune_generated(stack.clone(), name, method, &task, observer)?;
             Ok((record, M::wrap(stack)))

@@ -13,7 +13,7 @@ use models::bert::{BertConfig, BertTypes};
 use models::synthetic::{BandImages, MajorityTokens};
 use models::vit::{VitConfig, VitTypes};
 
-use super::JobSpec;
+use super::{FinetuneTask, JobSpec};
 use crate::backend::Train;
 use crate::task::TaskBatcher;
 
@@ -64,9 +64,10 @@ pub(crate) trait JobModel: StackTypes<Backend = Train, Output = Tensor<Train, 2>
     /// Draws the generated task's samples by index.
     type Task: Batcher<Train, usize, (Self::Input, Tensor<Train, 1, Int>)>;
 
-    /// The generated task with `classes` classes (BERT's has two), its
-    /// samples seeded by `seed`.
-    fn task(classes: usize, seed: u64) -> Self::Task;
+    /// The generated task with `classes` classes (BERT's has two) after
+    /// `rule` (the ViT has one rule; [`JobSpec::check`] refuses others),
+    /// its samples seeded by `seed`.
+    fn task(classes: usize, rule: FinetuneTask, seed: u64) -> Self::Task;
 
     /// Fresh units of `spec`'s sizes with a `classes`-way classifier
     /// (BERT's has two).
@@ -79,7 +80,7 @@ pub(crate) trait JobModel: StackTypes<Backend = Train, Output = Tensor<Train, 2>
 impl JobModel for VitTypes<Train> {
     type Task = TaskBatcher<BandImages>;
 
-    fn task(classes: usize, seed: u64) -> Self::Task {
+    fn task(classes: usize, _rule: FinetuneTask, seed: u64) -> Self::Task {
         TaskBatcher(BandImages::new(classes, 3, 16, seed))
     }
 
@@ -100,8 +101,8 @@ impl JobModel for VitTypes<Train> {
 impl JobModel for BertTypes<Train> {
     type Task = TaskBatcher<MajorityTokens>;
 
-    fn task(_classes: usize, seed: u64) -> Self::Task {
-        TaskBatcher(MajorityTokens::new(64, 5, 15, seed))
+    fn task(_classes: usize, rule: FinetuneTask, seed: u64) -> Self::Task {
+        TaskBatcher(MajorityTokens::new(64, 5, 15, seed).with_rule(rule.token_rule()))
     }
 
     fn init(spec: &JobSpec, _classes: usize, device: &Device<Train>) -> LayerStack<Self> {

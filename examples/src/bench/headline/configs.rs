@@ -6,7 +6,7 @@ use burn_elastic_dp::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::job::{JobSpec, Method, ModelKind};
+use crate::job::{FinetuneTask, JobSpec, Method, ModelKind};
 use crate::strongest::{self, Candidate};
 
 /// Logical devices every distributed configuration uses.
@@ -54,6 +54,7 @@ pub(super) fn spec(model: ModelKind, quick: bool) -> JobSpec {
         epochs: 10,
         lr: 3e-4,
         seed: 42,
+        task: FinetuneTask::Same,
     }
 }
 
@@ -79,7 +80,27 @@ pub(super) struct Setting {
 }
 
 impl Setting {
-    fn trainer(&self, parts: Parts, freeze: FreezeRule) -> TrainerConfig {
+    /// `layers` blocks balanced on `costs`, without a per-device budget;
+    /// `nodes`: the replica groups span the MPI job's processes.
+    pub(super) fn unbounded(layers: usize, costs: CostModel, nodes: bool) -> Self {
+        Self {
+            layers,
+            costs,
+            memory: MemoryConfig::new(),
+            nodes,
+        }
+    }
+
+    /// This setting under a budget of `device_bytes` per device.
+    pub(super) fn with_budget(&self, device_bytes: u64) -> Self {
+        Self {
+            memory: MemoryConfig::new().with_device_bytes(Some(device_bytes)),
+            ..self.clone()
+        }
+    }
+
+    /// The trainer's configuration of `parts` under `freeze` in this setting.
+    pub(super) fn trainer(&self, parts: Parts, freeze: FreezeRule) -> TrainerConfig {
         TrainerConfig::new()
             .with_parts(parts)
             .with_freeze(freeze)

@@ -16,7 +16,7 @@ pub(super) fn profile(spec: &JobSpec, pretrained: &Pretrained) -> Vec<UnitProfil
     let device = backend::device(0);
     let items: Vec<usize> = (0..spec.batch).collect();
     with_model!(pretrained, M, stack => {
-        let (x, _) = M::task(FINETUNE_CLASSES, spec.seed).batch(items, &device);
+        let (x, _) = M::task(FINETUNE_CLASSES, spec.task, spec.seed).batch(items, &device);
         profile_units(stack, x, &device, PROFILE_REPEATS)
     })
 }

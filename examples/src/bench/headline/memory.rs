@@ -86,7 +86,7 @@ pub(super) fn unit_memory(spec: &JobSpec, pretrained: &Pretrained) -> UnitMemory
     let device = backend::device(0);
     let items: Vec<usize> = (0..spec.batch).collect();
     with_model!(pretrained, M, stack => {
-        let (x, _) = M::task(FINETUNE_CLASSES, spec.seed).batch(items, &device);
+        let (x, _) = M::task(FINETUNE_CLASSES, spec.task, spec.seed).batch(items, &device);
         measure_unit_memory(stack, x, &device)
     })
 }

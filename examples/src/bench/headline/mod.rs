@@ -48,21 +48,23 @@ pub mod real;
 mod real_rows;
 mod rows;
 mod seeds;
+mod tasks;
 
 pub use nodes::run_mpi;
 pub use seeds::{MAX_SEEDS, check_seeds, default_seeds};
+pub use tasks::{DEFAULT_TASKS, run_tasks};
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use burn_elastic_dp::MemoryConfig;
 use burn_pipe::UnitProfile;
 use serde::{Deserialize, Serialize};
 
 use super::{BenchError, alloc, title, write_report};
 use crate::backend;
 use crate::job::{
-    EpochRecord, JobError, JobSpec, Method, ModelKind, Observer, Pretrained, RunRecord,
+    EpochRecord, FinetuneTask, JobError, JobSpec, Method, ModelKind, Observer, Pretrained,
+    RunRecord,
 };
 use crate::strongest::{self, StepClock, Strongest, fits_without_budget};
 use configs::{
@@ -135,12 +137,18 @@ fn run_err<E: std::fmt::Display>(error: E) -> BenchError {
     BenchError::Run(error.to_string())
 }
 
-/// Runs the headline benchmark on `model` over `seeds` (checked with
-/// [`check_seeds`]; the first seed runs every table).
-pub fn run(quick: bool, model: ModelKind, seeds: &[u64]) -> Result<(), BenchError> {
+/// Runs the headline benchmark on `model` fine-tuned on `task` over
+/// `seeds` (checked with [`check_seeds`]; the first seed runs every table).
+pub fn run(
+    quick: bool,
+    model: ModelKind,
+    task: FinetuneTask,
+    seeds: &[u64],
+) -> Result<(), BenchError> {
     check_seeds(seeds).map_err(BenchError::Run)?;
     let spec = JobSpec {
         seed: seeds[0],
+        task,
         ..spec(model, quick)
     };
     spec.check().map_err(run_err)?;
@@ -154,28 +162,14 @@ pub fn run(quick: bool, model: ModelKind, seeds: &[u64]) -> Result<(), BenchErro
     );
     // The paper's situation first: a per-device budget under which the
     // model does not fit one device, so (b*) must pipeline.
-    let unbounded = Setting {
-        layers: spec.layers,
-        costs: parameter_costs(),
-        memory: MemoryConfig::new(),
-        nodes: false,
-    };
+    let unbounded = Setting::unbounded(spec.layers, parameter_costs(), false);
     let budget = memory::budget(&spec, memory::unit_memory(&spec, &pretrained))?;
-    let setting = Setting {
-        memory: MemoryConfig::new().with_device_bytes(Some(budget.bytes)),
-        ..unbounded.clone()
-    };
+    let setting = unbounded.with_budget(budget.bytes);
     let mut configurations = configurations(&setting);
-    let strongest = find_strongest(&spec, &setting, |short, method, clock| {
+    let strongest = find_pipelined(&spec, &setting, |short, method, clock| {
         let (record, _) = short.finetune(&pretrained, "(b*) candidate", method, clock)?;
         Ok(record)
     })?;
-    if strongest.winner.stages < 2 {
-        return Err(BenchError::Run(format!(
-            "under the budget (b*) must pipeline, but K={} fit",
-            strongest.winner.stages
-        )));
-    }
     // After (a) and (b).
     configurations.insert(2, strongest_row(&setting, strongest.winner));
     let runs = finetune_all(&spec, &pretrained, &configurations)?;
@@ -248,8 +242,8 @@ pub fn run(quick: bool, model: ModelKind, seeds: &[u64]) -> Result<(), BenchErro
 
 fn print_start(spec: &JobSpec, quick: bool) {
     let details = format!(
-        "{:?} {} layers, hidden {}; {} samples/epoch, batch {}, {} epochs; {DEVICES} logical devices sharing this machine's CPU; shared 2-core machine: times are noisy",
-        spec.model, spec.layers, spec.hidden, spec.samples, spec.batch, spec.epochs
+        "{:?} {} layers, hidden {}; fine-tuning task {:?}; {} samples/epoch, batch {}, {} epochs; {DEVICES} logical devices sharing this machine's CPU; shared 2-core machine: times are noisy",
+        spec.model, spec.layers, spec.hidden, spec.task, spec.samples, spec.batch, spec.epochs
     );
     println!("{}", title("headline", quick, &details));
 }
@@ -281,6 +275,23 @@ fn find_strongest(
     let found =
         strongest::find(spec, &base, DEVICES, fits_without_budget, finetune).map_err(run_err)?;
     println!("{}", found.summary());
+    Ok(found)
+}
+
+/// [`find_strongest`] under a budget at which the model does not fit one
+/// device: an error when (b*) still runs on one stage.
+fn find_pipelined(
+    spec: &JobSpec,
+    setting: &Setting,
+    finetune: impl FnMut(&JobSpec, &Method, &mut StepClock) -> Result<RunRecord, JobError>,
+) -> Result<Strongest, BenchError> {
+    let found = find_strongest(spec, setting, finetune)?;
+    if found.winner.stages < 2 {
+        return Err(BenchError::Run(format!(
+            "under the budget (b*) must pipeline, but K={} fit",
+            found.winner.stages
+        )));
+    }
     Ok(found)
 }
 

@@ -23,10 +23,10 @@ use serde::Serialize;
 
 use super::configs::{Configuration, DEVICES, Setting, configurations, parameter_costs, spec};
 use super::real_rows::{self, RealRow};
-use super::{BenchError, check_seeds, find_strongest, memory, run_err};
+use super::{BenchError, check_seeds, find_pipelined, memory, run_err};
 use crate::backend;
 use crate::bench::{title, write_report};
-use crate::job::{EpochRecord, JobSpec, ModelKind, Observer, RunRecord};
+use crate::job::{EpochRecord, FinetuneTask, JobSpec, ModelKind, Observer, RunRecord};
 use crate::strongest::Strongest;
 
 /// The configurations every seed runs, in order ((b*) goes after (b)).
@@ -115,19 +115,30 @@ struct FirstSeed {
 /// Runs the headline across the processes of the MPI job this process is
 /// one of, on `model` over `seeds`.
 #[cfg(not(feature = "mpi"))]
-pub fn run_mpi(_quick: bool, _model: ModelKind, _seeds: &[u64]) -> Result<(), BenchError> {
+pub fn run_mpi(
+    _quick: bool,
+    _model: ModelKind,
+    _task: FinetuneTask,
+    _seeds: &[u64],
+) -> Result<(), BenchError> {
     Err(BenchError::Run(
         "bench headline --mpi needs the cargo feature `mpi` (cargo build --release -p examples --features mpi; apt-get install -y libopenmpi-dev openmpi-bin libclang-dev), then mpirun -np 2 target/release/bench headline --mpi".into(),
     ))
 }
 
 /// Runs the headline across the processes of the MPI job this process is
-/// one of, on `model` over `seeds`.
+/// one of, on `model` fine-tuned on `task` over `seeds`.
 #[cfg(feature = "mpi")]
-pub fn run_mpi(quick: bool, model: ModelKind, seeds: &[u64]) -> Result<(), BenchError> {
+pub fn run_mpi(
+    quick: bool,
+    model: ModelKind,
+    task: FinetuneTask,
+    seeds: &[u64],
+) -> Result<(), BenchError> {
     check_seeds(seeds).map_err(BenchError::Run)?;
     let first = JobSpec {
         seed: seeds[0],
+        task,
         ..spec(model, quick)
     };
     first.check().map_err(run_err)?;
@@ -144,8 +155,14 @@ pub fn run_mpi(quick: bool, model: ModelKind, seeds: &[u64]) -> Result<(), Bench
         crate::silence_stdout();
     }
     let details = format!(
-        "{:?} {} layers, hidden {}; {} samples/epoch, batch {}, {} epochs; {processes} processes (MPI) x {DEVICES} logical devices, all sharing this machine's CPU; seeds {seeds:?} interleaved",
-        first.model, first.layers, first.hidden, first.samples, first.batch, first.epochs
+        "{:?} {} layers, hidden {}; fine-tuning task {:?}; {} samples/epoch, batch {}, {} epochs; {processes} processes (MPI) x {DEVICES} logical devices, all sharing this machine's CPU; seeds {seeds:?} interleaved",
+        first.model,
+        first.layers,
+        first.hidden,
+        first.task,
+        first.samples,
+        first.batch,
+        first.epochs
     );
     println!("{}", title("headline --mpi", quick, &details));
     let mut observer = RankProgress(leader);
@@ -159,12 +176,7 @@ pub fn run_mpi(quick: bool, model: ModelKind, seeds: &[u64]) -> Result<(), Bench
         let pretrained = spec.pretrain(&mut observer);
         if first_seed.is_none() {
             let profile = super::ideal::profile(&spec, &pretrained);
-            let unbounded = Setting {
-                layers: spec.layers,
-                costs: parameter_costs(),
-                memory: burn_elastic_dp::MemoryConfig::new(),
-                nodes: true,
-            };
+            let unbounded = Setting::unbounded(spec.layers, parameter_costs(), true);
             let budget = memory::budget(&spec, memory::unit_memory(&spec, &pretrained))?;
             // Every rank configures the same budget: the largest estimate.
             let agreed = burn_elastic_dp::launcher::agree_max(
@@ -173,25 +185,16 @@ pub fn run_mpi(quick: bool, model: ModelKind, seeds: &[u64]) -> Result<(), Bench
             )
             .map_err(run_err)?;
             let bytes = agreed[0] as u64;
-            let setting = Setting {
-                memory: burn_elastic_dp::MemoryConfig::new().with_device_bytes(Some(bytes)),
-                ..unbounded
-            };
+            let setting = unbounded.with_budget(bytes);
             let mut list: Vec<Configuration> = configurations(&setting)
                 .into_iter()
                 .filter(|c| KEYS.contains(&c.key))
                 .collect();
-            let found = find_strongest(&spec, &setting, |short, method, clock| {
+            let found = find_pipelined(&spec, &setting, |short, method, clock| {
                 let (record, _) =
                     short.finetune(&pretrained, "(b*) candidate across ranks", method, clock)?;
                 Ok(record)
             })?;
-            if found.winner.stages < 2 {
-                return Err(BenchError::Run(format!(
-                    "under the budget (b*) must pipeline, but K={} fit",
-                    found.winner.stages
-                )));
-            }
             list.insert(1, super::configs::strongest_row(&setting, found.winner));
             runs.resize_with(list.len(), Vec::new);
             first_seed = Some(FirstSeed {

@@ -25,16 +25,16 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use burn::data::dataset::Dataset;
-use burn_elastic_dp::{CostModel, MemoryConfig};
+use burn_elastic_dp::CostModel;
 use serde::{Deserialize, Serialize};
 
 use super::configs::{Configuration, DEVICES, Setting, configurations, strongest_row};
 use super::plots::plot_dir;
 use super::real_rows::{RealRow, RealTargets, print_rows, rows};
-use super::{Progress, find_strongest, run_err};
+use super::{Progress, find_pipelined, run_err};
 use crate::backend;
 use crate::bench::{BenchError, title, write_report};
-use crate::job::{JobSpec, ModelKind, Pretrained, RunRecord, SstJob};
+use crate::job::{FinetuneTask, JobSpec, ModelKind, Pretrained, RunRecord, SstJob};
 use crate::strongest::Strongest;
 
 /// Where the MiniLM checkpoint is looked for without `--weights` or
@@ -178,6 +178,7 @@ impl RealSizes {
             epochs: self.epochs,
             lr: self.lr,
             seed,
+            task: FinetuneTask::Same,
         }
     }
 }
@@ -259,20 +260,12 @@ pub fn run(quick: bool, paths: &RealPaths, seeds: Option<&[u64]>) -> Result<(), 
     // parameter balance meets (the shape rule picks K on memory but
     // balances on cost alone).
     let costs = bounded_costs();
-    let unbounded = Setting {
-        layers,
-        costs,
-        memory: MemoryConfig::new(),
-        nodes: false,
-    };
+    let unbounded = Setting::unbounded(layers, costs, false);
     let spec = sizes.spec(sizes.subset_seed, layers);
     let budget =
         super::memory::budget(&spec, spec.sst_unit_memory(&first, &job).map_err(run_err)?)?;
     drop(first);
-    let setting = Setting {
-        memory: MemoryConfig::new().with_device_bytes(Some(budget.bytes)),
-        ..unbounded
-    };
+    let setting = unbounded.with_budget(budget.bytes);
     let mut configurations: Vec<Configuration> = configurations(&setting)
         .into_iter()
         .filter(|c| KEYS.contains(&c.key))
@@ -283,17 +276,11 @@ pub fn run(quick: bool, paths: &RealPaths, seeds: Option<&[u64]>) -> Result<(), 
         let spec = sizes.spec(seed, layers);
         let (model, _) = load(&sizes, paths, seed, false)?;
         if strongest.is_none() {
-            let found = find_strongest(&spec, &setting, |short, method, clock| {
+            let found = find_pipelined(&spec, &setting, |short, method, clock| {
                 short
                     .finetune_sst(&model, &job, "(b*) candidate", method, clock)
                     .map(|(record, _)| record)
             })?;
-            if found.winner.stages < 2 {
-                return Err(BenchError::Run(format!(
-                    "under the budget (b*) must pipeline, but K={} fit",
-                    found.winner.stages
-                )));
-            }
             configurations.insert(2, strongest_row(&setting, found.winner));
             runs.resize_with(configurations.len(), Vec::new);
             strongest = Some(found);

@@ -11,7 +11,7 @@ use burn_pipe::PipelineConfig;
 use clap::{Parser, ValueEnum};
 use examples::backend;
 use examples::cli::parse_accepted;
-use examples::job::{JobSpec, ModelKind, PretrainSettings};
+use examples::job::{FinetuneTask, JobSpec, ModelKind, PretrainSettings};
 
 use crate::Failure;
 
@@ -121,6 +121,10 @@ pub(crate) struct Args {
     /// Seeds the weights, the data and the sample order: two runs with one seed print the same figures.
     #[arg(long, default_value_t = 42)]
     pub(crate) seed: u64,
+    /// The fine-tuning task's rule: same (the pretraining's, which the
+    /// frozen encoder solves), first-token or middle-majority (BERT only).
+    #[arg(long, value_enum, default_value = "same")]
+    pub(crate) task: FinetuneTask,
     /// Devices, 1 to 64 (on a CPU, logical devices sharing the cores).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub(crate) devices: u32,
@@ -303,6 +307,11 @@ impl Args {
                 "--model vit conflicts with --weights: the pretrained weights are a BERT's (drop --model or give --model bert)",
             ));
         }
+        if self.weights.is_some() && self.task != FinetuneTask::Same {
+            return Err(Failure::usage(
+                "--task chooses the generated fine-tuning task; with --weights the task is SST-2 (drop --task)",
+            ));
+        }
         if self.eval_file.is_some() && self.weights.is_none() {
             return Err(Failure::usage(
                 "--eval-file needs --weights and --data (it scores SST sentences)",
@@ -344,6 +353,7 @@ impl Args {
             epochs: self.epochs.map_or(preset.epochs, |e| e as usize),
             lr: self.lr.unwrap_or(preset.lr),
             seed: self.seed,
+            task: self.task,
         }
     }
 
