@@ -53,7 +53,8 @@ enum Bench {
         #[arg(long, value_enum)]
         model: Option<examples::job::ModelKind>,
         /// BERT's generated fine-tuning task (see `bench tasks`) [default:
-        /// same, the pretraining's rule].
+        /// middle-majority, which the frozen encoder does not solve; the
+        /// ViT: same].
         #[arg(long, value_enum, conflicts_with_all = ["replot", "real"])]
         task: Option<examples::job::FinetuneTask>,
         /// Redraw the plots from target/bench/headline.json; trains nothing.
@@ -102,7 +103,8 @@ enum Bench {
         #[arg(long, value_enum, value_name = "LIST", value_delimiter = ',')]
         tasks: Option<Vec<examples::job::FinetuneTask>>,
         /// Fine-tuning learning rates, comma-separated, each in (0, 1]
-        /// [default: the headline's, 3e-4]; pretraining keeps the headline's.
+        /// [default: the headline's, 1e-4]; pretraining keeps the headline's
+        /// (3e-4).
         #[arg(long, value_name = "LIST", value_delimiter = ',')]
         lr: Option<Vec<f64>>,
         /// Seeds, comma-separated, 1 to 10 distinct [default: 1,2,3; with
@@ -159,7 +161,7 @@ fn main() {
         Bench::Tasks { tasks, lr, seeds } => examples::bench::headline::run_tasks(
             args.quick,
             &tasks.unwrap_or_else(|| examples::bench::headline::DEFAULT_TASKS.to_vec()),
-            &lr.unwrap_or_else(|| vec![3e-4]),
+            &lr.unwrap_or_else(|| vec![1e-4]),
             &seeds.unwrap_or_else(|| examples::bench::headline::default_seeds(args.quick)),
         ),
         Bench::Pipe => examples::bench::pipe::run(args.quick),
@@ -196,7 +198,7 @@ fn main() {
         } => examples::bench::headline::run_mpi(
             args.quick,
             model.unwrap_or(examples::job::ModelKind::Bert),
-            task.unwrap_or_default(),
+            task,
             &seeds.unwrap_or_else(|| examples::bench::headline::default_seeds(args.quick)),
         ),
         Bench::Headline {
@@ -204,7 +206,7 @@ fn main() {
         } => examples::bench::headline::run(
             args.quick,
             model.unwrap_or(examples::job::ModelKind::Bert),
-            task.unwrap_or_default(),
+            task,
             &seeds.unwrap_or_else(|| examples::bench::headline::default_seeds(args.quick)),
         ),
     };

@@ -50,6 +50,7 @@ mod rows;
 mod seeds;
 mod tasks;
 
+pub use configs::default_task;
 pub use nodes::run_mpi;
 pub use seeds::{MAX_SEEDS, check_seeds, default_seeds};
 pub use tasks::{DEFAULT_TASKS, run_tasks};
@@ -137,18 +138,19 @@ fn run_err<E: std::fmt::Display>(error: E) -> BenchError {
     BenchError::Run(error.to_string())
 }
 
-/// Runs the headline benchmark on `model` fine-tuned on `task` over
-/// `seeds` (checked with [`check_seeds`]; the first seed runs every table).
+/// Runs the headline benchmark on `model` fine-tuned on `task` (None:
+/// [`default_task`]) over `seeds` (checked with [`check_seeds`]; the first
+/// seed runs every table).
 pub fn run(
     quick: bool,
     model: ModelKind,
-    task: FinetuneTask,
+    task: Option<FinetuneTask>,
     seeds: &[u64],
 ) -> Result<(), BenchError> {
     check_seeds(seeds).map_err(BenchError::Run)?;
     let spec = JobSpec {
         seed: seeds[0],
-        task,
+        task: task.unwrap_or_else(|| default_task(model)),
         ..spec(model, quick)
     };
     spec.check().map_err(run_err)?;
@@ -251,7 +253,7 @@ fn print_start(spec: &JobSpec, quick: bool) {
 /// The pretrained model and the seconds pretraining took.
 fn pretrain(spec: &JobSpec) -> (Pretrained, f64) {
     let start = Instant::now();
-    let pretrained = spec.pretrain(&mut Progress);
+    let pretrained = spec.pretrain_with(configs::pretraining(spec), &mut Progress);
     let pretrain_seconds = start.elapsed().as_secs_f64();
     println!(
         "pretrained in {pretrain_seconds:.0} s ({} epochs); {} parameters, {} units",

@@ -118,7 +118,7 @@ struct FirstSeed {
 pub fn run_mpi(
     _quick: bool,
     _model: ModelKind,
-    _task: FinetuneTask,
+    _task: Option<FinetuneTask>,
     _seeds: &[u64],
 ) -> Result<(), BenchError> {
     Err(BenchError::Run(
@@ -127,18 +127,19 @@ pub fn run_mpi(
 }
 
 /// Runs the headline across the processes of the MPI job this process is
-/// one of, on `model` fine-tuned on `task` over `seeds`.
+/// one of, on `model` fine-tuned on `task` (None:
+/// [`default_task`](super::default_task)) over `seeds`.
 #[cfg(feature = "mpi")]
 pub fn run_mpi(
     quick: bool,
     model: ModelKind,
-    task: FinetuneTask,
+    task: Option<FinetuneTask>,
     seeds: &[u64],
 ) -> Result<(), BenchError> {
     check_seeds(seeds).map_err(BenchError::Run)?;
     let first = JobSpec {
         seed: seeds[0],
-        task,
+        task: task.unwrap_or_else(|| super::default_task(model)),
         ..spec(model, quick)
     };
     first.check().map_err(run_err)?;
@@ -173,7 +174,7 @@ pub fn run_mpi(
             seed,
             ..first.clone()
         };
-        let pretrained = spec.pretrain(&mut observer);
+        let pretrained = spec.pretrain_with(super::configs::pretraining(&spec), &mut observer);
         if first_seed.is_none() {
             let profile = super::ideal::profile(&spec, &pretrained);
             let unbounded = Setting::unbounded(spec.layers, parameter_costs(), true);

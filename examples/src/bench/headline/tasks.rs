@@ -22,7 +22,7 @@ use serde::Serialize;
 use super::configs::{Setting, parameter_costs, spec};
 use super::{Progress, run_err};
 use crate::bench::{BenchError, title, write_report};
-use crate::job::{FinetuneTask, JobSpec, Method, ModelKind, PretrainSettings};
+use crate::job::{FinetuneTask, JobSpec, Method, ModelKind};
 
 /// The conditions' margins, in accuracy points.
 const FROZEN_BELOW: f64 = 5.0;
@@ -73,8 +73,8 @@ pub const DEFAULT_TASKS: [FinetuneTask; 3] = [
 ];
 
 /// Runs the candidate `tasks` at each fine-tuning learning rate of `lrs`
-/// (each in (0, 1]) on each of `seeds`, pretraining once per seed at the
-/// headline's learning rate.
+/// (each in (0, 1]) on each of `seeds`, pretraining once per seed as the
+/// headline does.
 pub fn run_tasks(
     quick: bool,
     tasks: &[FinetuneTask],
@@ -88,10 +88,7 @@ pub fn run_tasks(
         ));
     }
     let base = spec(ModelKind::Bert, quick);
-    let pretraining = PretrainSettings {
-        lr: base.lr,
-        batch: base.batch,
-    };
+    let pretraining = super::configs::pretraining(&base);
     for &lr in lrs {
         JobSpec { lr, ..base.clone() }.check().map_err(run_err)?;
     }
