@@ -21,3 +21,19 @@ pub fn parse_accepted<T: FromStr + Copy>(
         _ => Err(format!("expected {expected}, got {text}")),
     }
 }
+
+/// A learning rate in (0, 1]: the value parser of `train --lr` and
+/// `bench tasks --lr`.
+///
+/// ```
+/// use examples::cli::learning_rate;
+/// assert_eq!(learning_rate("1e-4"), Ok(1e-4));
+/// assert_eq!(learning_rate("0").unwrap_err(), "expected a learning rate in (0, 1], got 0");
+/// ```
+pub fn learning_rate(text: &str) -> Result<f64, String> {
+    parse_accepted(
+        text,
+        |lr: f64| lr > 0.0 && lr <= 1.0,
+        "a learning rate in (0, 1]",
+    )
+}

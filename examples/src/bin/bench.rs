@@ -105,7 +105,7 @@ enum Bench {
         /// Fine-tuning learning rates, comma-separated, each in (0, 1]
         /// [default: the headline's, 1e-4]; pretraining keeps the headline's
         /// (3e-4).
-        #[arg(long, value_name = "LIST", value_delimiter = ',')]
+        #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = examples::cli::learning_rate)]
         lr: Option<Vec<f64>>,
         /// Seeds, comma-separated, 1 to 10 distinct [default: 1,2,3; with
         /// --quick: 42].
@@ -129,33 +129,14 @@ fn main() {
     // A flag out of range: refused before any work, exit 2 as clap does.
     if let Bench::Headline {
         seeds: Some(seeds), ..
+    }
+    | Bench::Tasks {
+        seeds: Some(seeds), ..
     } = &args.bench
         && let Err(message) = examples::bench::headline::check_seeds(seeds)
     {
         eprintln!("error: {message}");
         std::process::exit(2);
-    }
-    if let Bench::Tasks { seeds, lr, .. } = &args.bench {
-        let seeds = seeds
-            .as_deref()
-            .map_or(Ok(()), examples::bench::headline::check_seeds);
-        let lr = lr
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .try_for_each(|&lr| {
-                if lr.is_finite() && lr > 0.0 && lr <= 1.0 {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "--lr: each learning rate must be in (0, 1], got {lr}"
-                    ))
-                }
-            });
-        if let Err(message) = seeds.and(lr) {
-            eprintln!("error: {message}");
-            std::process::exit(2);
-        }
     }
     let result = match args.bench {
         Bench::Tasks { tasks, lr, seeds } => examples::bench::headline::run_tasks(

@@ -147,13 +147,7 @@ pub fn run(
     task: Option<FinetuneTask>,
     seeds: &[u64],
 ) -> Result<(), BenchError> {
-    check_seeds(seeds).map_err(BenchError::Run)?;
-    let spec = JobSpec {
-        seed: seeds[0],
-        task: task.unwrap_or_else(|| default_task(model)),
-        ..spec(model, quick)
-    };
-    spec.check().map_err(run_err)?;
+    let spec = first_spec(quick, model, task, seeds)?;
     print_start(&spec, quick);
     let (pretrained, pretrain_seconds) = pretrain(&spec);
     let profile = profile(&spec, &pretrained);
@@ -278,6 +272,24 @@ fn find_strongest(
         strongest::find(spec, &base, DEVICES, fits_without_budget, finetune).map_err(run_err)?;
     println!("{}", found.summary());
     Ok(found)
+}
+
+/// The first seed's spec of `model` fine-tuned on `task` (None:
+/// [`default_task`]), after `seeds` and the spec are checked.
+fn first_spec(
+    quick: bool,
+    model: ModelKind,
+    task: Option<FinetuneTask>,
+    seeds: &[u64],
+) -> Result<JobSpec, BenchError> {
+    check_seeds(seeds).map_err(BenchError::Run)?;
+    let first = JobSpec {
+        seed: seeds[0],
+        task: task.unwrap_or_else(|| default_task(model)),
+        ..spec(model, quick)
+    };
+    first.check().map_err(run_err)?;
+    Ok(first)
 }
 
 /// [`find_strongest`] under a budget at which the model does not fit one

@@ -21,9 +21,9 @@
 
 use serde::Serialize;
 
-use super::configs::{Configuration, DEVICES, Setting, configurations, parameter_costs, spec};
+use super::configs::{Configuration, DEVICES, Setting, configurations, parameter_costs};
 use super::real_rows::{self, RealRow};
-use super::{BenchError, check_seeds, find_pipelined, memory, run_err};
+use super::{BenchError, find_pipelined, memory, run_err};
 use crate::backend;
 use crate::bench::{title, write_report};
 use crate::job::{EpochRecord, FinetuneTask, JobSpec, ModelKind, Observer, RunRecord};
@@ -136,13 +136,7 @@ pub fn run_mpi(
     task: Option<FinetuneTask>,
     seeds: &[u64],
 ) -> Result<(), BenchError> {
-    check_seeds(seeds).map_err(BenchError::Run)?;
-    let first = JobSpec {
-        seed: seeds[0],
-        task: task.unwrap_or_else(|| super::default_task(model)),
-        ..spec(model, quick)
-    };
-    first.check().map_err(run_err)?;
+    let first = super::first_spec(quick, model, task, seeds)?;
     let mpi = burn_elastic_dp::Mpi::init().map_err(run_err)?;
     let processes = mpi.size();
     if processes < 2 {

@@ -10,7 +10,7 @@ use burn_elastic_dp::{
 use burn_pipe::PipelineConfig;
 use clap::{Parser, ValueEnum};
 use examples::backend;
-use examples::cli::parse_accepted;
+use examples::cli::{learning_rate, parse_accepted};
 use examples::job::{FinetuneTask, JobSpec, ModelKind, PretrainSettings};
 
 use crate::Failure;
@@ -204,14 +204,6 @@ pub(crate) struct Args {
     /// transitions.jsonl and epochs.jsonl go.
     #[arg(long, default_value = "target/train")]
     pub(crate) output_dir: PathBuf,
-}
-
-fn learning_rate(text: &str) -> Result<f64, String> {
-    parse_accepted(
-        text,
-        |lr: f64| lr > 0.0 && lr <= 1.0,
-        "a learning rate in (0, 1]",
-    )
 }
 
 fn alpha(text: &str) -> Result<f64, String> {
