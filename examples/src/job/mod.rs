@@ -15,6 +15,8 @@ mod model;
 mod plain;
 mod record;
 mod sst;
+#[cfg(test)]
+mod tests;
 
 use burn::data::dataloader::batcher::Batcher;
 use burn::prelude::*;
@@ -216,7 +218,7 @@ impl JobSpec {
     /// before any work; its weights are random).
     pub fn fresh_model(&self) -> Pretrained {
         let device = backend::device(0);
-        with_model!(kind: self.model, M => M::wrap(M::init(self, FINETUNE_CLASSES, &device)))
+        with_model!(kind: self.model, M => M::wrap(M::init(self, FINETUNE_CLASSES, &device)).materialized())
     }
 
     /// The spec pretraining runs with: this one at `pretraining`'s
@@ -258,7 +260,9 @@ impl JobSpec {
         };
         let head = M::init(self, FINETUNE_CLASSES, &device);
         let (first, middle, _) = stack.into_parts();
-        M::wrap(LayerStack::from_parts(first, middle, head.into_parts().2))
+        // The fresh classifier drawn here, once: every run fine-tunes the
+        // same weights (see `Pretrained::materialized`).
+        M::wrap(LayerStack::from_parts(first, middle, head.into_parts().2)).materialized()
     }
 
     /// Fine-tunes `pretrained` on the generated task with `method`;

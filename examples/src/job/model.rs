@@ -120,6 +120,16 @@ impl JobModel for BertTypes<Train> {
 }
 
 impl Pretrained {
+    /// The model with every parameter drawn now. Burn initialises
+    /// parameters lazily and a clone of a never-read parameter draws its own
+    /// values on first read, so without this each fine-tuning run (which
+    /// clones the model) would get its own random classifier, drawn from
+    /// wherever the backend's random stream happens to be.
+    pub(crate) fn materialized(self) -> Self {
+        with_model!(&self, _M, stack => stack.materialize());
+        self
+    }
+
     /// Units of the model.
     pub fn num_units(&self) -> usize {
         with_model!(self, _M, stack => stack.num_units())

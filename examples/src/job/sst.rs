@@ -112,7 +112,9 @@ impl JobSpec {
             dev,
             batcher: SstPairs(SstBatcher::new(tokenizer)),
         };
-        Ok((Pretrained::Bert(model.into_layer_stack()), job))
+        // The checkpoint has no classifier: it is drawn here, once, so that
+        // every run fine-tunes the same weights.
+        Ok((Pretrained::Bert(model.into_layer_stack()).materialized(), job))
     }
 
     /// SST-2's training sentences (a seeded subset of `samples` when fewer

@@ -59,7 +59,8 @@ pub(super) struct RealRow {
     pub(super) profiling_seconds: Option<Spread>,
     /// Dev accuracy after the last epoch, in percent, over the seeds.
     pub(super) accuracy_percent: Spread,
-    pub(super) vs_plain: Versus,
+    /// Against (a); `None` where (a) did not run (across processes).
+    pub(super) vs_plain: Option<Versus>,
     pub(super) vs_baseline: Versus,
     pub(super) vs_strongest: Versus,
     /// Each seed's run, in the order of `seeds`.
@@ -68,7 +69,7 @@ pub(super) struct RealRow {
 
 /// The rows of `runs` (per configuration, one run per seed of `seeds`),
 /// in the order of `configurations`; (a), (b) and (b*) are found by key
-/// ((a) may be absent: its comparisons are then NaN).
+/// ((a) may be absent: its comparisons are then `None`).
 pub(super) fn rows(
     configurations: &[Configuration],
     runs: Vec<Vec<RunRecord>>,
@@ -92,16 +93,11 @@ pub(super) fn rows(
                 BenchError::Run(format!("no configuration `{key}` in the real headline"))
             })
     };
-    // Without (a) (across processes), its comparisons are NaN.
-    let nan = Spread {
-        mean: f64::NAN,
-        min: f64::NAN,
-        max: f64::NAN,
-    };
+    // Without (a) (across processes) there is nothing to compare with.
     let plain = if configurations.iter().any(|c| c.key == "a") {
-        of("a")?
+        Some(of("a")?)
     } else {
-        (nan, nan)
+        None
     };
     let (baseline, strongest) = (of("b")?, of(STRONGEST)?);
     let versus = |(seconds, accuracy): (Spread, Spread), (own_s, own_a): (Spread, Spread)| Versus {
@@ -124,7 +120,7 @@ pub(super) fn rows(
                     .collect::<Vec<_>>(),
             ),
             accuracy_percent: own.1,
-            vs_plain: versus(plain, own),
+            vs_plain: plain.map(|plain| versus(plain, own)),
             vs_baseline: versus(baseline, own),
             vs_strongest: versus(strongest, own),
             runs,
@@ -151,18 +147,28 @@ pub(super) fn print_rows(rows: &[RealRow]) {
     );
     for row in rows {
         let (s, a) = (row.seconds, row.accuracy_percent);
+        // "-" where (a) did not run or no profiling was recorded.
+        let (vs_a, d_a) = row.vs_plain.map_or(("-".to_string(), "-".to_string()), |v| {
+            (
+                format!("{:.2}x", v.speedup),
+                format!("{:+.2}", v.accuracy_delta),
+            )
+        });
+        let profiling = row
+            .profiling_seconds
+            .map_or("-".to_string(), |p| format!("{:.2}", p.mean));
         println!(
-            "{:<30} {:>8.1} {:>15} {:>7.2} {:>7.2} {:>13} {:>6.2}x {:>6.2}x {:>7.2}x {:>+6.2} {:>+6.2} {:>+7.2}",
+            "{:<30} {:>8.1} {:>15} {:>7} {:>7.2} {:>13} {:>7} {:>6.2}x {:>7.2}x {:>6} {:>+6.2} {:>+7.2}",
             row.name,
             s.mean,
             format!("({:.1}..{:.1})", s.min, s.max),
-            row.profiling_seconds.map_or(f64::NAN, |p| p.mean),
+            profiling,
             a.mean,
             format!("({:.2}..{:.2})", a.min, a.max),
-            row.vs_plain.speedup,
+            vs_a,
             row.vs_baseline.speedup,
             row.vs_strongest.speedup,
-            row.vs_plain.accuracy_delta,
+            d_a,
             row.vs_baseline.accuracy_delta,
             row.vs_strongest.accuracy_delta,
         );
@@ -195,14 +201,15 @@ impl RealTargets {
     /// One line: each goal met or missed, with (c)'s figures.
     pub(super) fn print(&self, c: &RealRow) {
         let yes = |ok: bool| if ok { "met" } else { "MISSED" };
+        let vs_a = c.vs_plain.map_or("vs (a) not run".to_string(), |v| {
+            format!("vs (a) {:.2}x ({:+.2} pt)", v.speedup, v.accuracy_delta)
+        });
         println!(
-            "targets for (c) on the real task: >= 1.7x vs (b*): {} ({:.2}x); mean dev accuracy >= (b*) - 1 pt: {} ({:+.2} pt); vs (a) {:.2}x ({:+.2} pt), vs (b) {:.2}x ({:+.2} pt)",
+            "targets for (c) on the real task: >= 1.7x vs (b*): {} ({:.2}x); mean dev accuracy >= (b*) - 1 pt: {} ({:+.2} pt); {vs_a}, vs (b) {:.2}x ({:+.2} pt)",
             yes(self.speedup_vs_strongest_1_7x),
             c.vs_strongest.speedup,
             yes(self.accuracy_within_one_point_of_strongest),
             c.vs_strongest.accuracy_delta,
-            c.vs_plain.speedup,
-            c.vs_plain.accuracy_delta,
             c.vs_baseline.speedup,
             c.vs_baseline.accuracy_delta,
         );
@@ -254,7 +261,7 @@ mod tests {
         let rows = rows(&configurations, runs, &[1, 2]).unwrap();
         let c = &rows[3];
         assert_eq!(c.seconds.mean, 35.0);
-        assert!((c.vs_plain.speedup - 120.0 / 35.0).abs() < 1e-12);
+        assert!((c.vs_plain.unwrap().speedup - 120.0 / 35.0).abs() < 1e-12);
         assert!((c.vs_baseline.speedup - 150.0 / 35.0).abs() < 1e-12);
         assert!((c.vs_strongest.speedup - 2.0).abs() < 1e-12);
         assert!((c.vs_strongest.accuracy_delta - (82.5 - 84.0)).abs() < 1e-9);
@@ -263,7 +270,22 @@ mod tests {
         assert!(targets.speedup_vs_strongest_1_7x);
         // 1.5 points below (b*): more than the 1 point allowed.
         assert!(!targets.accuracy_within_one_point_of_strongest);
-        assert_eq!(rows[0].vs_plain.speedup, 1.0);
+        assert_eq!(rows[0].vs_plain.unwrap().speedup, 1.0);
+    }
+
+    #[test]
+    fn without_plain_burn_its_comparisons_are_absent_not_nan() {
+        let configurations: Vec<_> = ["b", STRONGEST, "c"]
+            .into_iter()
+            .map(configuration)
+            .collect();
+        let runs = vec![vec![run(100.0, 0.9)], vec![run(80.0, 0.9)], vec![run(40.0, 0.8)]];
+        let rows = rows(&configurations, runs, &[1]).unwrap();
+        assert!(rows.iter().all(|r| r.vs_plain.is_none()));
+        assert!((rows[2].vs_strongest.speedup - 2.0).abs() < 1e-12);
+        let json = serde_json::to_string(&rows[2]).unwrap();
+        assert!(json.contains(r#""vs_plain":null"#), "{json}");
+        assert!(!json.contains("NaN"), "{json}");
     }
 
     #[test]
