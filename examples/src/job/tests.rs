@@ -38,6 +38,7 @@ fn every_run_of_one_pretrained_model_starts_from_the_same_classifier() {
     let (second, _) = spec
         .finetune(&pretrained, "second", &Method::Plain, &mut Silent)
         .unwrap();
+    assert_eq!(first.epochs.len(), spec.epochs);
     assert!(losses(&first).iter().all(|l| l.is_finite()));
     assert_eq!(losses(&first), losses(&second));
     assert_eq!(first.accuracy, second.accuracy);
