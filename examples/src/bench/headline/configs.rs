@@ -175,9 +175,10 @@ pub(super) const STRONGEST: &str = "bstar";
 /// pipeline to spread a model over). (b) is the paper's baseline: a
 /// pipeline over every device (K = D, set explicitly), nothing frozen;
 /// (c), the ablations (freeze only, ...) and the alpha sweep start where
-/// memory-aware AutoPipe chooses (the smallest K whose stages fit). "all
-/// frozen" freezes every block from the first step (only the classifier
-/// trains): what the task loses without its top layers.
+/// memory-aware AutoPipe chooses (the smallest K whose stages fit) until
+/// [`start_at_searched`] moves them to (b*)'s shape. "all frozen" freezes
+/// every block from the first step (only the classifier trains): what the
+/// task loses without its top layers.
 pub(super) fn configurations(setting: &Setting) -> Vec<Configuration> {
     let all = Parts::new();
     let trainer_method = |parts: Parts, freeze: FreezeRule| Method::Trainer {
@@ -270,6 +271,24 @@ pub(super) fn configurations(setting: &Setting) -> Vec<Configuration> {
     list
 }
 
+/// Starts every configuration that freezes ((c), the ablations, the alpha
+/// sweep) at the shape (b*)'s search found fastest, `winner.stages` stages:
+/// the same start rule as (b*), so the first epoch, before anything is
+/// frozen, runs at (b*)'s speed, and what (c) gains after it is AutoFreeze,
+/// AutoPipe, AutoDP and AutoCache. AutoPipe then compresses from there
+/// (never to a stage larger than the start's, nor over the budget); with
+/// AutoDP off the replicas stay at `devices / winner.stages`. (a), (b) and
+/// (b*) freeze nothing and keep their shapes.
+pub(super) fn start_at_searched(configurations: &mut [Configuration], winner: Candidate) {
+    for configuration in configurations {
+        if let Method::Trainer { config, .. } = &mut configuration.method
+            && config.parts.freeze
+        {
+            config.stages = Some(winner.stages);
+        }
+    }
+}
+
 /// The "all frozen" row's key in the report.
 pub(super) const ALL_FROZEN: &str = "all-frozen";
 
@@ -280,5 +299,90 @@ pub(super) fn uses_cache(method: &Method) -> bool {
         Method::Trainer { config, .. } | Method::Resume { config, .. } => {
             config.parts.cache && config.parts.freeze
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{JobSpec, ModelKind, Silent};
+
+    fn trainer_of<'a>(list: &'a [Configuration], key: &str) -> &'a TrainerConfig {
+        match &list.iter().find(|c| c.key == key).unwrap().method {
+            Method::Trainer { config, .. } => config,
+            _ => panic!("{key} runs the trainer"),
+        }
+    }
+
+    #[test]
+    fn every_configuration_that_freezes_starts_at_the_searched_shape_and_the_baselines_keep_theirs()
+    {
+        let setting = Setting::unbounded(12, parameter_costs(), false).with_budget(1 << 24);
+        let winner = Candidate {
+            stages: 2,
+            replicas: 2,
+            micro_batches: 16,
+        };
+        let mut list = configurations(&setting);
+        list.insert(2, strongest_row(&setting, winner));
+        // Before: the memory-aware start, chosen by the trainer.
+        assert_eq!(trainer_of(&list, "c").stages, None);
+        start_at_searched(&mut list, winner);
+        let mut moved = 0;
+        for configuration in &list {
+            let Method::Trainer { config, .. } = &configuration.method else {
+                assert_eq!(configuration.key, "a");
+                continue;
+            };
+            let expected = match configuration.key {
+                "b" => Some(DEVICES),
+                _ => Some(winner.stages),
+            };
+            assert_eq!(config.stages, expected, "{}", configuration.key);
+            moved += usize::from(config.parts.freeze);
+        }
+        // (c), 3 ablations, "all frozen", 4 alphas and the argmin rule.
+        assert_eq!(moved, 10);
+        assert!(!trainer_of(&list, "b").parts.freeze);
+        assert!(!trainer_of(&list, STRONGEST).parts.freeze);
+    }
+
+    #[test]
+    fn c_trains_its_first_epoch_in_the_searched_shape() {
+        let spec = JobSpec {
+            model: ModelKind::Bert,
+            layers: 4,
+            hidden: 16,
+            pretrain_epochs: 0,
+            samples: 64,
+            eval_samples: 8,
+            batch: 32,
+            epochs: 2,
+            lr: 1e-3,
+            seed: 3,
+            task: default_task(ModelKind::Bert),
+        };
+        let pretrained = spec.pretrain(&mut Silent);
+        let setting = Setting::unbounded(spec.layers, parameter_costs(), false);
+        let first_shape = |list: &[Configuration]| {
+            let c = list.iter().find(|c| c.key == "c").unwrap();
+            let (record, _) = spec
+                .finetune(&pretrained, "c", &c.method, &mut Silent)
+                .unwrap();
+            let first = &record.epochs[0].report;
+            (first.stages, first.replicas)
+        };
+        let mut list = configurations(&setting);
+        // Without a budget the memory-aware start is one stage on every device.
+        assert_eq!(first_shape(&list), (1, DEVICES));
+        start_at_searched(
+            &mut list,
+            Candidate {
+                stages: 2,
+                replicas: 2,
+                micro_batches: 16,
+            },
+        );
+        assert_eq!(first_shape(&list), (2, 2));
     }
 }

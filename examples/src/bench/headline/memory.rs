@@ -189,7 +189,7 @@ pub(super) fn budget(spec: &JobSpec, memory: UnitMemory) -> Result<Budget, Bench
 /// After the main tables: memory-aware AutoPipe's estimate of one stage
 /// against the measured peak heap of a short one-stage run, then (b*)
 /// searched and (b*) and (c) run without the budget (`unbounded`, (c)'s
-/// configuration without its budget).
+/// configuration without its budget, started at that search's shape).
 pub(super) fn run(
     spec: &JobSpec,
     pretrained: &Pretrained,
@@ -259,7 +259,10 @@ pub(super) fn run(
         (
             "(c) PipeTransformer without a budget".to_string(),
             Method::Trainer {
-                config: c_config.clone().with_memory(unbounded.memory.clone()),
+                config: c_config
+                    .clone()
+                    .with_memory(unbounded.memory.clone())
+                    .with_stages(Some(found.winner.stages)),
                 devices: DEVICES,
             },
         ),

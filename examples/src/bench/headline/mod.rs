@@ -69,8 +69,8 @@ use crate::job::{
 };
 use crate::strongest::{self, StepClock, Strongest, fits_without_budget};
 use configs::{
-    Configuration, DEVICES, Setting, configurations, parameter_costs, spec, strongest_base,
-    strongest_row,
+    Configuration, DEVICES, Setting, configurations, parameter_costs, spec, start_at_searched,
+    strongest_base, strongest_row,
 };
 use ideal::profile;
 use plots::{draw, plot_dir};
@@ -166,8 +166,9 @@ pub fn run(
         let (record, _) = short.finetune(&pretrained, "(b*) candidate", method, clock)?;
         Ok(record)
     })?;
-    // After (a) and (b).
+    // After (a) and (b); the configurations that freeze start at its shape.
     configurations.insert(2, strongest_row(&setting, strongest.winner));
+    start_at_searched(&mut configurations, strongest.winner);
     let runs = finetune_all(&spec, &pretrained, &configurations)?;
     let rows = rows::rows(&configurations, runs, &profile);
     print_rows(&rows, &spec);

@@ -191,6 +191,7 @@ pub fn run_mpi(
                 Ok(record)
             })?;
             list.insert(1, super::configs::strongest_row(&setting, found.winner));
+            super::configs::start_at_searched(&mut list, found.winner);
             runs.resize_with(list.len(), Vec::new);
             first_seed = Some(FirstSeed {
                 list,

@@ -28,7 +28,9 @@ use burn::data::dataset::Dataset;
 use burn_elastic_dp::CostModel;
 use serde::{Deserialize, Serialize};
 
-use super::configs::{Configuration, DEVICES, Setting, configurations, strongest_row};
+use super::configs::{
+    Configuration, DEVICES, Setting, configurations, start_at_searched, strongest_row,
+};
 use super::plots::plot_dir;
 use super::real_rows::{RealRow, RealTargets, print_rows, rows};
 use super::{Progress, find_pipelined, run_err};
@@ -282,6 +284,7 @@ pub fn run(quick: bool, paths: &RealPaths, seeds: Option<&[u64]>) -> Result<(), 
                     .map(|(record, _)| record)
             })?;
             configurations.insert(2, strongest_row(&setting, found.winner));
+            start_at_searched(&mut configurations, found.winner);
             runs.resize_with(configurations.len(), Vec::new);
             strongest = Some(found);
         }
