@@ -114,7 +114,10 @@ impl JobSpec {
         };
         // The checkpoint has no classifier: it is drawn here, once, so that
         // every run fine-tunes the same weights.
-        Ok((Pretrained::Bert(model.into_layer_stack()).materialized(), job))
+        Ok((
+            Pretrained::Bert(model.into_layer_stack()).materialized(),
+            job,
+        ))
     }
 
     /// SST-2's training sentences (a seeded subset of `samples` when fewer

@@ -148,12 +148,14 @@ pub(super) fn print_rows(rows: &[RealRow]) {
     for row in rows {
         let (s, a) = (row.seconds, row.accuracy_percent);
         // "-" where (a) did not run or no profiling was recorded.
-        let (vs_a, d_a) = row.vs_plain.map_or(("-".to_string(), "-".to_string()), |v| {
-            (
-                format!("{:.2}x", v.speedup),
-                format!("{:+.2}", v.accuracy_delta),
-            )
-        });
+        let (vs_a, d_a) = row
+            .vs_plain
+            .map_or(("-".to_string(), "-".to_string()), |v| {
+                (
+                    format!("{:.2}x", v.speedup),
+                    format!("{:+.2}", v.accuracy_delta),
+                )
+            });
         let profiling = row
             .profiling_seconds
             .map_or("-".to_string(), |p| format!("{:.2}", p.mean));
@@ -279,7 +281,11 @@ mod tests {
             .into_iter()
             .map(configuration)
             .collect();
-        let runs = vec![vec![run(100.0, 0.9)], vec![run(80.0, 0.9)], vec![run(40.0, 0.8)]];
+        let runs = vec![
+            vec![run(100.0, 0.9)],
+            vec![run(80.0, 0.9)],
+            vec![run(40.0, 0.8)],
+        ];
         let rows = rows(&configurations, runs, &[1]).unwrap();
         assert!(rows.iter().all(|r| r.vs_plain.is_none()));
         assert!((rows[2].vs_strongest.speedup - 2.0).abs() < 1e-12);
