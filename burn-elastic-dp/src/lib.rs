@@ -10,20 +10,13 @@
 //! stalls ends the step with an error naming it, and the collective is reset
 //! so that no other replica stays blocked.
 //!
-//! Files, one concern each: `config.rs` (the configuration and `init`),
-//! `group/` (the replicas and their threads), `collective.rs` (the
-//! burn-collective glue: forming, all-reducing, dissolving and resetting a
-//! group with bounded waits), `node.rs` (groups across processes), `mpi/` (their exchange over MPI,
-//! cargo feature `mpi`), `shards.rs` (the global batch among every replica), `stop.rs` (stopping at a step boundary when asked: SIGTERM), `launcher.rs` (what an MPI launcher's environment says), `sampler.rs` (every sample once per epoch
-//! whatever the replica count), `error.rs`.
-//!
 //! The group resizes at a step boundary ([`ReplicaGroup::resize`]): a new
 //! replica is a copy of a live one, optimizer state included.
 //!
 //! Gradients are all-reduced per tensor or in buckets ([`AllReduce`]).
 //!
 //! A group can span several processes, on one machine or several
-//! ([`NodeConfig`], `node.rs`): the processes of one MPI job (`mpirun`,
+//! ([`NodeConfig`]): the processes of one MPI job (`mpirun`,
 //! cargo feature `mpi`, `Mpi`); each holds its own replicas, and the
 //! processes all-reduce their gradients through MPI.
 //!

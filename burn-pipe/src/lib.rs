@@ -16,17 +16,9 @@
 //! count; [`profile_units`] measures per-unit forward and backward time on
 //! the real backend, and [`profile_micro_batches`] at several micro-batch
 //! sizes, from which [`choose_micro_batches`] picks the micro-batch count
-//! with the fastest predicted step.
-//!
-//! Files, one concern each: `config.rs` (the configuration and `init`),
-//! `pipeline.rs` (the public API), `forward_backward.rs` (a training pass),
-//! `reshape.rs` (repartition, freezing, replicas), `loss.rs` (the loss bound),
-//! `placement.rs` (stages on devices),
-//! `pass.rs` (the threads of one pass), `wiring.rs` (the channels),
-//! `worker.rs` (one stage's thread), `schedule.rs` (the order of passes),
-//! `microbatch.rs` (splitting), `micro_search.rs` (M by measurement, on
-//! the table of `micro_times.rs`),
-//! `report.rs`, `partition.rs`, `profile.rs`.
+//! with the fastest predicted step. [`memory`] estimates each stage's bytes
+//! (parameters, gradients, optimizer state, activations), which memory-aware AutoPipe
+//! checks against a per-device budget.
 
 mod config;
 mod error;
