@@ -18,14 +18,28 @@ use burn::collective::{
     AllReduceStrategy, CollectiveConfig, PeerId, ReduceOperation, finish_collective, register,
     reset_collective,
 };
+use burn::config::Config;
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorPrimitive};
 use crossbeam_channel::{Receiver, Sender, bounded};
 
-use crate::config::AllReduce;
 use crate::error::ElasticError;
+
+/// How the replicas' gradients are all-reduced; both give the same mean.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum AllReduce {
+    /// One collective call per gradient tensor, in parameter-id order
+    /// (burn-optim's `GradientsParams::all_reduce`).
+    PerTensor,
+    /// Gradients flattened into buckets of about `bucket_bytes` bytes, one
+    /// collective call per bucket (as PyTorch DDP does).
+    Bucketed {
+        /// Bytes per bucket (at least 1).
+        bucket_bytes: usize,
+    },
+}
 
 /// The process's one collective group: a token taken by the live group and
 /// given back when it is dropped.

@@ -23,7 +23,7 @@
 //! A replica stuck in its own computation is left behind once the step's
 //! bound passes, and the group goes on with the others.
 //!
-//! On top of the group, [`Trainer`] (module [`trainer`]) is PipeTransformer
+//! On top of the group, [`Trainer`] is PipeTransformer
 //! itself: AutoFreeze moves the freeze front, AutoPipe re-plans the
 //! pipeline into fewer stages, AutoDP adds replicas on the freed devices,
 //! AutoCache serves the frozen prefix, every sample is trained once per
@@ -35,35 +35,30 @@
 //! [`Pipeline`]: burn_pipe::Pipeline
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-#[cfg(feature = "burn-train")]
-pub mod burn_train;
 mod collective;
-mod config;
 mod error;
 mod group;
-pub mod launcher;
-#[cfg(feature = "mpi")]
-mod mpi;
-mod node;
-pub mod plan;
+mod nodes;
+mod pipetransformer;
 mod sampler;
-pub mod shape;
-mod shards;
 mod stop;
-pub mod trainer;
 
-/// The statistic of [`FreezeRule::AlphaArgmin`] (burn-freeze's).
-pub use burn_freeze::ArgminStatistic;
-pub use config::{AllReduce, ReplicaConfig};
+pub use nodes::launcher;
+#[cfg(feature = "burn-train")]
+pub use pipetransformer::burn_train;
+pub use pipetransformer::{plan, shape};
+
+pub use collective::AllReduce;
 pub use error::ElasticError;
-pub use group::{GroupReport, ReplicaGroup, ReplicaLoss};
+pub use group::config::ReplicaConfig;
+pub use group::{GroupReport, ReplicaGroup};
 #[cfg(feature = "mpi")]
-pub use mpi::{BUCKET_VALUES as MPI_BUCKET_VALUES, Mpi};
-pub use node::{ExchangePhases, NodeConfig};
-pub use sampler::{BatchPolicy, ElasticSampler};
-pub use stop::{STOPPED_EXIT_CODE, StopSignal};
-pub use trainer::{
+pub use nodes::mpi::{BUCKET_VALUES as MPI_BUCKET_VALUES, Mpi};
+pub use nodes::{ExchangePhases, NodeConfig};
+pub use pipetransformer::trainer::{
     CacheableStack, CheckpointConfig, CostModel, EpochReport, FreezeRule, LayerSpec, MemoryConfig,
     Parts, StackOptimizer, StepFlow, StepProgress, Trainer, TrainerConfig, TrainerError,
     Transition,
 };
+pub use sampler::{BatchPolicy, ElasticSampler};
+pub use stop::{STOPPED_EXIT_CODE, StopSignal};

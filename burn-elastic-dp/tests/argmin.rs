@@ -8,9 +8,9 @@ mod common;
 use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn_elastic_dp::{
-    ArgminStatistic, BatchPolicy, CostModel, FreezeRule, LayerSpec, Parts, ReplicaConfig,
-    TrainerConfig,
+    BatchPolicy, CostModel, FreezeRule, LayerSpec, Parts, ReplicaConfig, TrainerConfig,
 };
+use burn_freeze::ArgminStatistic;
 use burn_pipe::PipelineConfig;
 
 use common::{B, Rows, block_stack, four_class_rows, loss};

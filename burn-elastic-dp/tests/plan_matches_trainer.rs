@@ -16,12 +16,13 @@ use burn::nn::{Linear, LinearConfig};
 use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn_elastic_dp::plan::{ClusterConfig, Link, ModelSpec, PlanConfig, UnitSpec, plan};
-use burn_elastic_dp::shape::{MemoryFit, UnitCosts, initial_shape};
+use burn_elastic_dp::shape::{MemoryFit, initial_shape};
 use burn_elastic_dp::{
     BatchPolicy, CostModel, FreezeRule, LayerSpec, MemoryConfig, Parts, ReplicaConfig,
     TrainerConfig,
 };
 use burn_freeze::{LayerStack, StackMarker};
+use burn_pipe::UnitCosts;
 use burn_pipe::UnitMemory;
 
 mod common;

@@ -10,9 +10,10 @@ use burn_freeze::{
     Activation, AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput,
     ParamStates, StackCache, StackTypes, TrainableUnits,
 };
+use burn_pipe::MicroBatchLoss;
 
 use super::share::Shard;
-use super::{GroupReport, ReplicaGroup, ReplicaLoss};
+use super::{GroupReport, ReplicaGroup};
 use crate::error::ElasticError;
 
 impl<S, O> ReplicaGroup<S, O>
@@ -61,7 +62,7 @@ where
         InnerInput<S>: Cacheable<InnerBackendOf<S>>,
         InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
         T: Activation<S::Backend> + Send + 'static,
-        LossFn: ReplicaLoss<S, T>,
+        LossFn: MicroBatchLoss<S, T> + Send + 'static,
     {
         let start = Instant::now();
         self.alive()?;

@@ -14,6 +14,7 @@
 //! `nodes.rs` (every call into `node.rs`, the other processes).
 
 mod cache;
+pub(crate) mod config;
 mod deadline;
 mod failure;
 mod nodes;
@@ -30,31 +31,45 @@ use burn_freeze::{
     Activation, FreezeFront, GradNorm, InnerBackendOf, InnerInput, InnerOutput, LayerStack,
     ParamStates, StackCache, StackTypes, TrainableUnits,
 };
-use burn_pipe::{Pipeline, StepReport};
+use burn_pipe::{MicroBatchLoss, Pipeline, StepReport};
 
+use crate::collective::AllReduce;
 use crate::collective::{self, GroupToken};
-use crate::config::{AllReduce, ReplicaConfig};
 use crate::error::ElasticError;
-use crate::node::StepHeader;
+use crate::nodes::StepHeader;
 use crate::stop::StopSignal;
+use config::ReplicaConfig;
 use nodes::OtherNodes;
 use share::Shard;
 
-/// The loss a group's step takes: it maps a micro-batch's output and
-/// targets to the *mean* loss over its samples, as for
-/// [`Pipeline::forward_backward`]. Owned and shared by the replicas'
-/// threads, hence `Send + Sync + 'static`; every such closure is one (see
-/// [`ReplicaGroup`]'s example), so that generic code names the bound once.
-pub trait ReplicaLoss<S: StackTypes, T>:
-    Fn(S::Output, T) -> Tensor<S::Backend, 1> + Send + Sync + 'static
-{
-}
-
-impl<S, T, F> ReplicaLoss<S, T> for F
-where
-    S: StackTypes,
-    F: Fn(S::Output, T) -> Tensor<S::Backend, 1> + Send + Sync + 'static,
-{
+impl ReplicaConfig {
+    /// Builds a group of `devices.len()` replicas of `stack`, replica `r`
+    /// a pipeline on `devices[r]` (one device per stage, the same number of
+    /// stages for every replica), each stage with an optimizer made by
+    /// `make_optimizer`. Every replica starts from the same weights and
+    /// parameter ids.
+    ///
+    /// Fails, before any replica is built, on no replica, replicas of
+    /// different stage counts, a zero timeout, a bad node configuration, or a
+    /// pipeline configuration that does not fit (see [`PipelineConfig::init`]).
+    ///
+    /// With [`nodes`](Self::nodes), it first joins the other processes
+    /// (waiting at most `timeout_ms` for them), and every step then expects
+    /// the same global batch in every process (each runs its own replicas'
+    /// shards of it).
+    pub fn init<S, O>(
+        &self,
+        stack: LayerStack<S>,
+        devices: Vec<Vec<Device<S::Backend>>>,
+        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
+    ) -> Result<ReplicaGroup<S, O>, ElasticError>
+    where
+        S: StackTypes,
+        O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
+        O::Record: ParamStates,
+    {
+        ReplicaGroup::new(stack, devices, self.clone(), make_optimizer)
+    }
 }
 
 /// What one data-parallel step measured.
@@ -324,7 +339,7 @@ where
     ) -> Result<GroupReport, ElasticError>
     where
         T: Activation<S::Backend> + Send + 'static,
-        LossFn: ReplicaLoss<S, T>,
+        LossFn: MicroBatchLoss<S, T> + Send + 'static,
     {
         self.run_shards(Shard::Input(input), targets, loss, Instant::now())
     }
@@ -386,7 +401,7 @@ where
     ) -> Result<GroupReport, ElasticError>
     where
         T: Activation<S::Backend> + Send + 'static,
-        LossFn: ReplicaLoss<S, T>,
+        LossFn: MicroBatchLoss<S, T> + Send + 'static,
     {
         let report = self.forward_backward(input, targets, loss)?;
         self.step(lr)?;
@@ -475,7 +490,7 @@ where
     pub fn agree_max(&self, values: Vec<f64>) -> Result<Vec<f64>, ElasticError> {
         if values.iter().any(|v| !v.is_finite()) {
             return Err(ElasticError::Node {
-                node: crate::node::job_rank().unwrap_or(0),
+                node: crate::nodes::job_rank().unwrap_or(0),
                 message: "a measurement to agree on is not finite".into(),
             });
         }

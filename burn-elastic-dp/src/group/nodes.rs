@@ -11,10 +11,10 @@ use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::config::ReplicaConfig;
+use super::config::ReplicaConfig;
 use crate::error::ElasticError;
-use crate::node::{self, ExchangePhases, NodeLink, StepHeader};
-use crate::shards::Shards;
+use crate::nodes::shards::Shards;
+use crate::nodes::{self, ExchangePhases, NodeLink, StepHeader};
 
 /// This process's link to the group's other processes; none when every
 /// replica is in this process.
@@ -26,7 +26,7 @@ impl OtherNodes {
     /// configuration's bound; none without a node configuration or with one
     /// process. `replicas`: this process's.
     pub fn join(config: &ReplicaConfig, replicas: usize) -> Result<Self, ElasticError> {
-        let link = node::join(
+        let link = nodes::join(
             config.nodes.as_ref(),
             replicas,
             Duration::from_millis(config.timeout_ms),
@@ -49,7 +49,7 @@ impl OtherNodes {
         batch: usize,
         deadline: Instant,
     ) -> Result<Shards, ElasticError> {
-        node::shards(self.0.as_deref(), header, batch, deadline)
+        nodes::shards(self.0.as_deref(), header, batch, deadline)
     }
 
     /// Processes of the group (1 without other processes).
@@ -112,7 +112,7 @@ impl OtherNodes {
     {
         match &self.0 {
             Some(link) => {
-                node::all_reduce_gradients::<AB, M>(link, replica, stage, module, grads, deadline)
+                nodes::all_reduce_gradients::<AB, M>(link, replica, stage, module, grads, deadline)
             }
             None => Ok(grads),
         }

@@ -10,14 +10,13 @@ use std::time::Instant;
 
 use burn::optim::Optimizer;
 use burn_freeze::{Activation, InnerHidden, StackTypes, TrainableUnits};
-use burn_pipe::{Pipeline, panic_message};
+use burn_pipe::{MicroBatchLoss, Pipeline, panic_message};
 use crossbeam_channel::Sender;
 
-use super::ReplicaLoss;
 use super::deadline::{Progress, ShareResult};
 use super::nodes::OtherNodes;
 use crate::collective;
-use crate::config::AllReduce;
+use crate::collective::AllReduce;
 use crate::error::ElasticError;
 
 /// One replica's part of a batch: model inputs, or hidden activations that
@@ -93,7 +92,7 @@ pub(super) fn replica_share<S, O, T, L>(
     S: StackTypes,
     O: Optimizer<TrainableUnits<S>, S::Backend>,
     T: Activation<S::Backend>,
-    L: ReplicaLoss<S, T>,
+    L: MicroBatchLoss<S, T> + Send + 'static,
 {
     let replica = share.replica;
     let run = || -> ShareResult {

@@ -9,12 +9,12 @@ use std::time::Instant;
 
 use burn::optim::Optimizer;
 use burn_freeze::{Activation, InnerBackendOf, ParamStates, StackTypes, TrainableUnits};
-use burn_pipe::Pipeline;
+use burn_pipe::{MicroBatchLoss, Pipeline};
 use crossbeam_channel::{Receiver, Sender};
 
 use super::deadline::{self, Progress};
 use super::share::{self, Shard, Share};
-use super::{GroupReport, ReplicaGroup, ReplicaLoss, failure};
+use super::{GroupReport, ReplicaGroup, failure};
 use crate::error::ElasticError;
 
 /// Where a replica thread waits for its work.
@@ -61,7 +61,7 @@ where
     ) -> Result<GroupReport, ElasticError>
     where
         T: Activation<S::Backend> + Send + 'static,
-        L: ReplicaLoss<S, T>,
+        L: MicroBatchLoss<S, T> + Send + 'static,
     {
         self.alive()?;
         let batch = input.batch_size();
@@ -119,7 +119,7 @@ where
     ) -> Result<Receiver<Progress<S, O>>, ElasticError>
     where
         T: Activation<S::Backend> + Send + 'static,
-        L: ReplicaLoss<S, T>,
+        L: MicroBatchLoss<S, T> + Send + 'static,
     {
         let slots = start_threads(self.replicas.len())?;
         let (tx, rx) = crossbeam_channel::unbounded();

@@ -1,0 +1,45 @@
+//! A planner and simulator for PipeTransformer: before any training, what
+//! it will do each epoch (frozen layers F, stages K, replicas R,
+//! micro-batches M, stage boundaries) and how long each epoch takes, split
+//! into compute, bubble, all-reduce and transitions, against the baseline
+//! (pipeline plus data parallel, nothing frozen).
+//!
+//! It uses the rules the real code uses, in the trainer's vocabulary
+//! ([`FreezeRule`](crate::FreezeRule), [`Parts`](crate::Parts),
+//! [`LayerSpec`](crate::LayerSpec), [`CostModel`](crate::CostModel)):
+//! burn-freeze's freeze schedule and layer map, the trainer's shape rule
+//! ([`crate::pipetransformer::shape`]: [`initial_shape`](crate::pipetransformer::shape::initial_shape),
+//! [`reshape`](crate::pipetransformer::shape::reshape)) on burn-pipe's one cost rule
+//! ([`burn_pipe::UnitCosts`]), burn-pipe's micro-batch count and schedule
+//! (`stage_ops`), and the replica group's all-reduce (per tensor or
+//! bucketed, burn-collective's ring, tree and centralized strategies,
+//! locally then across nodes).
+//!
+//! Files, one concern each: `config.rs` (what is asked, and its checks),
+//! `model.rs` (what a model costs, per unit), `planner.rs` (the epochs),
+//! `step.rs` (one step of one replica), `sim/` (a discrete-event
+//! simulation of one pipeline step), `collective_model.rs` (all-reduce
+//! costs), `transition.rs` (what a transition costs), `error.rs`.
+
+mod collective_model;
+mod config;
+mod error;
+mod model;
+mod planner;
+mod sim;
+mod step;
+#[cfg(test)]
+mod tests;
+mod transition;
+
+pub use collective_model::{
+    Link, ReduceGroup, all_reduce_cost, buckets, centralized_all_reduce, centralized_reduce,
+    ring_all_reduce, tree_all_reduce, tree_reduce,
+};
+pub use config::{ClusterConfig, PlanConfig};
+pub use error::PlanError;
+pub use model::{MeasuredPass, ModelSpec, UnitSpec};
+pub use planner::{EpochPlan, EpochTime, Plan, plan};
+pub use sim::{OpSpan, PipelineSim, PipelineTrace, StageWork, parallelism_at, shares};
+pub use step::{ReduceTiming, StepTime, step_time};
+pub use transition::TransitionCost;

@@ -1,0 +1,269 @@
+//! The per-epoch PipeTransformer schedule and its predicted time: the freeze
+//! front from the freeze rule (AutoFreeze), the stages, boundaries and
+//! replicas from the trainer's own shape rule ([`crate::pipetransformer::shape`]: AutoPipe
+//! and AutoDP), the cache, and each epoch's steps simulated
+//! ([`PipelineSim`](crate::pipetransformer::plan::PipelineSim)) with the all-reduce costed.
+
+use burn_pipe::default_micro_batches;
+use serde::{Deserialize, Serialize};
+
+use crate::pipetransformer::plan::config::PlanConfig;
+use crate::pipetransformer::plan::error::{PlanError, check};
+use crate::pipetransformer::plan::model::ModelSpec;
+use crate::pipetransformer::plan::step::{Layout, StepTime, simulate_step};
+use crate::pipetransformer::plan::transition::transition_cost;
+use crate::pipetransformer::shape::{MemoryFit, StartError, reshape, starting_shape};
+use crate::sampler::BatchPolicy;
+
+/// One epoch's seconds, split.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct EpochTime {
+    /// The steps: compute, bubble and exposed all-reduce.
+    pub steps: StepTime,
+    /// Rebuilding pipelines and the replica group before the epoch.
+    pub transition: f64,
+}
+
+impl EpochTime {
+    /// The whole epoch.
+    pub fn total(&self) -> f64 {
+        self.steps.total() + self.transition
+    }
+}
+
+/// What PipeTransformer does in one epoch, and how long it takes: the
+/// shape the trainer trains that epoch with (its [`Transition`]'s `after`
+/// at the end of the epoch before), and the simulated time.
+///
+/// [`Transition`]: crate::Transition
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpochPlan {
+    /// The epoch.
+    pub epoch: usize,
+    /// Layers frozen (F).
+    pub frozen_layers: usize,
+    /// Units frozen (the freeze front).
+    pub front: usize,
+    /// Whether the frozen prefix's output comes from the cache.
+    pub cached: bool,
+    /// Stages per pipeline (K).
+    pub stages: usize,
+    /// Units per stage, first to last.
+    pub balance: Vec<usize>,
+    /// Pipeline replicas (R).
+    pub replicas: usize,
+    /// Micro-batches per step (M).
+    pub micro_batches: usize,
+    /// Samples per replica per step.
+    pub replica_batch: usize,
+    /// Steps in the epoch.
+    pub steps: usize,
+    /// One step, split.
+    pub step: StepTime,
+    /// The simulated pipeline's bubble fraction.
+    pub bubble_fraction: f64,
+    /// The epoch, split.
+    pub time: EpochTime,
+}
+
+/// A whole run and the baseline's (pipeline plus data parallel, nothing
+/// frozen, no cache, same devices and epochs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// PipeTransformer, epoch by epoch.
+    pub epochs: Vec<EpochPlan>,
+    /// The baseline, epoch by epoch.
+    pub baseline: Vec<EpochPlan>,
+}
+
+impl Plan {
+    /// Seconds of the whole PipeTransformer run.
+    pub fn total(&self) -> f64 {
+        self.epochs.iter().map(|e| e.time.total()).sum()
+    }
+
+    /// Seconds of the whole baseline run.
+    pub fn baseline_total(&self) -> f64 {
+        self.baseline.iter().map(|e| e.time.total()).sum()
+    }
+
+    /// Baseline time over PipeTransformer time.
+    pub fn speedup(&self) -> f64 {
+        self.baseline_total() / self.total()
+    }
+
+    /// The run's seconds summed by kind.
+    pub fn breakdown(&self) -> EpochTime {
+        sum_times(&self.epochs)
+    }
+
+    /// The baseline's seconds summed by kind.
+    pub fn baseline_breakdown(&self) -> EpochTime {
+        sum_times(&self.baseline)
+    }
+}
+
+fn sum_times(epochs: &[EpochPlan]) -> EpochTime {
+    epochs
+        .iter()
+        .fold(EpochTime::default(), |acc, e| EpochTime {
+            steps: acc.steps.plus(&e.time.steps),
+            transition: acc.transition + e.time.transition,
+        })
+}
+
+/// Plans every epoch of `config` on `model`, and the baseline. Each
+/// epoch's shape comes from the trainer's shape rule ([`initial_shape`],
+/// then [`reshape`] whenever the front moves), on the units' costs under
+/// [`PlanConfig::costs`].
+///
+/// ```
+/// use burn_elastic_dp::{BatchPolicy, FreezeRule, LayerSpec};
+/// use burn_elastic_dp::plan::{ClusterConfig, Link, ModelSpec, PlanConfig, UnitSpec, plan};
+///
+/// let unit = |name: String| UnitSpec {
+///     name, forward: 1e-3, backward: 2e-3, forward_fixed: 0.0, backward_fixed: 0.0,
+///     measured: vec![], activation_bytes: 1 << 12, saved_bytes: 0, param_tensors: vec![1 << 20],
+/// };
+/// let model = ModelSpec {
+///     model: "toy".into(), source: "made up".into(),
+///     layers: LayerSpec::Uniform { offset: 1, per_layer: 2, layers: 4 },
+///     units: (0..10).map(|u| unit(format!("unit {u}"))).collect(),
+/// };
+/// let link = Link::new(10e9, 1e-5);
+/// let config = PlanConfig::new(
+///     ClusterConfig::new(4, 1, link, link), BatchPolicy::PerReplica { batch: 64 }, 6400, 4,
+///     FreezeRule::AlphaSchedule { alpha: 0.5 },
+/// )
+/// .with_stages(Some(4)); // the paper's start; `None`: the fewest stages that fit
+/// let plan = plan(&config, &model).unwrap();
+/// assert_eq!(plan.epochs[0].stages, 4);
+/// assert!(plan.epochs.last().unwrap().replicas > 1);
+/// assert!(plan.speedup() > 1.0);
+/// ```
+pub fn plan(config: &PlanConfig, model: &ModelSpec) -> Result<Plan, PlanError> {
+    config.validate(model)?;
+    Ok(Plan {
+        epochs: run(config, model, false)?,
+        baseline: run(config, model, true)?,
+    })
+}
+
+/// The epochs of PipeTransformer, or of the baseline (nothing frozen).
+fn run(
+    config: &PlanConfig,
+    model: &ModelSpec,
+    baseline: bool,
+) -> Result<Vec<EpochPlan>, PlanError> {
+    let map = model.layer_map()?;
+    // Every node runs the shape rule on its own devices, in lockstep (as
+    // the trainer's MPI ranks do): a pipeline stays within a node, and the
+    // run holds `nodes` times one node's replicas.
+    let devices = config.cluster.devices_per_node;
+    let nodes = config.cluster.nodes;
+    let costs = model.unit_costs(config.costs);
+    // The trainer's start and fit (memory-aware AutoPipe, or the paper's
+    // fixed start).
+    let fit = MemoryFit::for_run(
+        config.stages,
+        config.memory.device_bytes,
+        config.memory.optimizer_slots,
+        &model.unit_memory(),
+        config.batch,
+        config.micro_batches,
+        config.schedule,
+    );
+    let fixed = config.stages.map(|k| (k, devices / k));
+    let (mut shape, initial_largest) = starting_shape(&costs, fixed, fit.as_ref(), devices)
+        .map_err(|error| PlanError::Invalid(start_message(&error)))?;
+    let rules = config.reshaping(initial_largest).with_memory(fit);
+    let mut epochs: Vec<EpochPlan> = Vec::with_capacity(config.epochs);
+    for epoch in 0..config.epochs {
+        let previous = epochs.last();
+        let frozen_layers = if baseline {
+            0
+        } else {
+            config.front(map.num_layers(), epoch)
+        };
+        let front = map.unit_front(frozen_layers);
+        // The trainer reshapes when the front moves, at once.
+        if frozen_layers > previous.map_or(0, |p| p.frozen_layers) {
+            shape = reshape(&costs, front, &shape, &rules);
+        }
+        let cached = rules.cache && front > 0;
+        let (stages, replicas) = (shape.stages(), shape.replicas * nodes);
+        let micro_batches = config
+            .micro_batches
+            .unwrap_or_else(|| default_micro_batches(stages));
+        let (replica_batch, global_batch) = match config.batch {
+            BatchPolicy::PerReplica { batch } => (batch, batch * replicas),
+            BatchPolicy::FixedGlobal { batch } => (batch / replicas, batch),
+        };
+        check(replica_batch >= micro_batches, || {
+            format!(
+                "epoch {epoch}: {replicas} replicas get {replica_batch} samples each per step, fewer than the {micro_batches} micro-batches of K={stages}: raise the batch (at least {}) or lower the micro-batches",
+                micro_batches * replicas
+            )
+        })?;
+        let steps = config.samples.div_ceil(global_batch);
+        // The cache holds the previous epoch's frozen output when it was
+        // cached then; the first cached epoch computes the prefix to fill it.
+        let cache_front = match previous {
+            Some(p) if cached && p.cached => p.front,
+            _ => 0,
+        };
+        let layout = Layout {
+            stages,
+            replicas,
+            balance: &shape.balance,
+            front,
+            cache_front,
+            cached,
+            micro_batch: replica_batch as f64 / micro_batches as f64,
+            micro_batches,
+        };
+        let (step, bubble_fraction) = simulate_step(config, model, &layout)?;
+        let transition = match previous {
+            None => 0.0,
+            Some(p) => transition_cost(config, model, p, &shape.with_replicas(replicas), front),
+        };
+        epochs.push(EpochPlan {
+            epoch,
+            frozen_layers,
+            front,
+            cached,
+            stages,
+            balance: shape.balance.clone(),
+            replicas,
+            micro_batches,
+            replica_batch,
+            steps,
+            step,
+            bubble_fraction,
+            time: EpochTime {
+                steps: step.scaled(steps as f64),
+                transition,
+            },
+        });
+    }
+    Ok(epochs)
+}
+
+/// The planner's message for a start that does not fit (the trainer's
+/// `TrainerError::DoesNotFit` and `StageDoesNotFit` say the same).
+fn start_message(error: &StartError) -> String {
+    match error {
+        StartError::NoFit(no) if no.alone => format!(
+            "unit {} alone needs {} bytes but a device holds {}: no pipeline of up to {} stages fits",
+            no.unit, no.needed, no.budget, no.stages
+        ),
+        StartError::NoFit(no) => format!(
+            "the stage starting at unit {} needs {} bytes but a device holds {}: no pipeline of up to {} stages fits",
+            no.unit, no.needed, no.budget, no.stages
+        ),
+        StartError::StageOver(over) => format!(
+            "stage {} of the {}-stage start needs {} bytes but a device holds {}",
+            over.stage, over.stages, over.needed, over.budget
+        ),
+    }
+}

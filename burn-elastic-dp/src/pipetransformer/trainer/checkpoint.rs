@@ -1,0 +1,496 @@
+//! Checkpoints of a PipeTransformer run: a directory per checkpoint, written
+//! under a temporary name and renamed when complete (a crash never leaves a
+//! half-written checkpoint under a real name), every file's CRC-32 in its
+//! `state.json`, and the newest checkpoint that verifies used on resume:
+//! [`Trainer::save_checkpoint`] and [`Trainer::resume`], and the files.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::prelude::*;
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
+use burn_freeze::{Activation, FreezeState, LayerStack, PolicyState, StackTypes};
+use burn_pipe::MicroBatchLoss;
+use serde::{Deserialize, Serialize};
+
+use super::config::TrainerConfig;
+use super::error::{TrainerError, io};
+use super::{StackOptimizer, Trainer};
+use crate::pipetransformer::shape::Shape;
+use crate::sampler::ElasticSampler;
+use burn_pipe::UnitCosts;
+
+/// When and where a [`Trainer`] writes checkpoints.
+///
+/// ```
+/// use burn_elastic_dp::trainer::CheckpointConfig;
+///
+/// let config = CheckpointConfig::new("runs/ckpt".into()).with_every_steps(50);
+/// assert_eq!(config.keep, 2);
+/// ```
+#[derive(Config, Debug)]
+pub struct CheckpointConfig {
+    /// Directory of the checkpoints (made if missing).
+    pub dir: PathBuf,
+    /// Steps between checkpoints (at least 1); one is also written after
+    /// every transition.
+    #[config(default = 100)]
+    pub every_steps: usize,
+    /// Checkpoints kept, the newest (at least 1); older ones are removed.
+    #[config(default = 2)]
+    pub keep: usize,
+}
+
+impl<S, O, T> Trainer<S, O, T>
+where
+    S: StackTypes,
+    O: StackOptimizer<S>,
+    T: Activation<S::Backend> + Send + 'static,
+{
+    /// Writes a checkpoint of the run into the configured directory (see
+    /// [`CheckpointConfig`]; the trainer also does so every `every_steps`
+    /// steps, after each transition and at each epoch's end): weights,
+    /// optimizer state, freeze front and policy statistics, pipeline shape
+    /// and costs, replica count, the sampler's place in the epoch and the
+    /// step and epoch counters. Returns its directory, or `None` without a
+    /// checkpoint configuration.
+    ///
+    /// Not saved: the AutoCache's entries (a resumed run recomputes them,
+    /// exactly) and the backend's random state (Burn has no API for it: a
+    /// model with dropout resumes with other dropout masks).
+    pub fn save_checkpoint(&self) -> Result<Option<PathBuf>, TrainerError> {
+        let Some(config) = &self.config.checkpoint else {
+            return Ok(None);
+        };
+        let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+        let model = self.group.to_layer_stack().into_parts().into_record();
+        let model = recorder
+            .record(model, ())
+            .map_err(|e| TrainerError::Checkpoint(format!("the weights: {e}")))?;
+        let optimizer = recorder
+            .record(self.group.optimizer_record(), ())
+            .map_err(|e| TrainerError::Checkpoint(format!("the optimizer state: {e}")))?;
+        let (freeze, policy) = self.auto.save_state();
+        let state = RunState {
+            format: 0,
+            steps: self.steps,
+            epoch: self.epoch,
+            mid_epoch: self.mid_epoch,
+            sampler: self.sampler.as_ref().map(|s| {
+                let (epoch, cursor) = s.position();
+                (epoch, cursor, s.len())
+            }),
+            freeze,
+            policy,
+            front: self.group.front(),
+            shape: self.shape(),
+            costs: self.costs.clone(),
+            initial_largest: self.initial_largest,
+            base_replicas: self.base_replicas,
+            profile_pending: self.profile_pending,
+            memory: Some(self.memory.clone()),
+            memory_pending: self.memory_pending,
+            processes: self.group.processes(),
+            total_replicas: self.group.total_replicas(),
+            lr_schedule: self.schedule.save()?,
+            files: Vec::new(),
+        };
+        let path = write(config, state, &model, &optimizer)?;
+        tracing::debug!(checkpoint = %path.display(), steps = self.steps, "checkpoint written");
+        Ok(Some(path))
+    }
+
+    /// After a step that left some of the epoch to run: a checkpoint when
+    /// the front `moved` or every `every_steps` steps (the epoch's last step
+    /// is saved by the epoch's end, at once).
+    pub(super) fn checkpoint_after_step(&self, moved: bool) -> Result<(), TrainerError> {
+        if let Some(checkpoint) = &self.config.checkpoint
+            && self.epoch_left()
+            && (moved || self.steps.is_multiple_of(checkpoint.every_steps))
+        {
+            self.save_checkpoint()?;
+        }
+        Ok(())
+    }
+
+    /// Resumes a run from the newest checkpoint in `config.checkpoint`'s
+    /// directory that verifies (a truncated or corrupted one is rejected,
+    /// with the reason logged, and the one before it used). `stack` gives
+    /// the architecture (its weights are replaced by the checkpoint's);
+    /// `devices`, `make_optimizer` and `loss` as for
+    /// [`TrainerConfig::init`]. The run then goes on exactly where the
+    /// checkpoint was taken: the same losses, step for step, as a run never
+    /// stopped (for a model without dropout). Returns the trainer and the
+    /// checkpoint used.
+    pub fn resume(
+        stack: LayerStack<S>,
+        devices: Vec<Device<S::Backend>>,
+        config: TrainerConfig,
+        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
+        loss: impl MicroBatchLoss<S, T> + Send + 'static,
+    ) -> Result<(Self, PathBuf), TrainerError>
+    where
+        O::Record: Clone,
+    {
+        let config = config.for_rank(crate::nodes::job_rank());
+        let Some(checkpoint) = &config.checkpoint else {
+            return Err(TrainerError::InvalidConfig {
+                field: "checkpoint",
+                value: "None".into(),
+                accepted: "a checkpoint directory to resume from",
+            });
+        };
+        let across = config.replicas.nodes.is_some() && crate::nodes::job_size().is_some();
+        let loaded = if across {
+            read_agreed(&checkpoint.dir, &config)?
+        } else {
+            read_latest(&one_process_dir(&checkpoint.dir)?)?
+        };
+        let state = loaded.state;
+        let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+        let device = devices.first().cloned().unwrap_or_default();
+        let record = recorder.load(loaded.model, &device).map_err(|e| {
+            TrainerError::Checkpoint(format!("{}: the weights: {e}", loaded.path.display()))
+        })?;
+        let (first, middle, last) = stack.into_parts().load_record(record);
+        let stack = LayerStack::from_parts(first, middle, last);
+        let optimizer: O::Record = recorder.load(loaded.optimizer, &device).map_err(|e| {
+            TrainerError::Checkpoint(format!(
+                "{}: the optimizer state: {e}",
+                loaded.path.display()
+            ))
+        })?;
+        let mut trainer = Self::new(stack, devices, config, make_optimizer, loss, true)?;
+        // The saved front and shape, then the saved optimizer state in
+        // every replica. On another number of processes each one's share is
+        // derived again: under AutoDP as many replicas as its devices hold
+        // at the saved K (the global batch is shared among them all).
+        let mut shape = state.shape.clone();
+        let processes = trainer.group.processes();
+        if processes != state.processes {
+            if trainer.config.parts.dp {
+                shape.replicas = (trainer.devices.len() / shape.stages()).max(1);
+            }
+            tracing::info!(
+                written_by = state.processes,
+                resumed_on = processes,
+                total_replicas_before = state.total_replicas,
+                replicas_here = shape.replicas,
+                "resuming on another number of processes"
+            );
+        }
+        trainer.reshape_through_one(&shape, |group| {
+            if state.front > 0 {
+                group.freeze_to(state.front)?;
+            }
+            Ok(())
+        })?;
+        trainer.group.load_optimizer_record(optimizer);
+        trainer.costs = state.costs;
+        trainer.initial_largest = state.initial_largest;
+        trainer.base_replicas = state.base_replicas;
+        trainer.profile_pending = state.profile_pending;
+        if let Some(memory) = state.memory {
+            trainer.memory = memory;
+            trainer.memory_pending = state.memory_pending;
+        }
+        trainer.auto.load_state(state.freeze, state.policy);
+        trainer.schedule.restore(state.lr_schedule);
+        if let Some((epoch, cursor, len)) = state.sampler {
+            let mut sampler = ElasticSampler::new(len, trainer.config.batch, trainer.config.seed)?;
+            sampler.seek(epoch, cursor)?;
+            trainer.sampler = Some(sampler);
+        }
+        trainer.epoch = state.epoch;
+        trainer.steps = state.steps;
+        trainer.mid_epoch = state.mid_epoch;
+        tracing::info!(
+            checkpoint = %loaded.path.display(),
+            steps = state.steps,
+            epoch = state.epoch,
+            "run resumed"
+        );
+        Ok((trainer, loaded.path))
+    }
+}
+
+/// Format of `state.json`.
+const FORMAT: u32 = 1;
+const MODEL: &str = "model.bin";
+const OPTIMIZER: &str = "optimizer.bin";
+const STATE: &str = "state.json";
+
+/// Everything of a run but its weights and optimizer state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct RunState {
+    pub format: u32,
+    /// Optimizer steps taken.
+    pub steps: usize,
+    /// Epochs finished.
+    pub epoch: usize,
+    /// Whether the checkpoint falls inside an epoch.
+    pub mid_epoch: bool,
+    /// The sampler's epoch and position, and the dataset's length.
+    pub sampler: Option<(usize, usize, usize)>,
+    pub freeze: FreezeState,
+    pub policy: Option<PolicyState>,
+    pub front: usize,
+    pub shape: Shape,
+    pub costs: UnitCosts,
+    pub initial_largest: f64,
+    pub base_replicas: usize,
+    pub profile_pending: bool,
+    /// The units' memory figures (absent in checkpoints from before
+    /// memory-aware AutoPipe).
+    #[serde(default)]
+    pub memory: Option<burn_pipe::UnitMemory>,
+    #[serde(default)]
+    pub memory_pending: bool,
+    /// Processes of the group that wrote it (1 for one process).
+    #[serde(default = "one")]
+    pub processes: usize,
+    /// Replicas of the whole group, every process's.
+    #[serde(default)]
+    pub total_replicas: usize,
+    /// The learning-rate scheduler's record (Burn's binary recorder), when
+    /// one with a state is set.
+    #[serde(default)]
+    pub lr_schedule: Option<Vec<u8>>,
+    /// (file, CRC-32, length) of the weights and optimizer files.
+    pub files: Vec<(String, u32, u64)>,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// What a checkpoint holds, read back and verified.
+struct Loaded {
+    pub path: PathBuf,
+    pub state: RunState,
+    pub model: Vec<u8>,
+    pub optimizer: Vec<u8>,
+}
+
+/// Flushes a directory's entries (a rename in it) to disk; a no-op where
+/// directories cannot be opened as files (Windows).
+fn sync_dir(dir: &Path) -> Result<(), TrainerError> {
+    #[cfg(unix)]
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))?;
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), TrainerError> {
+    let mut file = fs::File::create(path).map_err(io(path))?;
+    file.write_all(bytes).map_err(io(path))?;
+    file.sync_all().map_err(io(path))
+}
+
+/// Name of the checkpoint after `steps` steps (sorts by step).
+fn name(steps: usize) -> String {
+    format!("step-{steps:012}")
+}
+
+/// Writes a checkpoint into `config.dir` atomically and removes the oldest
+/// beyond `config.keep`; returns its directory.
+fn write(
+    config: &CheckpointConfig,
+    mut state: RunState,
+    model: &[u8],
+    optimizer: &[u8],
+) -> Result<PathBuf, TrainerError> {
+    fs::create_dir_all(&config.dir).map_err(io(&config.dir))?;
+    let final_dir = config.dir.join(name(state.steps));
+    let temporary = config.dir.join(format!(".tmp-{}", name(state.steps)));
+    let _ = fs::remove_dir_all(&temporary);
+    fs::create_dir(&temporary).map_err(io(&temporary))?;
+    state.format = FORMAT;
+    state.files = vec![
+        (MODEL.into(), crc32fast::hash(model), model.len() as u64),
+        (
+            OPTIMIZER.into(),
+            crc32fast::hash(optimizer),
+            optimizer.len() as u64,
+        ),
+    ];
+    write_synced(&temporary.join(MODEL), model)?;
+    write_synced(&temporary.join(OPTIMIZER), optimizer)?;
+    let json = serde_json::to_vec_pretty(&state).expect("the run state serialises");
+    write_synced(&temporary.join(STATE), &json)?;
+    let _ = fs::remove_dir_all(&final_dir);
+    fs::rename(&temporary, &final_dir).map_err(io(&final_dir))?;
+    // The rename is durable only once the directory holding it is synced.
+    sync_dir(&config.dir)?;
+    let mut all = list(&config.dir)?;
+    while all.len() > config.keep.max(1) {
+        let oldest = all.remove(0);
+        let _ = fs::remove_dir_all(oldest);
+    }
+    Ok(final_dir)
+}
+
+/// The checkpoint directories in `dir`, oldest first.
+fn list(dir: &Path) -> Result<Vec<PathBuf>, TrainerError> {
+    let mut found: Vec<PathBuf> = fs::read_dir(dir)
+        .map_err(io(dir))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.is_dir()
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("step-"))
+        })
+        .collect();
+    found.sort();
+    Ok(found)
+}
+
+/// Reads and verifies one checkpoint.
+fn read(path: &Path) -> Result<Loaded, String> {
+    let json = fs::read(path.join(STATE)).map_err(|e| format!("{STATE}: {e}"))?;
+    let state: RunState =
+        serde_json::from_slice(&json).map_err(|e| format!("{STATE} is not valid: {e}"))?;
+    if state.format != FORMAT {
+        return Err(format!(
+            "format {} (this version reads {FORMAT})",
+            state.format
+        ));
+    }
+    let mut bytes = Vec::new();
+    for name in [MODEL, OPTIMIZER] {
+        let Some((_, crc, len)) = state.files.iter().find(|(n, _, _)| n == name) else {
+            return Err(format!("{STATE} lists no {name}"));
+        };
+        let data = fs::read(path.join(name)).map_err(|e| format!("{name}: {e}"))?;
+        if data.len() as u64 != *len || crc32fast::hash(&data) != *crc {
+            return Err(format!(
+                "{name} is truncated or corrupted ({} bytes, expected {len}; checksum mismatch)",
+                data.len()
+            ));
+        }
+        bytes.push(data);
+    }
+    let optimizer = bytes.pop().expect("two files");
+    let model = bytes.pop().expect("two files");
+    Ok(Loaded {
+        path: path.to_path_buf(),
+        state,
+        model,
+        optimizer,
+    })
+}
+
+/// Most checkpoint steps a process tells the others when they agree where
+/// to resume.
+const AGREED_STEPS: usize = 32;
+
+/// The step a checkpoint directory is named after.
+fn step_of(path: &Path) -> Option<i64> {
+    path.file_name()?
+        .to_str()?
+        .strip_prefix("step-")?
+        .parse()
+        .ok()
+}
+
+/// Across the processes of an MPI job: the newest checkpoint that every
+/// process holds, verified, in its own `dir` (its `rank-<r>`), agreed by
+/// one small all-gather of each process's verified steps. A process whose
+/// newest checkpoint is newer than that (it wrote one more before the job
+/// ended) resumes from the common one too, so that every process resumes
+/// at the same step; with no common step the resume is refused on every
+/// process, naming each one's steps.
+fn read_agreed(dir: &Path, config: &TrainerConfig) -> Result<Loaded, TrainerError> {
+    let all = if dir.exists() { list(dir)? } else { Vec::new() };
+    let mut verified: Vec<(i64, Loaded)> = Vec::new();
+    for path in all.iter().rev() {
+        let Some(step) = step_of(path) else { continue };
+        match read(path) {
+            Ok(loaded) if verified.len() < AGREED_STEPS => verified.push((step, loaded)),
+            Ok(_) => break,
+            Err(reason) => {
+                tracing::error!(checkpoint = %path.display(), %reason, "checkpoint rejected");
+            }
+        }
+    }
+    let mut record: Vec<i64> = verified.iter().map(|(step, _)| *step).collect();
+    record.resize(AGREED_STEPS, -1);
+    let timeout = std::time::Duration::from_millis(config.replicas.timeout_ms);
+    let link = crate::nodes::join(config.replicas.nodes.as_ref(), 1, timeout)?;
+    let Some(link) = link else {
+        return read_latest(dir);
+    };
+    let steps = link.gather(record, std::time::Instant::now() + timeout)?;
+    drop(link);
+    let held =
+        |rank: usize| -> Vec<i64> { steps[rank].iter().copied().filter(|&s| s >= 0).collect() };
+    let common = held(0)
+        .into_iter()
+        .filter(|step| (1..steps.len()).all(|rank| held(rank).contains(step)))
+        .max();
+    let Some(common) = common else {
+        let each: Vec<String> = (0..steps.len())
+            .map(|rank| format!("rank {rank} holds {:?}", held(rank)))
+            .collect();
+        return Err(TrainerError::ResumeDisagrees(format!(
+            "no checkpoint step is held, verified, by every rank ({}); a rank without one cannot join the others' step",
+            each.join(", ")
+        )));
+    };
+    let ahead: Vec<usize> = (0..steps.len())
+        .filter(|&rank| held(rank).first().is_some_and(|&newest| newest > common))
+        .collect();
+    if !ahead.is_empty() {
+        tracing::warn!(
+            step = common,
+            ?ahead,
+            "some ranks hold a newer checkpoint; every rank resumes from the newest they all hold"
+        );
+    }
+    let (_, loaded) = verified
+        .into_iter()
+        .find(|(step, _)| *step == common)
+        .expect("every rank holds the common step, this one included");
+    Ok(loaded)
+}
+
+/// Where one process resumes: `dir`, or, when `dir` holds no checkpoint of
+/// its own but the ranks of a job across processes wrote theirs into
+/// `rank-<r>` under it, rank 0's (every rank holds the same model): a run
+/// of several ranks resumes on one.
+fn one_process_dir(dir: &Path) -> Result<PathBuf, TrainerError> {
+    let ranks = dir.join("rank-0");
+    if dir.exists() && list(dir)?.is_empty() && ranks.is_dir() {
+        tracing::info!(dir = %ranks.display(), "resuming one process from rank 0's checkpoints");
+        return Ok(ranks);
+    }
+    Ok(dir.to_path_buf())
+}
+
+/// The newest checkpoint in `dir` that verifies; every one rejected is
+/// logged with the reason.
+fn read_latest(dir: &Path) -> Result<Loaded, TrainerError> {
+    let all = if dir.exists() { list(dir)? } else { Vec::new() };
+    let mut reasons = Vec::new();
+    for path in all.iter().rev() {
+        match read(path) {
+            Ok(loaded) => return Ok(loaded),
+            Err(reason) => {
+                tracing::error!(checkpoint = %path.display(), %reason, "checkpoint rejected; trying the previous one");
+                reasons.push(format!("{}: {reason}", path.display()));
+            }
+        }
+    }
+    Err(TrainerError::NoCheckpoint {
+        dir: dir.to_path_buf(),
+        rejected: reasons,
+    })
+}

@@ -1,0 +1,532 @@
+//! What a PipeTransformer run is asked to do: one serde `Config`, checked
+//! before any work.
+
+use std::path::PathBuf;
+
+use burn::config::Config;
+use burn::tensor::Device;
+use burn_freeze::{
+    Activation, AlphaArgmin, AlphaArgminConfig, ArgminStatistic, CacheConfig, ChangeRate,
+    ChangeRateConfig, FixedSchedule, FreezePolicy, LayerMap, LayerStack, StackTypes,
+};
+use burn_pipe::MicroBatchLoss;
+
+use super::error::TrainerError;
+use super::{StackOptimizer, Trainer};
+use crate::pipetransformer::shape::Reshaping;
+use crate::sampler::BatchPolicy;
+use crate::{AllReduce, ReplicaConfig};
+
+/// Which of PipeTransformer's four parts run; every combination is valid
+/// (the paper's ablations). With `freeze` off nothing freezes, so the other
+/// three have nothing to act on and the run is pipeline (+ data-parallel)
+/// training of a fixed shape.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub struct Parts {
+    /// AutoFreeze: the freeze policy moves the front.
+    #[config(default = true)]
+    pub freeze: bool,
+    /// AutoPipe: after the front moves, re-plan the active units into the
+    /// fewest stages whose largest is no larger than at the start.
+    #[config(default = true)]
+    pub pipe: bool,
+    /// AutoDP: run as many pipeline replicas as the devices hold
+    /// (`devices / stages`), growing as AutoPipe shortens the pipeline.
+    /// Off, the replicas stay at the start's count, `devices / K` at the
+    /// starting K (one for the paper's start, K = devices; D / K for a
+    /// memory-aware start of K stages), as the freed devices idle.
+    #[config(default = true)]
+    pub dp: bool,
+    /// AutoCache: serve the frozen prefix's outputs from a per-sample cache.
+    #[config(default = true)]
+    pub cache: bool,
+}
+
+impl Parts {
+    /// What the shape rule may do when these parts run on `devices`
+    /// devices, the largest stage at the start costing `initial_largest`.
+    pub fn reshaping(self, devices: usize, initial_largest: f64) -> Reshaping {
+        Reshaping::new(self.pipe, self.dp, self.cache, devices, initial_largest)
+    }
+}
+
+/// The freeze policy, in layers (see [`LayerSpec`]): which of burn-freeze's
+/// policies (implementations of its [`FreezePolicy`] trait) the trainer
+/// runs, and with what values; the configuration names a rule, the trainer
+/// makes the policy from it.
+#[derive(Config, Debug, PartialEq)]
+pub enum FreezeRule {
+    /// The paper's alpha closed form, once per epoch: `ceil(L (1 - (1 -
+    /// alpha)^T))` layers frozen in epoch `T` (gradient-free).
+    AlphaSchedule {
+        /// In (0, 1): the share of the remaining layers frozen per epoch.
+        alpha: f64,
+    },
+    /// The paper's AutoFreeze, once per epoch: the alpha bound combined with
+    /// the argmin of the epoch's per-layer gradient norms (burn-freeze's
+    /// [`AlphaArgmin`]).
+    ///
+    /// ```
+    /// use burn_elastic_dp::{FreezeRule, TrainerConfig};
+    /// use burn_freeze::ArgminStatistic;
+    ///
+    /// // The paper's code: the norm of each layer's epoch-accumulated gradient.
+    /// let paper = FreezeRule::AlphaArgmin { alpha: 1.0 / 3.0, statistic: None };
+    /// assert_eq!(paper.argmin_statistic(), Some(ArgminStatistic::AccumulatedGradient));
+    /// // Each step's norm summed over the epoch instead.
+    /// let steps = FreezeRule::AlphaArgmin {
+    ///     alpha: 1.0 / 3.0,
+    ///     statistic: Some(ArgminStatistic::SummedStepNorms),
+    /// };
+    /// assert!(TrainerConfig::new().with_freeze(steps).check(4).is_ok());
+    /// // A configuration written before the statistic existed still parses.
+    /// let old: FreezeRule = serde_json::from_str(r#"{"AlphaArgmin":{"alpha":0.5}}"#).unwrap();
+    /// assert_eq!(old, FreezeRule::AlphaArgmin { alpha: 0.5, statistic: None });
+    /// ```
+    AlphaArgmin {
+        /// In (0, 1).
+        alpha: f64,
+        /// The per-layer statistic; `None` (or absent from a configuration
+        /// file) is the default, [`ArgminStatistic::AccumulatedGradient`].
+        statistic: Option<ArgminStatistic>,
+    },
+    /// The gradient-change rule (Liu et al.), every `every_steps` steps.
+    ChangeRate {
+        /// Steps between evaluations (at least 1).
+        every_steps: usize,
+        /// Percentile of the active layers' change rates used as the
+        /// threshold, in [0, 100].
+        percentile: f64,
+    },
+    /// A fixed number of frozen layers per epoch (the last entry holds
+    /// afterwards).
+    Fronts {
+        /// `layers[T]` layers frozen in epoch `T`.
+        layers: Vec<usize>,
+    },
+}
+
+impl FreezeRule {
+    /// The statistic of [`FreezeRule::AlphaArgmin`] (its default when
+    /// `None`); `None` for the other rules.
+    pub fn argmin_statistic(&self) -> Option<ArgminStatistic> {
+        match self {
+            FreezeRule::AlphaArgmin { statistic, .. } => {
+                Some(statistic.unwrap_or(ArgminStatistic::AccumulatedGradient))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// How the freeze policy's layers map onto the stack's units.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum LayerSpec {
+    /// Every unit is a layer.
+    PerUnit,
+    /// `layers` layers of `per_layer` consecutive units each, starting at
+    /// unit `offset` (ViT and BERT: offset 1, 2 units per block).
+    Uniform {
+        /// First unit of layer 0.
+        offset: usize,
+        /// Units per layer (at least 1).
+        per_layer: usize,
+        /// Layers.
+        layers: usize,
+    },
+}
+
+/// Where AutoPipe's unit costs come from.
+#[derive(Config, Debug, Copy, PartialEq)]
+pub enum CostModel {
+    /// Each unit's forward and backward time on the real backend, measured
+    /// on the first batch before training (the fastest of `repeats`, at
+    /// least 1); a frozen unit costs its forward time.
+    Profiled {
+        /// Timed runs per unit.
+        repeats: usize,
+    },
+    /// Parameter counts (deterministic; for tests and planning); a frozen
+    /// unit costs `frozen_factor` of an active one, in [0, 1].
+    Parameters {
+        /// Cost of a frozen unit relative to a training one.
+        frozen_factor: f64,
+    },
+}
+
+/// Configuration of a [`Trainer`]: PipeTransformer's loop, in which
+/// AutoFreeze, AutoPipe, AutoDP and AutoCache drive one training run.
+///
+/// ```
+/// use burn_elastic_dp::{BatchPolicy, FreezeRule, Parts, TrainerConfig};
+///
+/// let config = TrainerConfig::new()
+///     .with_freeze(FreezeRule::AlphaSchedule { alpha: 1.0 / 3.0 })
+///     .with_batch(BatchPolicy::FixedGlobal { batch: 64 })
+///     .with_parts(Parts::new().with_dp(false)); // an ablation: no AutoDP
+/// assert!(config.check(4).is_ok());
+/// assert!(config.clone().with_lr(0.0).check(4).is_err());
+/// ```
+#[derive(Config, Debug)]
+pub struct TrainerConfig {
+    /// Which parts run.
+    #[config(default = "Parts::new()")]
+    pub parts: Parts,
+    /// The freeze policy.
+    #[config(default = "FreezeRule::AlphaArgmin { alpha: 1.0 / 3.0, statistic: None }")]
+    pub freeze: FreezeRule,
+    /// The policy's layers in units.
+    #[config(default = "LayerSpec::PerUnit")]
+    pub layers: LayerSpec,
+    /// Pipeline stages at the start (1 to the device count); `None`:
+    /// memory-aware AutoPipe picks the fewest stages whose every stage fits
+    /// [`memory`](Self::memory)'s budget (without one: 1 stage on every
+    /// device, pure data parallelism), and later shapes keep that fit. The
+    /// paper starts at one pipeline over every device: `Some(devices)`.
+    #[config(default = "None")]
+    pub stages: Option<usize>,
+    /// The per-device memory budget of memory-aware AutoPipe.
+    #[config(default = "super::MemoryConfig::new()")]
+    pub memory: super::MemoryConfig,
+    /// Samples per step as replicas come and go.
+    #[config(default = "BatchPolicy::FixedGlobal { batch: 32 }")]
+    pub batch: BatchPolicy,
+    /// Learning rate for the starting replica count (scaled linearly with
+    /// the global batch under [`BatchPolicy::PerReplica`]); positive, finite.
+    #[config(default = 1e-3)]
+    pub lr: f64,
+    /// AutoCache's memory budget and spill directory.
+    #[config(default = "CacheConfig::new(256 << 20)")]
+    pub cache: CacheConfig,
+    /// AutoPipe's unit costs.
+    #[config(default = "CostModel::Profiled { repeats: 3 }")]
+    pub costs: CostModel,
+    /// Each replica group's settings: the pipeline's schedule, micro-batches
+    /// (`None`: with profiled costs, chosen for each shape from unit times
+    /// measured at a few micro-batch sizes; otherwise the paper's count for
+    /// each K) and waits, the all-reduce.
+    #[config(default = "ReplicaConfig::new()")]
+    pub replicas: ReplicaConfig,
+    /// Seed of the sample order.
+    #[config(default = 0)]
+    pub seed: u64,
+    /// Directory for `transitions.jsonl` and `epochs.jsonl` (made if
+    /// missing); `None` writes nothing. In a group across processes each
+    /// rank writes into `rank-<rank>` under it (checkpoints likewise).
+    #[config(default = "None")]
+    pub output_dir: Option<PathBuf>,
+    /// When a replica fails its part of a step (a panic or an error of its
+    /// own), shrink the group to the survivors and go on: a failed forward
+    /// and backward pass is run again on the survivors (nothing of it was
+    /// applied), a failed optimizer step is not (the survivors applied it).
+    /// Replicas stuck in their own computation past the step's bound have
+    /// left the group already ([`ElasticError::Timeout`](crate::ElasticError::Timeout)'s
+    /// `lost`); with this on the survivors redo the step. With one replica
+    /// left (or none), or this off, or a group across processes (which
+    /// cannot shrink), the step fails.
+    #[config(default = true)]
+    pub recover_replicas: bool,
+    /// Checkpoints (and where [`Trainer::resume`] reads them); `None`
+    /// writes none.
+    #[config(default = "None")]
+    pub checkpoint: Option<super::CheckpointConfig>,
+}
+
+/// A value outside `accepted`.
+fn invalid(field: &'static str, value: impl ToString, accepted: &'static str) -> TrainerError {
+    TrainerError::InvalidConfig {
+        field,
+        value: value.to_string(),
+        accepted,
+    }
+}
+
+fn check_alpha(alpha: f64) -> Result<(), TrainerError> {
+    if alpha > 0.0 && alpha < 1.0 {
+        Ok(())
+    } else {
+        Err(invalid("freeze.alpha", alpha, "a number in (0, 1)"))
+    }
+}
+
+impl TrainerConfig {
+    /// Checks every value against a run on `devices` devices, before any
+    /// work: one error naming the field and the accepted range.
+    pub fn check(&self, devices: usize) -> Result<(), TrainerError> {
+        self.check_on(devices, 1)
+    }
+
+    /// [`check`](Self::check) for a group across `processes` processes of
+    /// `devices` devices each (a rank of an MPI job with
+    /// [`ReplicaConfig::nodes`]): every shape the run can reach must give
+    /// every replica of every process a sample per micro-batch. Every
+    /// process runs the same shape rule on its own devices (AutoDP in
+    /// lockstep), so the whole group holds `processes` times one process's
+    /// replicas.
+    ///
+    /// ```
+    /// use burn_elastic_dp::{BatchPolicy, ReplicaConfig, TrainerConfig};
+    /// use burn_pipe::PipelineConfig;
+    ///
+    /// // 4 devices a process, 1 micro-batch: K = 1 gives 4 replicas each.
+    /// let one = ReplicaConfig::new().with_pipeline(PipelineConfig::new().with_micro_batches(Some(1)));
+    /// let config = TrainerConfig::new()
+    ///     .with_batch(BatchPolicy::FixedGlobal { batch: 8 })
+    ///     .with_replicas(one);
+    /// assert!(config.check_on(4, 2).is_ok());
+    /// assert!(config.check_on(4, 3).is_err()); // 12 replicas, 8 samples
+    /// ```
+    pub fn check_on(&self, devices: usize, processes: usize) -> Result<(), TrainerError> {
+        if processes == 0 {
+            return Err(invalid("processes", 0, "at least 1 process"));
+        }
+        if devices == 0 {
+            return Err(invalid("devices", 0, "at least 1 device"));
+        }
+        match &self.freeze {
+            FreezeRule::AlphaSchedule { alpha } | FreezeRule::AlphaArgmin { alpha, .. } => {
+                check_alpha(*alpha)?
+            }
+            FreezeRule::ChangeRate {
+                every_steps,
+                percentile,
+            } => {
+                if *every_steps == 0 {
+                    return Err(invalid("freeze.every_steps", 0, "at least 1"));
+                }
+                if !(0.0..=100.0).contains(percentile) {
+                    return Err(invalid("freeze.percentile", percentile, "[0, 100]"));
+                }
+            }
+            FreezeRule::Fronts { layers } => {
+                if layers.windows(2).any(|w| w[1] < w[0]) {
+                    return Err(invalid(
+                        "freeze.layers",
+                        format!("{layers:?}"),
+                        "a non-decreasing list of layer counts",
+                    ));
+                }
+            }
+        }
+        if let LayerSpec::Uniform {
+            per_layer, layers, ..
+        } = self.layers
+        {
+            if per_layer == 0 {
+                return Err(invalid("layers.per_layer", 0, "at least 1"));
+            }
+            if layers == 0 {
+                return Err(invalid("layers.layers", 0, "at least 1"));
+            }
+        }
+        if self.memory.device_bytes == Some(0) {
+            return Err(invalid("memory.device_bytes", 0, "at least 1 byte"));
+        }
+        let slots = self.memory.optimizer_slots;
+        if !(slots.is_finite() && (0.0..=16.0).contains(&slots)) {
+            return Err(invalid(
+                "memory.optimizer_slots",
+                slots,
+                "[0, 16] copies of the parameters",
+            ));
+        }
+        if let Some(stages) = self.stages
+            && !(1..=devices).contains(&stages)
+        {
+            return Err(invalid(
+                "stages",
+                stages,
+                "1 to the number of devices (the pipeline's length at the start)",
+            ));
+        }
+        let batch = match self.batch {
+            BatchPolicy::FixedGlobal { batch } | BatchPolicy::PerReplica { batch } => batch,
+        };
+        if batch == 0 {
+            return Err(invalid("batch", 0, "at least 1 sample"));
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(invalid("lr", self.lr, "a finite number above 0"));
+        }
+        match self.costs {
+            CostModel::Profiled { repeats: 0 } => {
+                return Err(invalid("costs.repeats", 0, "at least 1"));
+            }
+            CostModel::Parameters { frozen_factor } if !(0.0..=1.0).contains(&frozen_factor) => {
+                return Err(invalid("costs.frozen_factor", frozen_factor, "[0, 1]"));
+            }
+            _ => {}
+        }
+        if let Some(checkpoint) = &self.checkpoint {
+            if checkpoint.every_steps == 0 {
+                return Err(invalid("checkpoint.every_steps", 0, "at least 1"));
+            }
+            if checkpoint.keep == 0 {
+                return Err(invalid("checkpoint.keep", 0, "at least 1"));
+            }
+        }
+        if self.replicas.timeout_ms == 0 {
+            return Err(invalid("replicas.timeout_ms", 0, "at least 1 ms"));
+        }
+        if self.replicas.pipeline.timeout_ms == 0 {
+            return Err(invalid("replicas.pipeline.timeout_ms", 0, "at least 1 ms"));
+        }
+        if self.replicas.pipeline.micro_batches == Some(0) {
+            return Err(invalid("micro_batches", 0, "at least 1"));
+        }
+        if self.replicas.all_reduce == (AllReduce::Bucketed { bucket_bytes: 0 }) {
+            return Err(invalid("replicas.all_reduce.bucket_bytes", 0, "at least 1"));
+        }
+        if self.replicas.pipeline.balance.is_some() {
+            return Err(invalid(
+                "replicas.pipeline.balance",
+                "a fixed balance",
+                "None (AutoPipe balances the stages)",
+            ));
+        }
+        // Every shape the run can reach must have a sample per micro-batch
+        // of every replica: K halves from its start (the paper's rule) or
+        // falls to any divisor of the devices (memory-aware), R = devices /
+        // K; the start is at most every device.
+        let start = self.stages.unwrap_or(devices);
+        let moves = self.parts.freeze && self.parts.pipe;
+        let mut reachable: Vec<usize> =
+            std::iter::successors(Some(start), |&k| (k > 1 && moves).then_some(k / 2)).collect();
+        if self.stages.is_none() || (moves && self.memory.device_bytes.is_some()) {
+            reachable.extend(crate::pipetransformer::shape::stage_counts(devices, start));
+        }
+        reachable.sort_unstable();
+        reachable.dedup();
+        for stages in reachable {
+            // A memory-aware start (`stages` unset) at `stages` runs
+            // devices / stages replicas, whether AutoDP runs or not.
+            let memory_start = self.stages.is_none().then(|| (devices / stages).max(1));
+            for local in
+                std::iter::once(self.replicas_for(stages, start, devices)).chain(memory_start)
+            {
+                let replicas = local * processes;
+                let micro = self.replicas.pipeline.micro_batches_for(stages);
+                let needed = replicas * micro;
+                if self.batch.global_batch(replicas) < needed {
+                    return Err(TrainerError::BatchTooSmall {
+                        batch: self.batch.global_batch(replicas),
+                        stages,
+                        replicas,
+                        micro_batches: micro,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The configuration one rank of a group across processes runs: its
+    /// logs and checkpoints in `rank-<rank>` under the configured
+    /// directories, so that ranks on one machine never write the same file.
+    pub(crate) fn for_rank(mut self, rank: Option<usize>) -> Self {
+        let Some(rank) = rank.filter(|_| self.replicas.nodes.is_some()) else {
+            return self;
+        };
+        let sub = format!("rank-{rank}");
+        self.output_dir = self.output_dir.map(|dir| dir.join(&sub));
+        if let Some(checkpoint) = self.checkpoint.as_mut() {
+            checkpoint.dir = checkpoint.dir.join(&sub);
+        }
+        self
+    }
+
+    /// Whether a run of this configuration at `stages` stages chooses its
+    /// micro-batch count by measurement: a pipeline (one stage has no
+    /// bubble: M = 1), no count configured, profiled costs.
+    ///
+    /// ```
+    /// use burn_elastic_dp::{CostModel, TrainerConfig};
+    ///
+    /// let config = TrainerConfig::new().with_costs(CostModel::Profiled { repeats: 1 });
+    /// assert!(config.measures_micro_batches(2) && !config.measures_micro_batches(1));
+    /// let counted = config.with_costs(CostModel::Parameters { frozen_factor: 1.0 / 3.0 });
+    /// assert!(!counted.measures_micro_batches(2));
+    /// ```
+    pub fn measures_micro_batches(&self, stages: usize) -> bool {
+        stages > 1
+            && self.replicas.pipeline.micro_batches.is_none()
+            && matches!(self.costs, CostModel::Profiled { .. })
+    }
+
+    /// Replicas for a pipeline of `stages` stages: as many as the devices
+    /// hold under AutoDP, else as many as at the start.
+    pub(crate) fn replicas_for(&self, stages: usize, start: usize, devices: usize) -> usize {
+        if self.parts.dp {
+            (devices / stages).max(1)
+        } else {
+            (devices / start).max(1)
+        }
+    }
+
+    /// The layer map for a stack of `units` units.
+    pub(crate) fn layer_map(&self, units: usize) -> Result<LayerMap, TrainerError> {
+        Ok(match self.layers {
+            LayerSpec::PerUnit => LayerMap::per_unit(units),
+            LayerSpec::Uniform {
+                offset,
+                per_layer,
+                layers,
+            } => LayerMap::uniform(offset, per_layer, layers, units)?,
+        })
+    }
+
+    /// The configured freeze policy for a model of `layers` layers.
+    ///
+    /// With [`ArgminStatistic::AccumulatedGradient`] every stage of every
+    /// replica keeps a running sum of its trainable parameters' gradients
+    /// (one copy of its active weights, on its device) for the epoch.
+    pub(crate) fn policy(&self, layers: usize) -> Box<dyn FreezePolicy + Send> {
+        match &self.freeze {
+            FreezeRule::AlphaSchedule { alpha } => Box::new(FixedSchedule::alpha(layers, *alpha)),
+            FreezeRule::AlphaArgmin { alpha, statistic } => Box::new(AlphaArgmin::new(
+                AlphaArgminConfig::new()
+                    .with_alpha(*alpha)
+                    .with_statistic(statistic.unwrap_or(ArgminStatistic::AccumulatedGradient)),
+            )),
+            FreezeRule::ChangeRate {
+                every_steps,
+                percentile,
+            } => Box::new(ChangeRate::new(
+                ChangeRateConfig::new()
+                    .with_every_steps(*every_steps)
+                    .with_percentile(*percentile),
+            )),
+            FreezeRule::Fronts { layers } => Box::new(FixedSchedule::Fronts(layers.clone())),
+        }
+    }
+
+    /// Builds the trainer of `stack` over `devices` (logical devices on a
+    /// CPU: the same device several times), each pipeline stage with an
+    /// optimizer made by `make_optimizer`, every step scored by `loss` (a
+    /// micro-batch's output and targets to the mean loss over its samples;
+    /// owned, as every replica runs on a thread of its own, and given once:
+    /// the trainer shares it). The pipeline starts balanced on
+    /// parameter counts; with [`CostModel::Profiled`] the units are timed
+    /// on the first batch and the pipeline rebalanced on those times before
+    /// the first step.
+    ///
+    /// Fails, before any work, on a value outside its range (see
+    /// [`check`](Self::check)), more stages than units, a layer map that
+    /// does not fit the stack, an output directory that cannot be made or
+    /// an unusable cache spill directory.
+    pub fn init<S, O, T>(
+        &self,
+        stack: LayerStack<S>,
+        devices: Vec<Device<S::Backend>>,
+        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
+        loss: impl MicroBatchLoss<S, T> + Send + 'static,
+    ) -> Result<Trainer<S, O, T>, TrainerError>
+    where
+        S: StackTypes,
+        O: StackOptimizer<S>,
+        T: Activation<S::Backend> + Send + 'static,
+    {
+        let config = self.clone().for_rank(crate::nodes::job_rank());
+        Trainer::new(stack, devices, config, make_optimizer, loss, false)
+    }
+}

@@ -1,0 +1,156 @@
+//! One epoch's figures as its steps add up, and the [`EpochReport`] they
+//! make at its end.
+
+use std::time::{Duration, Instant};
+
+use super::StepProgress;
+use super::log::{EpochReport, Transition};
+use crate::group::GroupReport;
+use crate::pipetransformer::shape::Shape;
+
+/// The running figures of the epoch under way.
+pub(super) struct EpochTally {
+    started: Instant,
+    /// Cache hits and misses when the epoch began.
+    cache_before: (u64, u64),
+    steps: usize,
+    samples: usize,
+    /// Sum over the steps of the mean loss times the step's samples.
+    loss_sum: f64,
+    /// Per step, the slowest replica's all-reduce time, summed.
+    all_reduce: Duration,
+    bubble: f64,
+    transitions: Vec<Transition>,
+    /// The shape the epoch's last step ran with.
+    ran_with: Shape,
+    /// The whole group's replicas at its last step (every process's).
+    ran_total: usize,
+    /// The micro-batch count its last step ran with.
+    ran_micro_batches: Option<usize>,
+    /// Time its steps spent measuring before they trained.
+    profiling: Duration,
+}
+
+/// What the epoch's end adds to its tally: the freeze state after it and
+/// the cache's counters.
+pub(super) struct EpochEnd {
+    pub epoch: usize,
+    pub frozen_layers: usize,
+    pub front: usize,
+    /// Micro-batches per replica at the shape the epoch ran with, for an
+    /// epoch whose steps reported none (otherwise its last step's count).
+    pub micro_batches: usize,
+    /// Cache hits and misses now.
+    pub cache_after: (u64, u64),
+}
+
+impl EpochTally {
+    /// An epoch starting now at `shape` (`total` replicas in every
+    /// process), the cache having counted
+    /// `cache_before` hits and misses.
+    pub(super) fn start(cache_before: (u64, u64), shape: Shape, total: usize) -> Self {
+        Self {
+            ran_total: total,
+            started: Instant::now(),
+            cache_before,
+            steps: 0,
+            samples: 0,
+            loss_sum: 0.0,
+            all_reduce: Duration::ZERO,
+            bubble: 0.0,
+            transitions: Vec::new(),
+            ran_with: shape,
+            ran_micro_batches: None,
+            profiling: Duration::ZERO,
+        }
+    }
+
+    /// Adds time a step spent measuring (activations, unit costs,
+    /// micro-batch times) before it trained.
+    pub(super) fn profiling(&mut self, spent: Duration) {
+        self.profiling += spent;
+    }
+
+    /// Adds a step of `samples` samples that ran with `shape` (`total`
+    /// replicas in every process) at learning rate `lr`, the run's
+    /// `steps`-th; what the epoch's observer is told of it.
+    pub(super) fn step(
+        &mut self,
+        samples: usize,
+        report: &GroupReport,
+        shape: Shape,
+        total: usize,
+        (lr, steps): (f64, usize),
+    ) -> StepProgress {
+        self.ran_total = total;
+        self.steps += 1;
+        self.samples += samples;
+        self.loss_sum += f64::from(report.loss) * samples as f64;
+        self.all_reduce += report.all_reduce.iter().copied().max().unwrap_or_default();
+        self.bubble += bubble_seconds(&report.replicas);
+        // R of the whole group (every process's replicas).
+        let (stages, replicas) = (shape.stages(), total);
+        self.ran_with = shape;
+        let micro_batches = report.replicas.first().map(|r| r.micro_batches);
+        self.ran_micro_batches = micro_batches.or(self.ran_micro_batches);
+        let micro_batches = self.ran_micro_batches.unwrap_or(1);
+        StepProgress {
+            samples,
+            epoch_samples: self.samples,
+            loss: report.loss,
+            learning_rate: lr,
+            steps,
+            stages,
+            replicas,
+            micro_batches,
+        }
+    }
+
+    /// Adds a transition made during the epoch or at its end.
+    pub(super) fn transition(&mut self, record: Transition) {
+        self.transitions.push(record);
+    }
+
+    /// The shape the epoch's last step ran with.
+    pub(super) fn ran_with(&self) -> &Shape {
+        &self.ran_with
+    }
+
+    /// The epoch's figures.
+    pub(super) fn report(self, end: EpochEnd) -> EpochReport {
+        let seconds = self.started.elapsed().as_secs_f64();
+        let transition_millis: f64 = self.transitions.iter().map(|t| t.millis).sum();
+        EpochReport {
+            epoch: end.epoch,
+            steps: self.steps,
+            samples: self.samples,
+            loss: self.loss_sum / self.samples.max(1) as f64,
+            seconds,
+            samples_per_second: self.samples as f64 / seconds,
+            transition_seconds: transition_millis / 1e3,
+            profiling_seconds: self.profiling.as_secs_f64(),
+            all_reduce_seconds: self.all_reduce.as_secs_f64() / self.steps.max(1) as f64,
+            bubble_seconds: self.bubble,
+            frozen_layers: end.frozen_layers,
+            front: end.front,
+            stages: self.ran_with.stages(),
+            replicas: self.ran_with.replicas,
+            total_replicas: self.ran_total,
+            micro_batches: self.ran_micro_batches.unwrap_or(end.micro_batches),
+            balance: self.ran_with.balance,
+            transitions: self.transitions,
+            cache_hits: end.cache_after.0 - self.cache_before.0,
+            cache_misses: end.cache_after.1 - self.cache_before.1,
+        }
+    }
+}
+
+/// Seconds of a step's pipelined passes lost to bubbles: each replica's
+/// wall time times its bubble fraction, averaged over the replicas.
+fn bubble_seconds(replicas: &[burn_pipe::StepReport]) -> f64 {
+    let lost: f64 = replicas
+        .iter()
+        .map(|r| r.wall.as_secs_f64() * r.bubble_fraction())
+        .sum();
+    lost / replicas.len().max(1) as f64
+}

@@ -1,0 +1,583 @@
+//! The PipeTransformer loop: AutoFreeze, AutoPipe, AutoDP and AutoCache
+//! driving one training run of a user's layer stack, dataset and optimizer.
+//!
+//! The loop is here, top-down: an epoch takes the next batch, trains it
+//! (the step, with its retry), then acts after the step (AutoFreeze's
+//! decision, and the transition it makes), and ends with the epoch's
+//! report. The other files, one concern each: `recovery.rs` (which failed
+//! steps the run goes on from, and how), `transition.rs` (AutoPipe and
+//! AutoDP applied to the group: the shape rule's one call), `checkpoint.rs`
+//! (save and resume), `epoch.rs` (an epoch's running figures), `config.rs`
+//! (the one `Config` and its checks), `build.rs` (a trainer made from
+//! it), `memory.rs` (memory-aware AutoPipe: the budget, the units' memory
+//! and the start that fits), `micro.rs` (the micro-batch count, chosen from
+//! measured times), `agree.rs` (measurements agreed across the ranks of
+//! an MPI job: the slowest's times, the largest activations),
+//! `schedule.rs` (the learning rate of each step), `flow.rs` (an observer
+//! stopping an epoch),
+//! `bounds.rs` (the optimizer and stack
+//! bounds, named once), `log.rs` (transition
+//! and epoch records, JSON lines), `error.rs`.
+//!
+//! Across the ranks of an MPI job every rank runs this loop on its own
+//! devices, in lockstep: the same batches, the same all-reduced gradients,
+//! hence the same decisions at the same step; each step's header checks it
+//! (see `ReplicaGroup::resize`), and R in the maths (the sampler's draw,
+//! the learning-rate scaling, the checks) is the whole group's.
+
+mod agree;
+mod bounds;
+mod build;
+mod checkpoint;
+mod config;
+mod epoch;
+mod error;
+mod flow;
+mod log;
+mod memory;
+mod micro;
+mod recovery;
+mod schedule;
+mod transition;
+
+use std::sync::Arc;
+
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::Dataset;
+use burn::prelude::*;
+use burn_freeze::{
+    Activation, AutoFreeze, FreezePolicy, InnerInput, InnerOutput, LayerStack, StackTypes,
+};
+use burn_pipe::MicroBatchLoss;
+
+pub use bounds::{CacheableStack, StackOptimizer};
+pub use checkpoint::CheckpointConfig;
+pub use config::{CostModel, FreezeRule, LayerSpec, Parts, TrainerConfig};
+pub use error::TrainerError;
+pub use flow::StepFlow;
+pub use log::{EpochReport, Transition};
+pub use memory::MemoryConfig;
+#[cfg(feature = "burn-train")]
+pub(crate) use schedule::LrSource;
+
+use crate::error::ElasticError;
+use crate::group::{GroupReport, ReplicaGroup};
+use crate::sampler::ElasticSampler;
+use burn_pipe::UnitCosts;
+use epoch::EpochTally;
+use log::JsonLog;
+
+/// How far an epoch has come, told to
+/// [`Trainer::fit_epoch_observed`]'s observer after each step.
+#[derive(Debug, Clone, Copy)]
+pub struct StepProgress {
+    /// Samples in the step.
+    pub samples: usize,
+    /// Samples trained on so far this epoch (this step's included).
+    pub epoch_samples: usize,
+    /// The step's mean loss.
+    pub loss: f32,
+    /// The step's learning rate (see [`Trainer::learning_rate`]).
+    pub learning_rate: f64,
+    /// Optimizer steps taken in the run (this one included).
+    pub steps: usize,
+    /// Pipeline stages (K) the step ran with.
+    pub stages: usize,
+    /// Replicas (R) it ran with, in every process of the group.
+    pub replicas: usize,
+    /// Micro-batches per replica (M) it ran with.
+    pub micro_batches: usize,
+}
+
+/// The loss, shared by every replica's thread: a micro-batch's output and
+/// targets to the mean loss over its samples.
+pub(crate) type SharedLoss<S, T> = Arc<dyn MicroBatchLoss<S, T> + Send>;
+
+/// PipeTransformer's trainer: a layer stack trained as R replicas of a
+/// K-stage pipeline over D devices, in which AutoFreeze moves the freeze
+/// front from the gradient statistics the steps already computed, AutoPipe
+/// re-plans the active units into the fewest stages that fit, AutoDP runs
+/// `D / K` replicas (copying weights and optimizer state to new ones), and
+/// AutoCache serves the frozen prefix. Each part can be switched off
+/// ([`Parts`]). Built by [`TrainerConfig::init`], which takes the loss, once;
+/// `T` is the type of the targets it scores.
+///
+/// Each epoch ([`fit_epoch`](Self::fit_epoch)) sees every sample of the
+/// dataset exactly once, whatever R does within it. Decision points: after
+/// every step (the policy reads that step's gradient norms) and at the end
+/// of every epoch; when the front moves, the shape follows at once, and one
+/// [`Transition`] is logged.
+///
+/// ```
+/// use burn::backend::{Autodiff, Flex};
+/// use burn::data::dataloader::batcher::Batcher;
+/// use burn::data::dataset::InMemDataset;
+/// use burn::nn::loss::CrossEntropyLossConfig;
+/// use burn::nn::{Linear, LinearConfig};
+/// use burn::optim::AdamConfig;
+/// use burn::prelude::*;
+/// use burn_elastic_dp::{BatchPolicy, CostModel, FreezeRule, ReplicaConfig, TrainerConfig};
+/// use burn_freeze::LayerStack;
+/// use burn_pipe::PipelineConfig;
+///
+/// #[derive(Module, Debug)]
+/// pub struct Dense<B: Backend> { linear: Linear<B> }
+/// impl<B: Backend> Dense<B> {
+///     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> { self.linear.forward(x).tanh() }
+/// }
+/// burn_freeze::unit!(Dense<B>: Tensor<B, 2> => Tensor<B, 2>);
+///
+/// type B = Autodiff<Flex>;
+/// #[derive(Clone)]
+/// struct Points;
+/// impl Batcher<B, ([f32; 4], i64), (Tensor<B, 2>, Tensor<B, 1, Int>)> for Points {
+///     fn batch(&self, items: Vec<([f32; 4], i64)>, device: &Device<B>) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
+///         let x = items.iter().map(|(x, _)| Tensor::<B, 1>::from_floats(*x, device)).collect();
+///         let y = items.iter().map(|(_, y)| *y).collect::<Vec<_>>();
+///         (Tensor::stack(x, 0), Tensor::from_ints(y.as_slice(), device))
+///     }
+/// }
+///
+/// let device = Default::default();
+/// let dense = |i, o| Dense::<B> { linear: LinearConfig::new(i, o).init(&device) };
+/// let stack = LayerStack::new(dense(4, 8), (0..4).map(|_| dense(8, 8)).collect(), dense(8, 2));
+/// let data = InMemDataset::new((0..32).map(|i| ([i as f32 / 32.0, 0.5, -0.5, 1.0], i % 2)).collect());
+/// // Given once, owned: every replica runs on a thread of its own.
+/// let cross_entropy = CrossEntropyLossConfig::new().init(&device);
+/// let loss = move |logits, y| cross_entropy.forward(logits, y);
+/// let mut trainer = TrainerConfig::new()
+///     .with_freeze(FreezeRule::Fronts { layers: vec![0, 3] })
+///     .with_stages(Some(2)) // the paper's start (without it: 1 stage, 2 replicas)
+///     .with_batch(BatchPolicy::FixedGlobal { batch: 8 })
+///     .with_costs(CostModel::Parameters { frozen_factor: 1.0 / 3.0 })
+///     .with_replicas(ReplicaConfig::new().with_pipeline(PipelineConfig::new().with_micro_batches(Some(2))))
+///     .init(stack, vec![device; 2], || AdamConfig::new().init(), loss)?;
+/// for epoch in 0..2 {
+///     let report = trainer.fit_epoch(&data, &Points)?;
+///     assert_eq!(report.samples, 32);
+///     // The shape the epoch ran with: 2 stages, then 1 stage on 2 replicas.
+///     assert_eq!((report.stages, report.replicas), [(2, 1), (1, 2)][epoch]);
+/// }
+/// assert_eq!(trainer.front(), 3); // frozen after epoch 0
+/// # Ok::<(), burn_elastic_dp::TrainerError>(())
+/// ```
+pub struct Trainer<S: StackTypes, O, T> {
+    group: ReplicaGroup<S, O>,
+    loss: SharedLoss<S, T>,
+    costs: UnitCosts,
+    /// Whether the costs still wait for the first batch's profile.
+    profile_pending: bool,
+    /// The units' memory: parameters, and activations once measured.
+    memory: burn_pipe::UnitMemory,
+    /// Whether the activations still wait for the first batch.
+    memory_pending: bool,
+    /// The largest stage's cost at the start: no later stage exceeds it.
+    initial_largest: f64,
+    /// Replicas at the start (the learning rate's reference).
+    base_replicas: usize,
+    config: TrainerConfig,
+    devices: Vec<Device<S::Backend>>,
+    auto: AutoFreeze<Box<dyn FreezePolicy + Send>>,
+    sampler: Option<ElasticSampler>,
+    epoch: usize,
+    steps: usize,
+    /// Whether an epoch is under way (started, not finished).
+    mid_epoch: bool,
+    log: Option<JsonLog>,
+    /// The micro-batch count's times and choice (`micro.rs`).
+    micro: micro::MicroBatchRule,
+    /// The learning-rate schedule (`schedule.rs`).
+    schedule: schedule::Schedule,
+    /// The unscaled rate of the last step (before the first: `config.lr`).
+    last_base_lr: f64,
+    /// Time spent measuring (activations, unit costs, micro-batch times)
+    /// since the epoch's tally last took it.
+    profiling: std::time::Duration,
+}
+
+/// A batch drawn from the sampler, and where the sampler stood before it
+/// (to put it back when it is not trained).
+struct Drawn {
+    indices: Vec<usize>,
+    from: (usize, usize),
+}
+
+/// Where AutoFreeze decides.
+#[derive(Clone, Copy)]
+enum DecisionPoint {
+    AfterStep,
+    EpochEnd,
+}
+
+impl<S, O, T> Trainer<S, O, T>
+where
+    S: StackTypes,
+    O: StackOptimizer<S>,
+    T: Activation<S::Backend> + Send + 'static,
+{
+    /// The configuration.
+    pub fn config(&self) -> &TrainerConfig {
+        &self.config
+    }
+
+    /// The freeze front (frozen units).
+    pub fn front(&self) -> usize {
+        self.group.front()
+    }
+
+    /// Frozen layers (the policy's F).
+    pub fn frozen_layers(&self) -> usize {
+        self.auto.frozen_layers()
+    }
+
+    /// AutoPipe's unit costs (profiled on the first batch when so
+    /// configured, unless the run is one stage throughout: then parameter
+    /// counts, which decide nothing there).
+    pub fn unit_costs(&self) -> &UnitCosts {
+        &self.costs
+    }
+
+    /// The learning rate of the last step (before the first, the
+    /// configured one): [`TrainerConfig::lr`] or the schedule's rate (see
+    /// [`set_lr_scheduler`](Self::set_lr_scheduler)), scaled linearly with
+    /// the current replica count under
+    /// [`BatchPolicy::PerReplica`](crate::BatchPolicy::PerReplica).
+    pub fn learning_rate(&self) -> f64 {
+        let replicas = self.group.total_replicas();
+        match self.sampler.as_ref() {
+            Some(sampler) => sampler.learning_rate(self.last_base_lr, self.base_replicas, replicas),
+            None => self.last_base_lr,
+        }
+    }
+
+    /// The replica group.
+    pub fn group(&self) -> &ReplicaGroup<S, O> {
+        &self.group
+    }
+
+    /// Epochs finished.
+    pub fn epoch(&self) -> usize {
+        self.epoch
+    }
+
+    /// Optimizer steps taken.
+    pub fn steps(&self) -> usize {
+        self.steps
+    }
+
+    /// The model's output for evaluation (no graph; dropout off).
+    pub fn forward_inner(&self, input: InnerInput<S>) -> InnerOutput<S> {
+        self.group.forward_inner(input)
+    }
+
+    /// A copy of the whole model (frozen units too), to evaluate or save.
+    pub fn to_layer_stack(&self) -> LayerStack<S> {
+        self.group.to_layer_stack()
+    }
+
+    /// The trained model; the trainer ends.
+    pub fn into_layer_stack(self) -> LayerStack<S> {
+        self.group.into_layer_stack()
+    }
+
+    /// Trains one epoch over `dataset`: every sample once, in batches that
+    /// `batcher` makes on the first device, the global batch following the
+    /// configured [`BatchPolicy`](crate::BatchPolicy) and the replica count
+    /// of each step, each scored by the trainer's loss. Returns the epoch's
+    /// figures (also written to `epochs.jsonl` in the output directory).
+    ///
+    /// Fails on a dataset too small for a step or whose length changed
+    /// since the first epoch, and when a step or a transition fails (the
+    /// error names the replica, stage and micro-batch); a failed step
+    /// changes no weight, and its batch is the first the epoch trains when
+    /// it goes on (the next call), so that every sample is still trained
+    /// once in the epoch.
+    pub fn fit_epoch<I, D, Bt>(
+        &mut self,
+        dataset: &D,
+        batcher: &Bt,
+    ) -> Result<EpochReport, TrainerError>
+    where
+        S: CacheableStack,
+        D: Dataset<I>,
+        Bt: Batcher<S::Backend, I, (S::Input, T)>,
+    {
+        self.fit_epoch_observed(dataset, batcher, |_| {})
+    }
+
+    /// [`fit_epoch`](Self::fit_epoch), calling `on_step` after every step
+    /// (for a progress bar, say). `on_step` returns `()` or a
+    /// [`ControlFlow`](std::ops::ControlFlow) ([`StepFlow`]): on
+    /// `Break(())` the epoch stops after that step (and its AutoFreeze
+    /// decision), the report covering the steps this call ran, and the next
+    /// call goes on where it stopped ([`epoch`](Self::epoch) counts the
+    /// epoch only once it is finished).
+    pub fn fit_epoch_observed<I, D, Bt, F: StepFlow>(
+        &mut self,
+        dataset: &D,
+        batcher: &Bt,
+        mut on_step: impl FnMut(&StepProgress) -> F,
+    ) -> Result<EpochReport, TrainerError>
+    where
+        S: CacheableStack,
+        D: Dataset<I>,
+        Bt: Batcher<S::Backend, I, (S::Input, T)>,
+    {
+        let mut tally = EpochTally::start(
+            self.cache_counts(),
+            self.shape(),
+            self.group.total_replicas(),
+        );
+        self.begin_epoch(dataset.len())?;
+        while let Some(drawn) = self.next_batch(dataset.len())? {
+            let report = match self.train_batch(dataset, batcher, &drawn.indices) {
+                Ok(report) => report,
+                Err(error) => {
+                    self.put_back(drawn)?;
+                    return Err(error);
+                }
+            };
+            self.steps += 1;
+            tally.profiling(std::mem::take(&mut self.profiling));
+            let total = self.group.total_replicas();
+            let (lr, steps) = (self.learning_rate(), self.steps);
+            let progress = tally.step(
+                drawn.indices.len(),
+                &report,
+                self.shape(),
+                total,
+                (lr, steps),
+            );
+            let flow = on_step(&progress);
+            let moved = self.decide(DecisionPoint::AfterStep, &mut tally)?;
+            self.checkpoint_after_step(moved)?;
+            self.stop_if_requested()?;
+            if flow.into_flow().is_break() && self.epoch_left() {
+                return Ok(self.stopped_report(tally));
+            }
+        }
+        self.decide(DecisionPoint::EpochEnd, &mut tally)?;
+        self.end_epoch(tally)
+    }
+
+    /// Checks the group and the dataset and starts the sampler's epoch,
+    /// unless one is under way (it stopped part-way: an error, or a
+    /// checkpoint taken inside it), which goes on where it stopped.
+    fn begin_epoch(&mut self, len: usize) -> Result<(), TrainerError> {
+        if self.sampler.is_none() {
+            let (batch, seed) = (self.config.batch, self.config.seed);
+            self.sampler = Some(ElasticSampler::new(len, batch, seed)?);
+        }
+        let shape = self.shape();
+        if shape.replicas == 0 {
+            return Err(ElasticError::GroupLost.into());
+        }
+        let needed = self.group.total_replicas() * self.micro_batches(shape.stages());
+        if len < needed {
+            return Err(TrainerError::DatasetTooSmall { len, needed });
+        }
+        let sampler = self.sampler.as_mut().expect("made above");
+        if sampler.len() != len {
+            return Err(TrainerError::DatasetChanged {
+                before: sampler.len(),
+                now: len,
+            });
+        }
+        if !self.mid_epoch && (self.epoch > 0 || sampler.remaining() != len) {
+            sampler.start_epoch();
+        }
+        self.mid_epoch = true;
+        Ok(())
+    }
+
+    /// The epoch's next batch for the current replicas of every process
+    /// (`None` once every sample was drawn): at least a sample per
+    /// micro-batch of every replica of the whole group, the epoch's last
+    /// batch taking in a remainder too small.
+    fn next_batch(&mut self, len: usize) -> Result<Option<Drawn>, TrainerError> {
+        let shape = self.shape();
+        let replicas = self.group.total_replicas();
+        let min_batch = replicas * self.micro_batches(shape.stages());
+        let sampler = self.sampler.as_mut().expect("begin_epoch made the sampler");
+        let from = sampler.position();
+        let Some(indices) = sampler.next_batch_min(replicas, min_batch) else {
+            return Ok(None);
+        };
+        if indices.len() < min_batch {
+            sampler.seek(from.0, from.1)?;
+            return Err(TrainerError::DatasetTooSmall {
+                len,
+                needed: min_batch,
+            });
+        }
+        Ok(Some(Drawn { indices, from }))
+    }
+
+    /// A batch that was not trained goes back to the sampler.
+    fn put_back(&mut self, drawn: Drawn) -> Result<(), TrainerError> {
+        let sampler = self.sampler.as_mut().expect("the batch came from it");
+        let (epoch, cursor) = drawn.from;
+        Ok(sampler.seek(epoch, cursor)?)
+    }
+
+    /// One step on the samples `indices`: the group's forward and backward
+    /// pass (run again on the survivors when a replica failed and recovery
+    /// is on), then the optimizer step.
+    fn train_batch<I, D, Bt>(
+        &mut self,
+        dataset: &D,
+        batcher: &Bt,
+        indices: &[usize],
+    ) -> Result<GroupReport, TrainerError>
+    where
+        S: CacheableStack,
+        D: Dataset<I>,
+        Bt: Batcher<S::Backend, I, (S::Input, T)>,
+    {
+        let device = self.devices[0].clone();
+        let batch = || fetch(dataset, batcher, indices, &device);
+        let (mut input, mut targets) = batch()?;
+        // Memory first: measured activations may deepen a one-stage start,
+        // which then needs the profiled costs.
+        let measuring = std::time::Instant::now();
+        self.measure_memory_if_pending(&input)?;
+        self.profile_if_pending(&input)?;
+        self.micro_batches_if_pending(&input)?;
+        self.profiling += measuring.elapsed();
+        let lr = self.next_learning_rate()?;
+        let report = loop {
+            match self.forward_backward(indices, input, targets) {
+                Ok(report) => break report,
+                Err(error) => self.recover_pass(error)?,
+            }
+            // Nothing of the step was applied: the survivors run the same
+            // batch again.
+            (input, targets) = batch()?;
+        };
+        self.optimizer_step(lr)?;
+        Ok(report)
+    }
+
+    /// The group's forward and backward pass on a batch, the frozen prefix
+    /// served from the cache when AutoCache runs and units are frozen.
+    fn forward_backward(
+        &mut self,
+        indices: &[usize],
+        input: S::Input,
+        targets: T,
+    ) -> Result<GroupReport, ElasticError>
+    where
+        S: CacheableStack,
+    {
+        let loss = Arc::clone(&self.loss);
+        let loss = move |output, targets| loss(output, targets);
+        let parts = self.config.parts;
+        if parts.cache && parts.freeze && self.group.front() > 0 {
+            let ids: Vec<u64> = indices.iter().map(|&i| i as u64).collect();
+            self.group
+                .forward_backward_cached(&ids, input, targets, loss)
+        } else {
+            self.group.forward_backward(input, targets, loss)
+        }
+    }
+
+    /// AutoFreeze's decision at `point`, when it runs, and the transition
+    /// that follows when the front moved (added to `tally`); whether it
+    /// moved.
+    fn decide(
+        &mut self,
+        point: DecisionPoint,
+        tally: &mut EpochTally,
+    ) -> Result<bool, TrainerError> {
+        if !self.config.parts.freeze {
+            return Ok(false);
+        }
+        let front = self.group.front();
+        let moved = match point {
+            DecisionPoint::AfterStep => self.auto.after_step(&mut self.group)?,
+            DecisionPoint::EpochEnd => self.auto.after_epoch(&mut self.group)?,
+        };
+        if moved.is_some() {
+            tally.transition(self.transition(front)?);
+        }
+        Ok(moved.is_some())
+    }
+
+    /// Watches `signal`: once it is raised (by a SIGTERM handler, say:
+    /// [`StopSignal::on_termination`](crate::StopSignal::on_termination)),
+    /// the epoch under way stops after its current step, a checkpoint is
+    /// written (when configured) and the call returns
+    /// [`TrainerError::Stopped`]. Across processes the request travels in
+    /// the next step's header, so every process stops after that same step
+    /// and writes its checkpoint there, whichever process was signalled.
+    ///
+    /// ```
+    /// # use burn_elastic_dp::StopSignal;
+    /// let signal = StopSignal::new();
+    /// // trainer.set_stop_signal(signal.clone()); ... signal.raise();
+    /// # signal.raise();
+    /// # assert!(signal.raised());
+    /// ```
+    pub fn set_stop_signal(&mut self, signal: crate::StopSignal) {
+        self.group.set_stop_signal(signal);
+    }
+
+    /// After a step: when a stop was asked for, the checkpoint here (every
+    /// process after the same step) and [`TrainerError::Stopped`].
+    fn stop_if_requested(&mut self) -> Result<(), TrainerError> {
+        if !self.group.stop_requested() {
+            return Ok(());
+        }
+        let checkpoint = self.save_checkpoint()?;
+        tracing::warn!(steps = self.steps, checkpoint = ?checkpoint, "stopped as asked");
+        Err(TrainerError::Stopped {
+            steps: self.steps,
+            checkpoint,
+        })
+    }
+
+    /// The epoch's report (logged), and the epoch closed (checkpointed).
+    fn end_epoch(&mut self, tally: EpochTally) -> Result<EpochReport, TrainerError> {
+        let end = self.epoch_end(&tally);
+        let report = tally.report(end);
+        if let Some(log) = self.log.as_mut() {
+            log.epoch(&report)?;
+        }
+        self.epoch += 1;
+        self.mid_epoch = false;
+        self.save_checkpoint()?;
+        Ok(report)
+    }
+
+    /// Cache hits (full and partial) and misses so far.
+    fn cache_counts(&self) -> (u64, u64) {
+        self.group.cache().map_or((0, 0), |c| {
+            let s = c.stats();
+            (s.hits + s.partial_hits, s.misses)
+        })
+    }
+}
+
+/// The items `indices` of `dataset`, batched by `batcher` on `device`.
+fn fetch<I, D, Bt, B, Input, T>(
+    dataset: &D,
+    batcher: &Bt,
+    indices: &[usize],
+    device: &Device<B>,
+) -> Result<(Input, T), TrainerError>
+where
+    B: Backend,
+    D: Dataset<I>,
+    Bt: Batcher<B, I, (Input, T)>,
+{
+    let len = dataset.len();
+    let items = indices
+        .iter()
+        .map(|&index| {
+            dataset
+                .get(index)
+                .ok_or(TrainerError::MissingItem { index, len })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(batcher.batch(items, device))
+}
