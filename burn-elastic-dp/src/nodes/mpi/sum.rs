@@ -8,7 +8,12 @@ use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
-use super::{ARRIVED, BUCKET_VALUES};
+/// Values per `MPI_Allreduce` of a group's exchange (64 MiB of f32; MPI
+/// counts are 32-bit).
+pub const BUCKET_VALUES: usize = 16 << 20;
+/// The tag of arrival messages.
+pub(super) const ARRIVED: i32 = 7;
+/// Whether a link of this process failed: the job must end.
 
 /// What one exchange combines across the ranks.
 #[derive(Debug)]
