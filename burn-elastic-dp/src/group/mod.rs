@@ -13,13 +13,16 @@
 //! step's bound), `failure.rs` (which error a failed step reports),
 //! `nodes.rs` (every call into `node.rs`, the other processes).
 
+mod build;
 mod cache;
 pub(crate) mod config;
 mod deadline;
 mod failure;
+mod freeze_front;
 mod nodes;
 mod reshape;
 mod share;
+mod span;
 mod step;
 
 use std::thread;
@@ -28,49 +31,17 @@ use std::time::{Duration, Instant};
 use burn::optim::Optimizer;
 use burn::prelude::*;
 use burn_freeze::{
-    Activation, FreezeFront, GradNorm, InnerBackendOf, InnerInput, InnerOutput, LayerStack,
-    ParamStates, StackCache, StackTypes, TrainableUnits,
+    Activation, InnerBackendOf, InnerInput, InnerOutput, LayerStack, ParamStates, StackCache,
+    StackTypes, TrainableUnits,
 };
 use burn_pipe::{MicroBatchLoss, Pipeline, StepReport};
 
-use crate::collective::AllReduce;
 use crate::collective::{self, GroupToken};
 use crate::error::ElasticError;
-use crate::nodes::StepHeader;
 use crate::stop::StopSignal;
 use config::ReplicaConfig;
 use nodes::OtherNodes;
 use share::Shard;
-
-impl ReplicaConfig {
-    /// Builds a group of `devices.len()` replicas of `stack`, replica `r`
-    /// a pipeline on `devices[r]` (one device per stage, the same number of
-    /// stages for every replica), each stage with an optimizer made by
-    /// `make_optimizer`. Every replica starts from the same weights and
-    /// parameter ids.
-    ///
-    /// Fails, before any replica is built, on no replica, replicas of
-    /// different stage counts, a zero timeout, a bad node configuration, or a
-    /// pipeline configuration that does not fit (see [`PipelineConfig::init`]).
-    ///
-    /// With [`nodes`](Self::nodes), it first joins the other processes
-    /// (waiting at most `timeout_ms` for them), and every step then expects
-    /// the same global batch in every process (each runs its own replicas'
-    /// shards of it).
-    pub fn init<S, O>(
-        &self,
-        stack: LayerStack<S>,
-        devices: Vec<Vec<Device<S::Backend>>>,
-        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
-    ) -> Result<ReplicaGroup<S, O>, ElasticError>
-    where
-        S: StackTypes,
-        O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
-        O::Record: ParamStates,
-    {
-        ReplicaGroup::new(stack, devices, self.clone(), make_optimizer)
-    }
-}
 
 /// What one data-parallel step measured.
 #[derive(Debug, Clone)]
@@ -150,67 +121,12 @@ pub struct ReplicaGroup<S: StackTypes, O> {
     _token: GroupToken,
 }
 
-/// Checks that every replica's device list has one device per stage.
-fn check_stages<D>(devices: &[Vec<D>], stages: usize) -> Result<(), ElasticError> {
-    match devices.iter().enumerate().find(|(_, d)| d.len() != stages) {
-        Some((replica, other)) => Err(ElasticError::UnevenReplicas {
-            replica,
-            stages: other.len(),
-            expected: stages,
-        }),
-        None => Ok(()),
-    }
-}
-
 impl<S, O> ReplicaGroup<S, O>
 where
     S: StackTypes,
     O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
     O::Record: ParamStates,
 {
-    /// See [`ReplicaConfig::init`].
-    pub fn new(
-        stack: LayerStack<S>,
-        devices: Vec<Vec<Device<S::Backend>>>,
-        config: ReplicaConfig,
-        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
-    ) -> Result<Self, ElasticError> {
-        let Some(first) = devices.first() else {
-            return Err(ElasticError::NoReplicas);
-        };
-        check_stages(&devices, first.len())?;
-        if config.timeout_ms == 0 {
-            return Err(ElasticError::NoTimeout);
-        }
-        if config.all_reduce == (AllReduce::Bucketed { bucket_bytes: 0 }) {
-            return Err(ElasticError::EmptyBucket);
-        }
-        if let Some(nodes) = &config.nodes {
-            nodes.validate()?;
-        }
-        let token = GroupToken::acquire(Duration::from_millis(config.timeout_ms))?;
-        stack.materialize();
-        let mut replicas = Vec::with_capacity(devices.len());
-        for (replica, devices) in devices.into_iter().enumerate() {
-            let pipeline = config
-                .pipeline
-                .init(stack.clone(), devices, make_optimizer.clone())
-                .map_err(|source| ElasticError::Replica { replica, source })?;
-            replicas.push(pipeline);
-        }
-        let nodes = OtherNodes::join(&config, replicas.len())?;
-        Ok(Self {
-            replicas,
-            config,
-            formed: false,
-            generation: 0,
-            cache: None,
-            nodes,
-            stop: None,
-            _token: token,
-        })
-    }
-
     /// Number of replicas.
     pub fn num_replicas(&self) -> usize {
         self.replicas.len()
@@ -430,88 +346,6 @@ where
         self.replicas[0].num_units()
     }
 
-    /// Whether the group spans other processes. Its replica count then
-    /// changes only in lockstep ([`resize`](Self::resize) on every process
-    /// at the same step boundary); a replica cannot be removed
-    /// ([`ElasticError::NodesFixed`]).
-    pub fn spans_processes(&self) -> bool {
-        self.nodes.exist()
-    }
-
-    /// How long the phases of the last step's exchanges of gradients with
-    /// the other processes took in this process (copy out, the consistency
-    /// check, `MPI_Allreduce`, copy back); `None` when the group spans no
-    /// other process.
-    pub fn exchange_phases(&self) -> Option<crate::ExchangePhases> {
-        self.nodes.phases()
-    }
-
-    /// Processes of the group: 1, or the ranks of the MPI job it spans.
-    pub fn processes(&self) -> usize {
-        self.nodes.processes()
-    }
-
-    /// Replicas of the whole group, in every process: this process's count
-    /// without other processes. The global batch is shared among them.
-    pub fn total_replicas(&self) -> usize {
-        self.replica_counts().iter().sum()
-    }
-
-    /// Every process's replica count, by rank, as last exchanged
-    /// (`[num_replicas()]` without other processes).
-    pub fn replica_counts(&self) -> Vec<usize> {
-        self.nodes.counts(self.replicas.len())
-    }
-
-    /// Watches `signal`: once it is raised, [`stop_requested`](Self::stop_requested)
-    /// says so after the next step, on every process of the group.
-    pub fn set_stop_signal(&mut self, signal: StopSignal) {
-        self.stop = Some(signal);
-    }
-
-    /// Whether the run is asked to stop at this step boundary: this
-    /// process's signal was raised (without other processes), or some
-    /// process's signal was raised before the last step began (with them:
-    /// it travels in the step headers, so every process stops after the
-    /// same step).
-    pub fn stop_requested(&self) -> bool {
-        if self.nodes.exist() {
-            self.nodes.stop_seen()
-        } else {
-            self.stop.as_ref().is_some_and(StopSignal::raised)
-        }
-    }
-
-    /// The element-wise maximum of `values` over every process of the group
-    /// (`values` without other processes), within the step's bound: how
-    /// measurements (unit times, activation bytes) are agreed, so that every
-    /// process decides on the same figures, those of the slowest. Every
-    /// process must call it at the same point with as many values.
-    pub fn agree_max(&self, values: Vec<f64>) -> Result<Vec<f64>, ElasticError> {
-        if values.iter().any(|v| !v.is_finite()) {
-            return Err(ElasticError::Node {
-                node: crate::nodes::job_rank().unwrap_or(0),
-                message: "a measurement to agree on is not finite".into(),
-            });
-        }
-        self.nodes.max(values, Instant::now() + self.timeout())
-    }
-
-    /// This process's header of the next step: its replicas, a hash of the
-    /// shape they run (balance, front, micro-batches) and its stop request.
-    fn step_header(&self) -> StepHeader {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        self.balance().hash(&mut hasher);
-        self.front().hash(&mut hasher);
-        self.micro_batches().hash(&mut hasher);
-        StepHeader {
-            local: self.replicas.len(),
-            shape: hasher.finish(),
-            stop: self.stop.as_ref().is_some_and(StopSignal::raised),
-        }
-    }
-
     /// The freeze front, the same on every replica.
     pub fn front(&self) -> usize {
         self.replicas[0].front()
@@ -535,54 +369,6 @@ where
         // peer too few, and the next group of another size could not form.
         self.dissolve();
         self.replicas.swap_remove(0).into_layer_stack()
-    }
-}
-
-impl<S, O> FreezeFront for ReplicaGroup<S, O>
-where
-    S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
-    O::Record: ParamStates,
-{
-    type Error = ElasticError;
-
-    fn num_units(&self) -> usize {
-        ReplicaGroup::num_units(self)
-    }
-
-    fn front(&self) -> usize {
-        ReplicaGroup::front(self)
-    }
-
-    fn freeze_to(&mut self, front: usize) -> Result<(), ElasticError> {
-        ReplicaGroup::freeze_to(self, front)
-    }
-
-    /// Replica 0's: after the all-reduce every replica stepped with the same
-    /// gradients.
-    fn last_gradient_norms(&self) -> Vec<Option<GradNorm>> {
-        self.replicas[0].last_gradient_norms()
-    }
-
-    /// On every replica, each stage its own units' sums: they all add the
-    /// same all-reduced gradients, so any replica's sums are the group's,
-    /// whichever replicas a failure leaves; a new replica copies replica
-    /// 0's ([`resize`](ReplicaGroup::resize)).
-    fn set_gradient_sums(&mut self, keep: bool) {
-        for replica in &mut self.replicas {
-            replica.set_gradient_sums(keep);
-        }
-    }
-
-    /// Replica 0's (every replica holds the same).
-    fn gradient_sum_norms(&self) -> Vec<Option<GradNorm>> {
-        self.replicas[0].gradient_sum_norms()
-    }
-
-    fn reset_gradient_sums(&mut self) {
-        for replica in &mut self.replicas {
-            replica.reset_gradient_sums();
-        }
     }
 }
 

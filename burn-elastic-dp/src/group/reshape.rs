@@ -7,7 +7,8 @@ use burn::prelude::*;
 use burn_freeze::{InnerBackendOf, ParamStates, StackTypes, TrainableUnits, check_freeze};
 use burn_pipe::Pipeline;
 
-use super::{ReplicaGroup, check_stages};
+use super::ReplicaGroup;
+use super::build::check_stages;
 use crate::collective;
 use crate::error::ElasticError;
 

@@ -1,0 +1,104 @@
+//! A group built from its configuration.
+
+use burn::optim::Optimizer;
+use burn::prelude::*;
+use burn_freeze::{LayerStack, ParamStates, StackTypes, TrainableUnits};
+
+use super::ReplicaGroup;
+use super::config::ReplicaConfig;
+use super::nodes::OtherNodes;
+use crate::collective::{AllReduce, GroupToken};
+use crate::error::ElasticError;
+use std::time::Duration;
+
+impl ReplicaConfig {
+    /// Builds a group of `devices.len()` replicas of `stack`, replica `r`
+    /// a pipeline on `devices[r]` (one device per stage, the same number of
+    /// stages for every replica), each stage with an optimizer made by
+    /// `make_optimizer`. Every replica starts from the same weights and
+    /// parameter ids.
+    ///
+    /// Fails, before any replica is built, on no replica, replicas of
+    /// different stage counts, a zero timeout, a bad node configuration, or a
+    /// pipeline configuration that does not fit (see [`PipelineConfig::init`]).
+    ///
+    /// With [`nodes`](Self::nodes), it first joins the other processes
+    /// (waiting at most `timeout_ms` for them), and every step then expects
+    /// the same global batch in every process (each runs its own replicas'
+    /// shards of it).
+    pub fn init<S, O>(
+        &self,
+        stack: LayerStack<S>,
+        devices: Vec<Vec<Device<S::Backend>>>,
+        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
+    ) -> Result<ReplicaGroup<S, O>, ElasticError>
+    where
+        S: StackTypes,
+        O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
+        O::Record: ParamStates,
+    {
+        ReplicaGroup::new(stack, devices, self.clone(), make_optimizer)
+    }
+}
+
+/// Checks that every replica's device list has one device per stage.
+pub(super) fn check_stages<D>(devices: &[Vec<D>], stages: usize) -> Result<(), ElasticError> {
+    match devices.iter().enumerate().find(|(_, d)| d.len() != stages) {
+        Some((replica, other)) => Err(ElasticError::UnevenReplicas {
+            replica,
+            stages: other.len(),
+            expected: stages,
+        }),
+        None => Ok(()),
+    }
+}
+
+impl<S, O> ReplicaGroup<S, O>
+where
+    S: StackTypes,
+    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
+    O::Record: ParamStates,
+{
+    /// See [`ReplicaConfig::init`].
+    pub fn new(
+        stack: LayerStack<S>,
+        devices: Vec<Vec<Device<S::Backend>>>,
+        config: ReplicaConfig,
+        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
+    ) -> Result<Self, ElasticError> {
+        let Some(first) = devices.first() else {
+            return Err(ElasticError::NoReplicas);
+        };
+        check_stages(&devices, first.len())?;
+        if config.timeout_ms == 0 {
+            return Err(ElasticError::NoTimeout);
+        }
+        if config.all_reduce == (AllReduce::Bucketed { bucket_bytes: 0 }) {
+            return Err(ElasticError::EmptyBucket);
+        }
+        if let Some(nodes) = &config.nodes {
+            nodes.validate()?;
+        }
+        let token = GroupToken::acquire(Duration::from_millis(config.timeout_ms))?;
+        stack.materialize();
+        let mut replicas = Vec::with_capacity(devices.len());
+        for (replica, devices) in devices.into_iter().enumerate() {
+            let pipeline = config
+                .pipeline
+                .init(stack.clone(), devices, make_optimizer.clone())
+                .map_err(|source| ElasticError::Replica { replica, source })?;
+            replicas.push(pipeline);
+        }
+        let nodes = OtherNodes::join(&config, replicas.len())?;
+        Ok(Self {
+            replicas,
+            config,
+            formed: false,
+            generation: 0,
+            cache: None,
+            nodes,
+            stop: None,
+            _token: token,
+        })
+    }
+}

@@ -1,0 +1,55 @@
+//! The group's freeze front: every replica frozen alike.
+
+use burn::optim::Optimizer;
+use burn_freeze::{FreezeFront, GradNorm, ParamStates, StackTypes, TrainableUnits};
+
+use super::ReplicaGroup;
+use crate::error::ElasticError;
+
+impl<S, O> FreezeFront for ReplicaGroup<S, O>
+where
+    S: StackTypes,
+    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
+    O::Record: ParamStates,
+{
+    type Error = ElasticError;
+
+    fn num_units(&self) -> usize {
+        ReplicaGroup::num_units(self)
+    }
+
+    fn front(&self) -> usize {
+        ReplicaGroup::front(self)
+    }
+
+    fn freeze_to(&mut self, front: usize) -> Result<(), ElasticError> {
+        ReplicaGroup::freeze_to(self, front)
+    }
+
+    /// Replica 0's: after the all-reduce every replica stepped with the same
+    /// gradients.
+    fn last_gradient_norms(&self) -> Vec<Option<GradNorm>> {
+        self.replicas[0].last_gradient_norms()
+    }
+
+    /// On every replica, each stage its own units' sums: they all add the
+    /// same all-reduced gradients, so any replica's sums are the group's,
+    /// whichever replicas a failure leaves; a new replica copies replica
+    /// 0's ([`resize`](ReplicaGroup::resize)).
+    fn set_gradient_sums(&mut self, keep: bool) {
+        for replica in &mut self.replicas {
+            replica.set_gradient_sums(keep);
+        }
+    }
+
+    /// Replica 0's (every replica holds the same).
+    fn gradient_sum_norms(&self) -> Vec<Option<GradNorm>> {
+        self.replicas[0].gradient_sum_norms()
+    }
+
+    fn reset_gradient_sums(&mut self) {
+        for replica in &mut self.replicas {
+            replica.reset_gradient_sums();
+        }
+    }
+}
