@@ -13,8 +13,6 @@ use crate::pipetransformer::plan::collective_model::Link;
 use crate::pipetransformer::plan::error::{PlanError, check};
 use crate::pipetransformer::plan::model::ModelSpec;
 use crate::pipetransformer::plan::sim::parallelism_at;
-use crate::pipetransformer::plan::step::ReduceTiming;
-use crate::pipetransformer::plan::transition::TransitionCost;
 use crate::pipetransformer::shape::Reshaping;
 use crate::pipetransformer::trainer::{CostModel, FreezeRule, Parts};
 use crate::sampler::BatchPolicy;
@@ -311,4 +309,33 @@ impl PlanConfig {
         self.parts
             .reshaping(self.cluster.devices_per_node, initial_largest)
     }
+}
+
+/// When the replicas' gradients are all-reduced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ReduceTiming {
+    /// As the replica group does: after the replica's whole pass, stage by
+    /// stage, one after another.
+    AfterPass,
+    /// Each stage as soon as its last backward pass ends, all stages at
+    /// once (each stage's replicas form their own group, as PyTorch DDP
+    /// over a pipeline does).
+    PerStage,
+}
+
+/// What a change of pipeline or replica group costs.
+#[derive(Config, Debug)]
+pub struct TransitionCost {
+    /// Seconds to rebuild a pipeline with new stage boundaries (the paper's
+    /// logs: 4 to 18 s to copy the model).
+    #[config(default = 0.0)]
+    pub pipeline_rebuild: f64,
+    /// Seconds to re-form the data-parallel group when the replica count
+    /// changes (the paper's logs: 5 to 23 s).
+    #[config(default = 0.0)]
+    pub group_rebuild: f64,
+    /// Optimizer state bytes per parameter byte sent to a new replica
+    /// (Adam: 2).
+    #[config(default = 2.0)]
+    pub optimizer_state_factor: f64,
 }

@@ -25,6 +25,7 @@ mod collective_model;
 mod config;
 mod error;
 mod model;
+mod outcome;
 mod planner;
 mod sim;
 mod step;
@@ -36,10 +37,10 @@ pub use collective_model::{
     Link, ReduceGroup, all_reduce_cost, buckets, centralized_all_reduce, centralized_reduce,
     ring_all_reduce, tree_all_reduce, tree_reduce,
 };
-pub use config::{ClusterConfig, PlanConfig};
+pub use config::{ClusterConfig, PlanConfig, ReduceTiming, TransitionCost};
 pub use error::PlanError;
 pub use model::{MeasuredPass, ModelSpec, UnitSpec};
-pub use planner::{EpochPlan, EpochTime, Plan, plan};
+pub use outcome::{EpochPlan, EpochTime, Plan};
+pub use planner::plan;
 pub use sim::{OpSpan, PipelineSim, PipelineTrace, StageWork, parallelism_at, shares};
-pub use step::{ReduceTiming, StepTime, step_time};
-pub use transition::TransitionCost;
+pub use step::{StepTime, step_time};

@@ -6,22 +6,10 @@
 use burn_pipe::UnitState;
 
 use crate::pipetransformer::plan::collective_model::ReduceGroup;
-use crate::pipetransformer::plan::config::PlanConfig;
+use crate::pipetransformer::plan::config::{PlanConfig, ReduceTiming};
 use crate::pipetransformer::plan::error::PlanError;
 use crate::pipetransformer::plan::model::ModelSpec;
 use crate::pipetransformer::plan::sim::{PipelineSim, PipelineTrace, StageWork, parallelism_at};
-
-/// When the replicas' gradients are all-reduced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum ReduceTiming {
-    /// As the replica group does: after the replica's whole pass, stage by
-    /// stage, one after another.
-    AfterPass,
-    /// Each stage as soon as its last backward pass ends, all stages at
-    /// once (each stage's replicas form their own group, as PyTorch DDP
-    /// over a pipeline does).
-    PerStage,
-}
 
 /// One step's seconds, split.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]

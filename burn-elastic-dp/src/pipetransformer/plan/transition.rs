@@ -2,29 +2,10 @@
 //! new boundaries, re-forming the replica group, copying the model to new
 //! replicas.
 
-use burn::config::Config;
-
 use crate::pipetransformer::plan::config::PlanConfig;
 use crate::pipetransformer::plan::model::ModelSpec;
-use crate::pipetransformer::plan::planner::EpochPlan;
+use crate::pipetransformer::plan::outcome::EpochPlan;
 use crate::pipetransformer::shape::Shape;
-
-/// What a change of pipeline or replica group costs.
-#[derive(Config, Debug)]
-pub struct TransitionCost {
-    /// Seconds to rebuild a pipeline with new stage boundaries (the paper's
-    /// logs: 4 to 18 s to copy the model).
-    #[config(default = 0.0)]
-    pub pipeline_rebuild: f64,
-    /// Seconds to re-form the data-parallel group when the replica count
-    /// changes (the paper's logs: 5 to 23 s).
-    #[config(default = 0.0)]
-    pub group_rebuild: f64,
-    /// Optimizer state bytes per parameter byte sent to a new replica
-    /// (Adam: 2).
-    #[config(default = 2.0)]
-    pub optimizer_state_factor: f64,
-}
 
 /// Seconds between two epochs: a pipeline rebuild when the boundaries move,
 /// plus a group rebuild and copies of the weights and optimizer state to

@@ -3,10 +3,31 @@
 
 use std::time::{Duration, Instant};
 
-use super::StepProgress;
 use super::log::{EpochReport, Transition};
 use crate::group::GroupReport;
 use crate::pipetransformer::shape::Shape;
+
+/// How far an epoch has come, told to
+/// [`Trainer::fit_epoch_observed`](super::Trainer::fit_epoch_observed)'s observer after each step.
+#[derive(Debug, Clone, Copy)]
+pub struct StepProgress {
+    /// Samples in the step.
+    pub samples: usize,
+    /// Samples trained on so far this epoch (this step's included).
+    pub epoch_samples: usize,
+    /// The step's mean loss.
+    pub loss: f32,
+    /// The step's learning rate (see [`Trainer::learning_rate`](super::Trainer::learning_rate)).
+    pub learning_rate: f64,
+    /// Optimizer steps taken in the run (this one included).
+    pub steps: usize,
+    /// Pipeline stages (K) the step ran with.
+    pub stages: usize,
+    /// Replicas (R) it ran with, in every process of the group.
+    pub replicas: usize,
+    /// Micro-batches per replica (M) it ran with.
+    pub micro_batches: usize,
+}
 
 /// The running figures of the epoch under way.
 pub(super) struct EpochTally {

@@ -18,29 +18,6 @@ use super::config::CostModel;
 use super::error::TrainerError;
 use super::{StackOptimizer, Trainer};
 
-/// What the trainer knows of micro-batch times, and what it chose.
-#[derive(Debug)]
-pub(super) struct MicroBatchRule {
-    /// Unit times at several micro-batch sizes: measured on the first batch
-    /// under profiled costs, or given ([`Trainer::set_micro_batch_times`]).
-    times: Option<MicroBatchTimes>,
-    /// Whether M is still to be chosen before the next step (a new or
-    /// resumed trainer).
-    pending: bool,
-    /// The choice the group runs with, if M was chosen.
-    choice: Option<MicroBatchChoice>,
-}
-
-impl Default for MicroBatchRule {
-    fn default() -> Self {
-        Self {
-            times: None,
-            pending: true,
-            choice: None,
-        }
-    }
-}
-
 impl<S, O, T> Trainer<S, O, T>
 where
     S: StackTypes,

@@ -33,9 +33,11 @@ mod config;
 mod epoch;
 mod error;
 mod flow;
+mod learning_rate;
 mod log;
 mod memory;
 mod micro;
+mod micro_rule;
 mod recovery;
 mod schedule;
 mod transition;
@@ -53,6 +55,7 @@ use burn_pipe::MicroBatchLoss;
 pub use bounds::{CacheableStack, StackOptimizer};
 pub use checkpoint::CheckpointConfig;
 pub use config::{CostModel, FreezeRule, LayerSpec, Parts, TrainerConfig};
+pub use epoch::StepProgress;
 pub use error::TrainerError;
 pub use flow::StepFlow;
 pub use log::{EpochReport, Transition};
@@ -66,28 +69,7 @@ use crate::sampler::ElasticSampler;
 use burn_pipe::UnitCosts;
 use epoch::EpochTally;
 use log::JsonLog;
-
-/// How far an epoch has come, told to
-/// [`Trainer::fit_epoch_observed`]'s observer after each step.
-#[derive(Debug, Clone, Copy)]
-pub struct StepProgress {
-    /// Samples in the step.
-    pub samples: usize,
-    /// Samples trained on so far this epoch (this step's included).
-    pub epoch_samples: usize,
-    /// The step's mean loss.
-    pub loss: f32,
-    /// The step's learning rate (see [`Trainer::learning_rate`]).
-    pub learning_rate: f64,
-    /// Optimizer steps taken in the run (this one included).
-    pub steps: usize,
-    /// Pipeline stages (K) the step ran with.
-    pub stages: usize,
-    /// Replicas (R) it ran with, in every process of the group.
-    pub replicas: usize,
-    /// Micro-batches per replica (M) it ran with.
-    pub micro_batches: usize,
-}
+use micro_rule::MicroBatchRule;
 
 /// The loss, shared by every replica's thread: a micro-batch's output and
 /// targets to the mean loss over its samples.
@@ -185,7 +167,7 @@ pub struct Trainer<S: StackTypes, O, T> {
     mid_epoch: bool,
     log: Option<JsonLog>,
     /// The micro-batch count's times and choice (`micro.rs`).
-    micro: micro::MicroBatchRule,
+    micro: MicroBatchRule,
     /// The learning-rate schedule (`schedule.rs`).
     schedule: schedule::Schedule,
     /// The unscaled rate of the last step (before the first: `config.lr`).

@@ -1,7 +1,8 @@
 //! The pipeline simulation's tests.
 
 use super::*;
-use crate::pipetransformer::plan::step::{ReduceTiming, step_time};
+use crate::pipetransformer::plan::config::ReduceTiming;
+use crate::pipetransformer::plan::step::step_time;
 
 fn uniform(k: usize, forward: f64, backward: f64) -> Vec<StageWork> {
     (0..k)
