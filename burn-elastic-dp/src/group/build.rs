@@ -7,7 +7,7 @@ use burn_freeze::{LayerStack, ParamStates, StackTypes, TrainableUnits};
 use super::ReplicaGroup;
 use super::config::ReplicaConfig;
 use super::nodes::OtherNodes;
-use crate::collective::{AllReduce, GroupToken};
+use crate::collective::GroupToken;
 use crate::error::ElasticError;
 use std::time::Duration;
 
@@ -70,15 +70,7 @@ where
             return Err(ElasticError::NoReplicas);
         };
         check_stages(&devices, first.len())?;
-        if config.timeout_ms == 0 {
-            return Err(ElasticError::NoTimeout);
-        }
-        if config.all_reduce == (AllReduce::Bucketed { bucket_bytes: 0 }) {
-            return Err(ElasticError::EmptyBucket);
-        }
-        if let Some(nodes) = &config.nodes {
-            nodes.validate()?;
-        }
+        config.check()?;
         let token = GroupToken::acquire(Duration::from_millis(config.timeout_ms))?;
         stack.materialize();
         let mut replicas = Vec::with_capacity(devices.len());

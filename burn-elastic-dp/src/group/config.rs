@@ -5,6 +5,7 @@ use burn::config::Config;
 use burn_pipe::PipelineConfig;
 
 use crate::collective::AllReduce;
+use crate::error::ElasticError;
 use crate::nodes::NodeConfig;
 
 /// Configuration of a [`ReplicaGroup`](crate::ReplicaGroup); [`init`](ReplicaConfig::init) builds one.
@@ -41,4 +42,30 @@ pub struct ReplicaConfig {
     /// default): every replica is in this process.
     #[config(default = "None")]
     pub nodes: Option<NodeConfig>,
+}
+
+impl ReplicaConfig {
+    /// Checks the group's values (and its node configuration's), before
+    /// any replica is built; the error says which field and what is
+    /// accepted. [`init`](Self::init) relies on it.
+    ///
+    /// ```
+    /// use burn_elastic_dp::ReplicaConfig;
+    ///
+    /// assert!(ReplicaConfig::new().check().is_ok());
+    /// let error = ReplicaConfig::new().with_timeout_ms(0).check().unwrap_err();
+    /// assert_eq!(error.to_string(), "timeout_ms must be at least 1, got 0");
+    /// ```
+    pub fn check(&self) -> Result<(), ElasticError> {
+        if self.timeout_ms == 0 {
+            return Err(ElasticError::NoTimeout);
+        }
+        if self.all_reduce == (AllReduce::Bucketed { bucket_bytes: 0 }) {
+            return Err(ElasticError::EmptyBucket);
+        }
+        if let Some(nodes) = &self.nodes {
+            nodes.validate()?;
+        }
+        Ok(())
+    }
 }

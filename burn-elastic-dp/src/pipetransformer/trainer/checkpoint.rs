@@ -17,7 +17,7 @@ use burn_pipe::MicroBatchLoss;
 use serde::{Deserialize, Serialize};
 
 use super::config::TrainerConfig;
-use super::error::{TrainerError, io};
+use super::error::{TrainerError, invalid, io};
 use super::{StackOptimizer, Trainer};
 use crate::pipetransformer::shape::Shape;
 use crate::sampler::ElasticSampler;
@@ -42,6 +42,19 @@ pub struct CheckpointConfig {
     /// Checkpoints kept, the newest (at least 1); older ones are removed.
     #[config(default = 2)]
     pub keep: usize,
+}
+
+impl CheckpointConfig {
+    /// Checks the values; the error names the field and its range.
+    pub fn check(&self) -> Result<(), TrainerError> {
+        if self.every_steps == 0 {
+            return Err(invalid("checkpoint.every_steps", 0, "at least 1"));
+        }
+        if self.keep == 0 {
+            return Err(invalid("checkpoint.keep", 0, "at least 1"));
+        }
+        Ok(())
+    }
 }
 
 impl<S, O, T> Trainer<S, O, T>

@@ -11,11 +11,11 @@ use burn_freeze::{
 };
 use burn_pipe::MicroBatchLoss;
 
-use super::error::TrainerError;
+use super::error::{TrainerError, invalid};
 use super::{StackOptimizer, Trainer};
 use crate::pipetransformer::shape::Reshaping;
 use crate::sampler::BatchPolicy;
-use crate::{AllReduce, ReplicaConfig};
+use crate::ReplicaConfig;
 
 /// Which of PipeTransformer's four parts run; every combination is valid
 /// (the paper's ablations). With `freeze` off nothing freezes, so the other
@@ -232,12 +232,67 @@ pub struct TrainerConfig {
     pub checkpoint: Option<super::CheckpointConfig>,
 }
 
-/// A value outside `accepted`.
-fn invalid(field: &'static str, value: impl ToString, accepted: &'static str) -> TrainerError {
-    TrainerError::InvalidConfig {
-        field,
-        value: value.to_string(),
-        accepted,
+impl FreezeRule {
+    /// Checks the rule's values; the error names the field and its range.
+    pub fn check(&self) -> Result<(), TrainerError> {
+        match self {
+            FreezeRule::AlphaSchedule { alpha } | FreezeRule::AlphaArgmin { alpha, .. } => {
+                check_alpha(*alpha)
+            }
+            FreezeRule::ChangeRate {
+                every_steps,
+                percentile,
+            } => {
+                if *every_steps == 0 {
+                    return Err(invalid("freeze.every_steps", 0, "at least 1"));
+                }
+                if !(0.0..=100.0).contains(percentile) {
+                    return Err(invalid("freeze.percentile", percentile, "[0, 100]"));
+                }
+                Ok(())
+            }
+            FreezeRule::Fronts { layers } => {
+                if layers.windows(2).any(|w| w[1] < w[0]) {
+                    return Err(invalid(
+                        "freeze.layers",
+                        format!("{layers:?}"),
+                        "a non-decreasing list of layer counts",
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl LayerSpec {
+    /// Checks the map's values; the error names the field and its range.
+    pub fn check(&self) -> Result<(), TrainerError> {
+        if let LayerSpec::Uniform {
+            per_layer, layers, ..
+        } = *self
+        {
+            if per_layer == 0 {
+                return Err(invalid("layers.per_layer", 0, "at least 1"));
+            }
+            if layers == 0 {
+                return Err(invalid("layers.layers", 0, "at least 1"));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl CostModel {
+    /// Checks the model's values; the error names the field and its range.
+    pub fn check(&self) -> Result<(), TrainerError> {
+        match *self {
+            CostModel::Profiled { repeats: 0 } => Err(invalid("costs.repeats", 0, "at least 1")),
+            CostModel::Parameters { frozen_factor } if !(0.0..=1.0).contains(&frozen_factor) => {
+                Err(invalid("costs.frozen_factor", frozen_factor, "[0, 1]"))
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -283,53 +338,9 @@ impl TrainerConfig {
         if devices == 0 {
             return Err(invalid("devices", 0, "at least 1 device"));
         }
-        match &self.freeze {
-            FreezeRule::AlphaSchedule { alpha } | FreezeRule::AlphaArgmin { alpha, .. } => {
-                check_alpha(*alpha)?
-            }
-            FreezeRule::ChangeRate {
-                every_steps,
-                percentile,
-            } => {
-                if *every_steps == 0 {
-                    return Err(invalid("freeze.every_steps", 0, "at least 1"));
-                }
-                if !(0.0..=100.0).contains(percentile) {
-                    return Err(invalid("freeze.percentile", percentile, "[0, 100]"));
-                }
-            }
-            FreezeRule::Fronts { layers } => {
-                if layers.windows(2).any(|w| w[1] < w[0]) {
-                    return Err(invalid(
-                        "freeze.layers",
-                        format!("{layers:?}"),
-                        "a non-decreasing list of layer counts",
-                    ));
-                }
-            }
-        }
-        if let LayerSpec::Uniform {
-            per_layer, layers, ..
-        } = self.layers
-        {
-            if per_layer == 0 {
-                return Err(invalid("layers.per_layer", 0, "at least 1"));
-            }
-            if layers == 0 {
-                return Err(invalid("layers.layers", 0, "at least 1"));
-            }
-        }
-        if self.memory.device_bytes == Some(0) {
-            return Err(invalid("memory.device_bytes", 0, "at least 1 byte"));
-        }
-        let slots = self.memory.optimizer_slots;
-        if !(slots.is_finite() && (0.0..=16.0).contains(&slots)) {
-            return Err(invalid(
-                "memory.optimizer_slots",
-                slots,
-                "[0, 16] copies of the parameters",
-            ));
-        }
+        self.freeze.check()?;
+        self.layers.check()?;
+        self.memory.check()?;
         if let Some(stages) = self.stages
             && !(1..=devices).contains(&stages)
         {
@@ -348,34 +359,16 @@ impl TrainerConfig {
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return Err(invalid("lr", self.lr, "a finite number above 0"));
         }
-        match self.costs {
-            CostModel::Profiled { repeats: 0 } => {
-                return Err(invalid("costs.repeats", 0, "at least 1"));
-            }
-            CostModel::Parameters { frozen_factor } if !(0.0..=1.0).contains(&frozen_factor) => {
-                return Err(invalid("costs.frozen_factor", frozen_factor, "[0, 1]"));
-            }
-            _ => {}
-        }
+        self.costs.check()?;
         if let Some(checkpoint) = &self.checkpoint {
-            if checkpoint.every_steps == 0 {
-                return Err(invalid("checkpoint.every_steps", 0, "at least 1"));
-            }
-            if checkpoint.keep == 0 {
-                return Err(invalid("checkpoint.keep", 0, "at least 1"));
-            }
+            checkpoint.check()?;
         }
-        if self.replicas.timeout_ms == 0 {
-            return Err(invalid("replicas.timeout_ms", 0, "at least 1 ms"));
-        }
+        self.replicas.check()?;
         if self.replicas.pipeline.timeout_ms == 0 {
             return Err(invalid("replicas.pipeline.timeout_ms", 0, "at least 1 ms"));
         }
         if self.replicas.pipeline.micro_batches == Some(0) {
             return Err(invalid("micro_batches", 0, "at least 1"));
-        }
-        if self.replicas.all_reduce == (AllReduce::Bucketed { bucket_bytes: 0 }) {
-            return Err(invalid("replicas.all_reduce.bucket_bytes", 0, "at least 1"));
         }
         if self.replicas.pipeline.balance.is_some() {
             return Err(invalid(
@@ -384,6 +377,12 @@ impl TrainerConfig {
                 "None (AutoPipe balances the stages)",
             ));
         }
+        self.check_reachable(devices, processes)
+    }
+
+    /// Checks that every shape the run can reach gives every replica of
+    /// every process a sample per micro-batch.
+    fn check_reachable(&self, devices: usize, processes: usize) -> Result<(), TrainerError> {
         // Every shape the run can reach must have a sample per micro-batch
         // of every replica: K halves from its start (the paper's rule) or
         // falls to any divisor of the devices (memory-aware), R = devices /

@@ -177,3 +177,16 @@ impl From<crate::pipetransformer::shape::StartError> for TrainerError {
         }
     }
 }
+
+/// A value outside `accepted`.
+pub(super) fn invalid(
+    field: &'static str,
+    value: impl ToString,
+    accepted: &'static str,
+) -> TrainerError {
+    TrainerError::InvalidConfig {
+        field,
+        value: value.to_string(),
+        accepted,
+    }
+}

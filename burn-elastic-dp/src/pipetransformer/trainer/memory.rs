@@ -9,7 +9,7 @@ use burn_freeze::{Activation, Differentiable, LayerStack, StackTypes};
 use burn_pipe::{HeapCounter, UnitMemory, measure_unit_memory};
 
 use super::config::TrainerConfig;
-use super::error::TrainerError;
+use super::error::{TrainerError, invalid};
 use super::{StackOptimizer, Trainer};
 use crate::pipetransformer::shape::{MemoryFit, Shape, starting_shape};
 use burn_pipe::UnitCosts;
@@ -50,6 +50,24 @@ pub struct MemoryConfig {
     /// the active parameters, not counted here: add 1 for them (Adam: 3).
     #[config(default = 2.0)]
     pub optimizer_slots: f64,
+}
+
+impl MemoryConfig {
+    /// Checks the budget's values; the error names the field and its range.
+    pub fn check(&self) -> Result<(), TrainerError> {
+        if self.device_bytes == Some(0) {
+            return Err(invalid("memory.device_bytes", 0, "at least 1 byte"));
+        }
+        let slots = self.optimizer_slots;
+        if !(slots.is_finite() && (0.0..=16.0).contains(&slots)) {
+            return Err(invalid(
+                "memory.optimizer_slots",
+                slots,
+                "[0, 16] copies of the parameters",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl TrainerConfig {
