@@ -14,8 +14,8 @@ use burn_pipe::{
     micro_batch_profile_sizes, profile_micro_batches,
 };
 
-use super::config::CostModel;
 use super::error::TrainerError;
+use super::rules::CostModel;
 use super::{StackOptimizer, Trainer};
 
 impl<S, O, T> Trainer<S, O, T>

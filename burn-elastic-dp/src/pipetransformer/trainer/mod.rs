@@ -39,6 +39,7 @@ mod memory;
 mod micro;
 mod micro_rule;
 mod recovery;
+mod rules;
 mod schedule;
 mod transition;
 
@@ -54,12 +55,13 @@ use burn_pipe::MicroBatchLoss;
 
 pub use bounds::{CacheableStack, StackOptimizer};
 pub use checkpoint::CheckpointConfig;
-pub use config::{CostModel, FreezeRule, LayerSpec, Parts, TrainerConfig};
+pub use config::TrainerConfig;
 pub use epoch::StepProgress;
 pub use error::TrainerError;
 pub use flow::StepFlow;
 pub use log::{EpochReport, Transition};
 pub use memory::MemoryConfig;
+pub use rules::{CostModel, FreezeRule, LayerSpec, Parts};
 #[cfg(feature = "burn-train")]
 pub(crate) use schedule::LrSource;
 

@@ -8,9 +8,9 @@ use std::time::Instant;
 use burn_freeze::{Activation, Differentiable, LayerStack, StackTypes};
 use burn_pipe::profile_units;
 
-use super::config::{CostModel, Parts};
 use super::error::TrainerError;
 use super::log::Transition;
+use super::rules::{CostModel, Parts};
 use super::{StackOptimizer, Trainer};
 use crate::error::ElasticError;
 use crate::group::ReplicaGroup;

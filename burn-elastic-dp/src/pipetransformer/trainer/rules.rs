@@ -1,0 +1,216 @@
+//! The run's rules: which parts run, the freeze rule, the layer map and the cost model, each checking its own values.
+
+use burn::config::Config;
+use burn_freeze::ArgminStatistic;
+
+use super::error::{TrainerError, invalid};
+use crate::pipetransformer::shape::Reshaping;
+
+/// Which of PipeTransformer's four parts run; every combination is valid
+/// (the paper's ablations). With `freeze` off nothing freezes, so the other
+/// three have nothing to act on and the run is pipeline (+ data-parallel)
+/// training of a fixed shape.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub struct Parts {
+    /// AutoFreeze: the freeze policy moves the front.
+    #[config(default = true)]
+    pub freeze: bool,
+    /// AutoPipe: after the front moves, re-plan the active units into the
+    /// fewest stages whose largest is no larger than at the start.
+    #[config(default = true)]
+    pub pipe: bool,
+    /// AutoDP: run as many pipeline replicas as the devices hold
+    /// (`devices / stages`), growing as AutoPipe shortens the pipeline.
+    /// Off, the replicas stay at the start's count, `devices / K` at the
+    /// starting K (one for the paper's start, K = devices; D / K for a
+    /// memory-aware start of K stages), as the freed devices idle.
+    #[config(default = true)]
+    pub dp: bool,
+    /// AutoCache: serve the frozen prefix's outputs from a per-sample cache.
+    #[config(default = true)]
+    pub cache: bool,
+}
+
+impl Parts {
+    /// What the shape rule may do when these parts run on `devices`
+    /// devices, the largest stage at the start costing `initial_largest`.
+    pub fn reshaping(self, devices: usize, initial_largest: f64) -> Reshaping {
+        Reshaping::new(self.pipe, self.dp, self.cache, devices, initial_largest)
+    }
+}
+
+/// The freeze policy, in layers (see [`LayerSpec`]): which of burn-freeze's
+/// policies (implementations of its [`FreezePolicy`] trait) the trainer
+/// runs, and with what values; the configuration names a rule, the trainer
+/// makes the policy from it.
+#[derive(Config, Debug, PartialEq)]
+pub enum FreezeRule {
+    /// The paper's alpha closed form, once per epoch: `ceil(L (1 - (1 -
+    /// alpha)^T))` layers frozen in epoch `T` (gradient-free).
+    AlphaSchedule {
+        /// In (0, 1): the share of the remaining layers frozen per epoch.
+        alpha: f64,
+    },
+    /// The paper's AutoFreeze, once per epoch: the alpha bound combined with
+    /// the argmin of the epoch's per-layer gradient norms (burn-freeze's
+    /// [`AlphaArgmin`]).
+    ///
+    /// ```
+    /// use burn_elastic_dp::{FreezeRule, TrainerConfig};
+    /// use burn_freeze::ArgminStatistic;
+    ///
+    /// // The paper's code: the norm of each layer's epoch-accumulated gradient.
+    /// let paper = FreezeRule::AlphaArgmin { alpha: 1.0 / 3.0, statistic: None };
+    /// assert_eq!(paper.argmin_statistic(), Some(ArgminStatistic::AccumulatedGradient));
+    /// // Each step's norm summed over the epoch instead.
+    /// let steps = FreezeRule::AlphaArgmin {
+    ///     alpha: 1.0 / 3.0,
+    ///     statistic: Some(ArgminStatistic::SummedStepNorms),
+    /// };
+    /// assert!(TrainerConfig::new().with_freeze(steps).check(4).is_ok());
+    /// // A configuration written before the statistic existed still parses.
+    /// let old: FreezeRule = serde_json::from_str(r#"{"AlphaArgmin":{"alpha":0.5}}"#).unwrap();
+    /// assert_eq!(old, FreezeRule::AlphaArgmin { alpha: 0.5, statistic: None });
+    /// ```
+    AlphaArgmin {
+        /// In (0, 1).
+        alpha: f64,
+        /// The per-layer statistic; `None` (or absent from a configuration
+        /// file) is the default, [`ArgminStatistic::AccumulatedGradient`].
+        statistic: Option<ArgminStatistic>,
+    },
+    /// The gradient-change rule (Liu et al.), every `every_steps` steps.
+    ChangeRate {
+        /// Steps between evaluations (at least 1).
+        every_steps: usize,
+        /// Percentile of the active layers' change rates used as the
+        /// threshold, in [0, 100].
+        percentile: f64,
+    },
+    /// A fixed number of frozen layers per epoch (the last entry holds
+    /// afterwards).
+    Fronts {
+        /// `layers[T]` layers frozen in epoch `T`.
+        layers: Vec<usize>,
+    },
+}
+
+impl FreezeRule {
+    /// The statistic of [`FreezeRule::AlphaArgmin`] (its default when
+    /// `None`); `None` for the other rules.
+    pub fn argmin_statistic(&self) -> Option<ArgminStatistic> {
+        match self {
+            FreezeRule::AlphaArgmin { statistic, .. } => {
+                Some(statistic.unwrap_or(ArgminStatistic::AccumulatedGradient))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// How the freeze policy's layers map onto the stack's units.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum LayerSpec {
+    /// Every unit is a layer.
+    PerUnit,
+    /// `layers` layers of `per_layer` consecutive units each, starting at
+    /// unit `offset` (ViT and BERT: offset 1, 2 units per block).
+    Uniform {
+        /// First unit of layer 0.
+        offset: usize,
+        /// Units per layer (at least 1).
+        per_layer: usize,
+        /// Layers.
+        layers: usize,
+    },
+}
+
+/// Where AutoPipe's unit costs come from.
+#[derive(Config, Debug, Copy, PartialEq)]
+pub enum CostModel {
+    /// Each unit's forward and backward time on the real backend, measured
+    /// on the first batch before training (the fastest of `repeats`, at
+    /// least 1); a frozen unit costs its forward time.
+    Profiled {
+        /// Timed runs per unit.
+        repeats: usize,
+    },
+    /// Parameter counts (deterministic; for tests and planning); a frozen
+    /// unit costs `frozen_factor` of an active one, in [0, 1].
+    Parameters {
+        /// Cost of a frozen unit relative to a training one.
+        frozen_factor: f64,
+    },
+}
+
+impl FreezeRule {
+    /// Checks the rule's values; the error names the field and its range.
+    pub fn check(&self) -> Result<(), TrainerError> {
+        match self {
+            FreezeRule::AlphaSchedule { alpha } | FreezeRule::AlphaArgmin { alpha, .. } => {
+                check_alpha(*alpha)
+            }
+            FreezeRule::ChangeRate {
+                every_steps,
+                percentile,
+            } => {
+                if *every_steps == 0 {
+                    return Err(invalid("freeze.every_steps", 0, "at least 1"));
+                }
+                if !(0.0..=100.0).contains(percentile) {
+                    return Err(invalid("freeze.percentile", percentile, "[0, 100]"));
+                }
+                Ok(())
+            }
+            FreezeRule::Fronts { layers } => {
+                if layers.windows(2).any(|w| w[1] < w[0]) {
+                    return Err(invalid(
+                        "freeze.layers",
+                        format!("{layers:?}"),
+                        "a non-decreasing list of layer counts",
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl LayerSpec {
+    /// Checks the map's values; the error names the field and its range.
+    pub fn check(&self) -> Result<(), TrainerError> {
+        if let LayerSpec::Uniform {
+            per_layer, layers, ..
+        } = *self
+        {
+            if per_layer == 0 {
+                return Err(invalid("layers.per_layer", 0, "at least 1"));
+            }
+            if layers == 0 {
+                return Err(invalid("layers.layers", 0, "at least 1"));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl CostModel {
+    /// Checks the model's values; the error names the field and its range.
+    pub fn check(&self) -> Result<(), TrainerError> {
+        match *self {
+            CostModel::Profiled { repeats: 0 } => Err(invalid("costs.repeats", 0, "at least 1")),
+            CostModel::Parameters { frozen_factor } if !(0.0..=1.0).contains(&frozen_factor) => {
+                Err(invalid("costs.frozen_factor", frozen_factor, "[0, 1]"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+fn check_alpha(alpha: f64) -> Result<(), TrainerError> {
+    if alpha > 0.0 && alpha < 1.0 {
+        Ok(())
+    } else {
+        Err(invalid("freeze.alpha", alpha, "a number in (0, 1)"))
+    }
+}
