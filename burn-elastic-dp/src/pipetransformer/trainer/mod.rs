@@ -25,6 +25,7 @@
 //! (see `ReplicaGroup::resize`), and R in the maths (the sampler's draw,
 //! the learning-rate scaling, the checks) is the whole group's.
 
+mod access;
 mod agree;
 mod bounds;
 mod build;
@@ -41,6 +42,7 @@ mod micro_rule;
 mod recovery;
 mod rules;
 mod schedule;
+mod stop;
 mod transition;
 
 use std::sync::Arc;
@@ -48,9 +50,7 @@ use std::sync::Arc;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
 use burn::prelude::*;
-use burn_freeze::{
-    Activation, AutoFreeze, FreezePolicy, InnerInput, InnerOutput, LayerStack, StackTypes,
-};
+use burn_freeze::{Activation, AutoFreeze, FreezePolicy, StackTypes};
 use burn_pipe::MicroBatchLoss;
 
 pub use bounds::{CacheableStack, StackOptimizer};
@@ -199,71 +199,6 @@ where
     O: StackOptimizer<S>,
     T: Activation<S::Backend> + Send + 'static,
 {
-    /// The configuration.
-    pub fn config(&self) -> &TrainerConfig {
-        &self.config
-    }
-
-    /// The freeze front (frozen units).
-    pub fn front(&self) -> usize {
-        self.group.front()
-    }
-
-    /// Frozen layers (the policy's F).
-    pub fn frozen_layers(&self) -> usize {
-        self.auto.frozen_layers()
-    }
-
-    /// AutoPipe's unit costs (profiled on the first batch when so
-    /// configured, unless the run is one stage throughout: then parameter
-    /// counts, which decide nothing there).
-    pub fn unit_costs(&self) -> &UnitCosts {
-        &self.costs
-    }
-
-    /// The learning rate of the last step (before the first, the
-    /// configured one): [`TrainerConfig::lr`] or the schedule's rate (see
-    /// [`set_lr_scheduler`](Self::set_lr_scheduler)), scaled linearly with
-    /// the current replica count under
-    /// [`BatchPolicy::PerReplica`](crate::BatchPolicy::PerReplica).
-    pub fn learning_rate(&self) -> f64 {
-        let replicas = self.group.total_replicas();
-        match self.sampler.as_ref() {
-            Some(sampler) => sampler.learning_rate(self.last_base_lr, self.base_replicas, replicas),
-            None => self.last_base_lr,
-        }
-    }
-
-    /// The replica group.
-    pub fn group(&self) -> &ReplicaGroup<S, O> {
-        &self.group
-    }
-
-    /// Epochs finished.
-    pub fn epoch(&self) -> usize {
-        self.epoch
-    }
-
-    /// Optimizer steps taken.
-    pub fn steps(&self) -> usize {
-        self.steps
-    }
-
-    /// The model's output for evaluation (no graph; dropout off).
-    pub fn forward_inner(&self, input: InnerInput<S>) -> InnerOutput<S> {
-        self.group.forward_inner(input)
-    }
-
-    /// A copy of the whole model (frozen units too), to evaluate or save.
-    pub fn to_layer_stack(&self) -> LayerStack<S> {
-        self.group.to_layer_stack()
-    }
-
-    /// The trained model; the trainer ends.
-    pub fn into_layer_stack(self) -> LayerStack<S> {
-        self.group.into_layer_stack()
-    }
-
     /// Trains one epoch over `dataset`: every sample once, in batches that
     /// `batcher` makes on the first device, the global batch following the
     /// configured [`BatchPolicy`](crate::BatchPolicy) and the replica count
@@ -485,39 +420,6 @@ where
             tally.transition(self.transition(front)?);
         }
         Ok(moved.is_some())
-    }
-
-    /// Watches `signal`: once it is raised (by a SIGTERM handler, say:
-    /// [`StopSignal::on_termination`](crate::StopSignal::on_termination)),
-    /// the epoch under way stops after its current step, a checkpoint is
-    /// written (when configured) and the call returns
-    /// [`TrainerError::Stopped`]. Across processes the request travels in
-    /// the next step's header, so every process stops after that same step
-    /// and writes its checkpoint there, whichever process was signalled.
-    ///
-    /// ```
-    /// # use burn_elastic_dp::StopSignal;
-    /// let signal = StopSignal::new();
-    /// // trainer.set_stop_signal(signal.clone()); ... signal.raise();
-    /// # signal.raise();
-    /// # assert!(signal.raised());
-    /// ```
-    pub fn set_stop_signal(&mut self, signal: crate::StopSignal) {
-        self.group.set_stop_signal(signal);
-    }
-
-    /// After a step: when a stop was asked for, the checkpoint here (every
-    /// process after the same step) and [`TrainerError::Stopped`].
-    fn stop_if_requested(&mut self) -> Result<(), TrainerError> {
-        if !self.group.stop_requested() {
-            return Ok(());
-        }
-        let checkpoint = self.save_checkpoint()?;
-        tracing::warn!(steps = self.steps, checkpoint = ?checkpoint, "stopped as asked");
-        Err(TrainerError::Stopped {
-            steps: self.steps,
-            checkpoint,
-        })
     }
 
     /// The epoch's report (logged), and the epoch closed (checkpointed).
