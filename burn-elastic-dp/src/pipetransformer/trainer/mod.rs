@@ -30,6 +30,7 @@ mod agree;
 mod bounds;
 mod build;
 mod checkpoint;
+mod checkpoint_files;
 mod config;
 mod epoch;
 mod error;
@@ -54,7 +55,7 @@ use burn_freeze::{Activation, AutoFreeze, FreezePolicy, StackTypes};
 use burn_pipe::MicroBatchLoss;
 
 pub use bounds::{CacheableStack, StackOptimizer};
-pub use checkpoint::CheckpointConfig;
+pub use checkpoint_files::CheckpointConfig;
 pub use config::TrainerConfig;
 pub use epoch::StepProgress;
 pub use error::TrainerError;
