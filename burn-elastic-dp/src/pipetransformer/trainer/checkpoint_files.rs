@@ -16,7 +16,7 @@ use burn_pipe::UnitCosts;
 /// When and where a [`Trainer`](super::Trainer) writes checkpoints.
 ///
 /// ```
-/// use burn_elastic_dp::trainer::CheckpointConfig;
+/// use burn_elastic_dp::CheckpointConfig;
 ///
 /// let config = CheckpointConfig::new("runs/ckpt".into()).with_every_steps(50);
 /// assert_eq!(config.keep, 2);

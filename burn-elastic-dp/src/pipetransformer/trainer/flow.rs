@@ -23,7 +23,7 @@ use super::{StackOptimizer, Trainer};
 ///
 /// ```
 /// use std::ops::ControlFlow;
-/// use burn_elastic_dp::trainer::StepFlow;
+/// use burn_elastic_dp::StepFlow;
 ///
 /// assert!(().into_flow().is_continue());
 /// assert!(ControlFlow::Break(()).into_flow().is_break());
