@@ -4,9 +4,11 @@
 //! forward, a gradient back) and for its device; stages that share a device
 //! share its throughput. Then the gradients are all-reduced.
 
-use burn_pipe::{Op, Schedule, stage_ops};
+use burn_pipe::{Op, Schedule};
 
 use crate::pipetransformer::plan::error::{PlanError, check};
+
+mod events;
 
 /// The work of one stage per micro-batch, at its device's full speed. A
 /// stage whose backward work is 0 (every unit frozen) has no backward pass
@@ -101,18 +103,6 @@ impl PipelineTrace {
     pub fn stage_end(&self, s: usize) -> f64 {
         self.spans[s].last().map_or(0.0, |span| span.end)
     }
-}
-
-/// A pass in progress.
-struct Running {
-    stage: usize,
-    device: usize,
-    /// When its work starts (after its overhead).
-    work_from: f64,
-    /// Work left, in seconds at full speed.
-    left: f64,
-    start: f64,
-    op: Op,
 }
 
 /// How `capacity` is shared by passes that each take at most `caps[i]`:
@@ -266,155 +256,6 @@ impl PipelineSim {
 
     fn stage_parallelism(&self, stage: usize) -> f64 {
         self.parallelism.get(stage).copied().unwrap_or(1.0)
-    }
-
-    /// Runs the step: events are a pass becoming ready and a pass ending;
-    /// between events every running pass advances at its device's share.
-    pub fn run(&self) -> Result<PipelineTrace, PlanError> {
-        self.validate()?;
-        let (k, m) = (self.stages.len(), self.micro_batches);
-        let ops: Vec<Vec<Op>> = (0..k).map(|s| stage_ops(self.schedule, s, k, m)).collect();
-        let mut next = vec![0usize; k];
-        let mut stage_free = vec![0.0f64; k];
-        let mut running_on = vec![false; k];
-        let mut forward_end = vec![vec![f64::NAN; m]; k];
-        let mut backward_end = vec![vec![f64::NAN; m]; k];
-        let mut spans: Vec<Vec<OpSpan>> = vec![Vec::with_capacity(2 * m); k];
-        let mut busy = vec![0.0; k];
-        let mut running: Vec<Running> = Vec::new();
-        let mut now = 0.0f64;
-        let total_ops = 2 * m * k;
-        let mut done = 0;
-        while done < total_ops {
-            // Start every pass whose inputs have arrived and whose stage is
-            // free (skipped backward passes may free a stage at once).
-            let mut progressed = true;
-            while progressed {
-                progressed = false;
-                for s in 0..k {
-                    if running_on[s] || next[s] == ops[s].len() {
-                        continue;
-                    }
-                    let op = ops[s][next[s]];
-                    if matches!(op, Op::Backward(_)) && self.stages[s].backward == 0.0 {
-                        let n = match op {
-                            Op::Backward(n) | Op::Forward(n) => n,
-                        };
-                        backward_end[s][n] = forward_end[s][n];
-                        next[s] += 1;
-                        done += 1;
-                        progressed = true;
-                        continue;
-                    }
-                    let arrival = match op {
-                        Op::Forward(_) if s == 0 => Some(0.0),
-                        Op::Forward(n) => {
-                            let t = forward_end[s - 1][n];
-                            (!t.is_nan()).then(|| t + self.send(s - 1))
-                        }
-                        Op::Backward(n) if s + 1 == k => Some(forward_end[s][n]),
-                        Op::Backward(n) => {
-                            let t = backward_end[s + 1][n];
-                            (!t.is_nan()).then(|| t + self.send(s))
-                        }
-                    };
-                    if let Some(arrival) = arrival {
-                        let start = arrival.max(stage_free[s]);
-                        let work = match op {
-                            Op::Forward(_) => self.stages[s].forward,
-                            Op::Backward(_) => self.stages[s].backward,
-                        };
-                        running.push(Running {
-                            stage: s,
-                            device: self.stages[s].device,
-                            work_from: start + self.pass_overhead,
-                            left: work,
-                            start,
-                            op,
-                        });
-                        busy[s] += work + self.pass_overhead;
-                        running_on[s] = true;
-                        next[s] += 1;
-                        progressed = true;
-                    }
-                }
-            }
-            if done == total_ops {
-                break;
-            }
-            // Each working pass's speed (its share of its device over its
-            // parallelism); passes still in their overhead do not work.
-            let working = |r: &Running| r.work_from <= now;
-            let mut speeds = vec![0.0; running.len()];
-            let mut devices: Vec<usize> = running
-                .iter()
-                .filter(|r| working(r))
-                .map(|r| r.device)
-                .collect();
-            devices.sort_unstable();
-            devices.dedup();
-            for device in devices {
-                let on: Vec<usize> = (0..running.len())
-                    .filter(|&i| running[i].device == device && working(&running[i]))
-                    .collect();
-                let caps: Vec<f64> = on
-                    .iter()
-                    .map(|&i| self.stage_parallelism(running[i].stage))
-                    .collect();
-                let given = shares(&caps, self.capacity(device));
-                for ((&i, cap), share) in on.iter().zip(&caps).zip(given) {
-                    speeds[i] = share / cap;
-                }
-            }
-            // The next event: a pass's work starting or a pass ending.
-            let mut next_time = f64::INFINITY;
-            for (r, &speed) in running.iter().zip(&speeds) {
-                let t = if working(r) {
-                    now + r.left / speed
-                } else {
-                    r.work_from
-                };
-                next_time = next_time.min(t);
-            }
-            if !next_time.is_finite() {
-                return Err(PlanError::Invalid(format!(
-                    "the {:?} schedule of {k} stages and {m} micro-batches stalled",
-                    self.schedule
-                )));
-            }
-            let dt = next_time - now;
-            for (r, speed) in running.iter_mut().zip(speeds) {
-                r.left -= speed * dt;
-            }
-            now = next_time;
-            let tolerance = 1e-12 * now.max(1e-9);
-            let mut i = 0;
-            while i < running.len() {
-                let r = &running[i];
-                if r.work_from <= now + tolerance && r.left <= tolerance {
-                    let r = running.swap_remove(i);
-                    match r.op {
-                        Op::Forward(n) => forward_end[r.stage][n] = now,
-                        Op::Backward(n) => backward_end[r.stage][n] = now,
-                    }
-                    spans[r.stage].push(OpSpan {
-                        op: r.op,
-                        start: r.start,
-                        end: now,
-                    });
-                    stage_free[r.stage] = now;
-                    running_on[r.stage] = false;
-                    done += 1;
-                } else {
-                    i += 1;
-                }
-            }
-        }
-        Ok(PipelineTrace {
-            makespan: now,
-            busy,
-            spans,
-        })
     }
 }
 
