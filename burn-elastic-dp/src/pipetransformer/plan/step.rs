@@ -3,6 +3,8 @@
 //! hand-overs between stages, the simulated pipeline, each stage's
 //! all-reduce and optimizer step; and the step's seconds, split.
 
+use std::ops::Range;
+
 use burn_pipe::UnitState;
 
 use crate::pipetransformer::plan::collective_model::ReduceGroup;
@@ -110,40 +112,81 @@ pub(crate) fn simulate_step(
     let stages: Vec<StageWork> = starts
         .iter()
         .enumerate()
-        .map(|(s, units)| {
-            let mut work = StageWork {
-                forward: 0.0,
-                backward: 0.0,
-                device: if shared.is_some() { 0 } else { s },
-            };
-            for u in units.clone() {
-                let unit = &model.units[u];
-                match UnitState::of(u, layout.front, layout.cache_front) {
-                    UnitState::Training => {
-                        work.forward += unit.forward_time(mb);
-                        work.backward += unit.backward_time(mb)
-                            + unit.param_tensors.len() as f64 * config.backward_per_tensor;
-                    }
-                    // A frozen unit runs on the inner backend.
-                    UnitState::Frozen => work.forward += unit.frozen_forward_time(mb),
-                    UnitState::Cached => {}
-                }
-            }
-            if shared.is_some() && layout.stages > 1 {
-                let factor = parallelism_at(&cluster.shared_device_thread_factor, mb);
-                work.forward *= factor;
-                work.backward *= factor;
-            }
-            if s == 0 {
-                work.forward += cache_traffic(config, model, layout) * mb;
-            }
-            work
-        })
+        .map(|(s, units)| stage_work(config, model, layout, s, units.clone()))
         .collect();
-    // Stages sharing a device hand messages over through memory: the
-    // intra-node link then stands for that hand-over (its latency: a
-    // thread waking up).
-    let sends: Vec<f64> = (0..layout.stages.saturating_sub(1))
+    let mut sim = PipelineSim::new(config.schedule, layout.micro_batches, stages);
+    sim.sends = sends(config, model, layout, &starts);
+    sim.device_capacity = shared.map_or_else(Vec::new, |c| vec![c]);
+    if shared.is_some() {
+        sim.parallelism = vec![cluster.pass_parallelism(mb); layout.stages];
+    }
+    sim.pass_overhead = config.pass_overhead;
+    let trace = sim.run()?;
+    let reduce: Vec<f64> = starts
+        .iter()
+        .enumerate()
+        .map(|(s, units)| stage_all_reduce(config, model, layout, s, units.clone()))
+        .collect();
+    let update = optimizer_update(config, model, layout, &starts);
+    let mut step = step_time(&trace, &reduce, config.reduce_timing);
+    step.compute += update + config.step_overhead;
+    Ok((step, trace.bubble_fraction()))
+}
+
+/// Stage `s`'s work per micro-batch, on its `units`.
+fn stage_work(
+    config: &PlanConfig,
+    model: &ModelSpec,
+    layout: &Layout,
+    s: usize,
+    units: Range<usize>,
+) -> StageWork {
+    let cluster = &config.cluster;
+    let shared = cluster.shared_device_capacity;
+    let mb = layout.micro_batch;
+    let mut work = StageWork {
+        forward: 0.0,
+        backward: 0.0,
+        device: if shared.is_some() { 0 } else { s },
+    };
+    for u in units {
+        let unit = &model.units[u];
+        match UnitState::of(u, layout.front, layout.cache_front) {
+            UnitState::Training => {
+                work.forward += unit.forward_time(mb);
+                work.backward += unit.backward_time(mb)
+                    + unit.param_tensors.len() as f64 * config.backward_per_tensor;
+            }
+            // A frozen unit runs on the inner backend.
+            UnitState::Frozen => work.forward += unit.frozen_forward_time(mb),
+            UnitState::Cached => {}
+        }
+    }
+    if shared.is_some() && layout.stages > 1 {
+        let factor = parallelism_at(&cluster.shared_device_thread_factor, mb);
+        work.forward *= factor;
+        work.backward *= factor;
+    }
+    if s == 0 {
+        work.forward += cache_traffic(config, model, layout) * mb;
+    }
+    work
+}
+
+/// Seconds to send a micro-batch's activation over each stage boundary.
+/// Stages sharing a device hand messages over through memory: the
+/// intra-node link then stands for that hand-over (its latency: a thread
+/// waking up).
+fn sends(
+    config: &PlanConfig,
+    model: &ModelSpec,
+    layout: &Layout,
+    starts: &[Range<usize>],
+) -> Vec<f64> {
+    let cluster = &config.cluster;
+    let shared = cluster.shared_device_capacity;
+    let mb = layout.micro_batch;
+    (0..layout.stages.saturating_sub(1))
         .map(|s| {
             let last_unit = starts[s].end - 1;
             let bytes = model.units[last_unit].activation_bytes as f64 * mb;
@@ -158,44 +201,51 @@ pub(crate) fn simulate_step(
             };
             link.transfer(bytes)
         })
-        .collect();
-    let mut sim = PipelineSim::new(config.schedule, layout.micro_batches, stages);
-    sim.sends = sends;
-    sim.device_capacity = shared.map_or_else(Vec::new, |c| vec![c]);
-    if shared.is_some() {
-        sim.parallelism = vec![cluster.pass_parallelism(mb); layout.stages];
+        .collect()
+}
+
+/// Seconds of stage `s`'s all-reduce of its trainable `units`' gradients
+/// across the replicas.
+fn stage_all_reduce(
+    config: &PlanConfig,
+    model: &ModelSpec,
+    layout: &Layout,
+    s: usize,
+    units: Range<usize>,
+) -> f64 {
+    if layout.replicas <= 1 {
+        return 0.0;
     }
-    sim.pass_overhead = config.pass_overhead;
-    let trace = sim.run()?;
-    let reduce: Vec<f64> = starts
-        .iter()
-        .enumerate()
-        .map(|(s, units)| {
-            if layout.replicas <= 1 {
-                return 0.0;
-            }
-            let mut per_node = std::collections::BTreeMap::<usize, usize>::new();
-            for r in 0..layout.replicas {
-                *per_node
-                    .entry(node_of(config, layout.stages, r, s))
-                    .or_default() += 1;
-            }
-            let group = ReduceGroup {
-                per_node: per_node.values().copied().max().unwrap_or(1),
-                nodes: per_node.len(),
-                intra: cluster.intra,
-                inter: cluster.inter,
-                local: config.local_strategy,
-                global: config.global_strategy,
-            };
-            let tensors: Vec<usize> = units
-                .clone()
-                .filter(|&u| u >= layout.front)
-                .flat_map(|u| model.units[u].param_tensors.iter().copied())
-                .collect();
-            group.bucketed_cost(&tensors, config.all_reduce)
-        })
+    let cluster = &config.cluster;
+    let mut per_node = std::collections::BTreeMap::<usize, usize>::new();
+    for r in 0..layout.replicas {
+        *per_node
+            .entry(node_of(config, layout.stages, r, s))
+            .or_default() += 1;
+    }
+    let group = ReduceGroup {
+        per_node: per_node.values().copied().max().unwrap_or(1),
+        nodes: per_node.len(),
+        intra: cluster.intra,
+        inter: cluster.inter,
+        local: config.local_strategy,
+        global: config.global_strategy,
+    };
+    let tensors: Vec<usize> = units
+        .filter(|&u| u >= layout.front)
+        .flat_map(|u| model.units[u].param_tensors.iter().copied())
         .collect();
+    group.bucketed_cost(&tensors, config.all_reduce)
+}
+
+/// Seconds of the optimizer's update: every stage's, summed where the
+/// stages share a device, the slowest's otherwise.
+fn optimizer_update(
+    config: &PlanConfig,
+    model: &ModelSpec,
+    layout: &Layout,
+    starts: &[Range<usize>],
+) -> f64 {
     let updates = starts.iter().map(|units| {
         units
             .clone()
@@ -207,14 +257,11 @@ pub(crate) fn simulate_step(
             })
             .sum::<f64>()
     });
-    let update = if shared.is_some() {
+    if config.cluster.shared_device_capacity.is_some() {
         updates.sum()
     } else {
         updates.fold(0.0, f64::max)
-    };
-    let mut step = step_time(&trace, &reduce, config.reduce_timing);
-    step.compute += update + config.step_overhead;
-    Ok((step, trace.bubble_fraction()))
+    }
 }
 
 /// Seconds per sample that stage 0 spends moving cached activations: the
