@@ -172,12 +172,11 @@ pub struct PlanConfig {
     pub step_overhead: f64,
 }
 
-impl PlanConfig {
-    /// Checks every value against `model`; the error names the value and
-    /// its range.
-    pub fn validate(&self, model: &ModelSpec) -> Result<(), PlanError> {
-        model.validate()?;
-        let c = &self.cluster;
+impl ClusterConfig {
+    /// Checks the devices, nodes, links and shared-device figures; the
+    /// error names the value and its range.
+    pub fn validate(&self) -> Result<(), PlanError> {
+        let c = self;
         check((1..=4096).contains(&c.devices_per_node), || {
             format!(
                 "devices per node must be in 1..=4096, got {}",
@@ -203,13 +202,29 @@ impl PlanConfig {
                 },
             )?;
         }
+        Ok(())
+    }
+}
+
+impl PlanConfig {
+    /// Checks every value against `model`; the error names the value and
+    /// its range.
+    pub fn validate(&self, model: &ModelSpec) -> Result<(), PlanError> {
+        model.validate()?;
+        self.cluster.validate()?;
         check(self.samples >= 1, || {
             "samples per epoch must be at least 1, got 0".into()
         })?;
         check((1..=10_000).contains(&self.epochs), || {
             format!("epochs must be in 1..=10000, got {}", self.epochs)
         })?;
-        let layers = model.layer_map()?.num_layers();
+        self.validate_freeze(model.layer_map()?.num_layers())?;
+        self.validate_shape(model.units.len())?;
+        self.validate_costs()
+    }
+
+    /// The freeze rule, on a model of `layers` layers.
+    fn validate_freeze(&self, layers: usize) -> Result<(), PlanError> {
         match &self.freeze {
             FreezeRule::AlphaSchedule { alpha } | FreezeRule::AlphaArgmin { alpha, .. } => {
                 check(*alpha > 0.0 && *alpha < 1.0, || {
@@ -226,7 +241,13 @@ impl PlanConfig {
                 ));
             }
         }
-        let units = model.units.len();
+        Ok(())
+    }
+
+    /// The start, the memory budget, the batch and the micro-batches, on a
+    /// model of `units` units.
+    fn validate_shape(&self, units: usize) -> Result<(), PlanError> {
+        let c = &self.cluster;
         if let Some(stages) = self.stages {
             // A pipeline stays within a node: each node (an MPI rank) runs
             // its own replicas, the shape rule in lockstep on its devices.
@@ -254,6 +275,11 @@ impl PlanConfig {
         if let Some(m) = self.micro_batches {
             check(m >= 1, || "micro-batches must be at least 1, got 0".into())?;
         }
+        Ok(())
+    }
+
+    /// The cost model, transitions, cache, overheads and buckets.
+    fn validate_costs(&self) -> Result<(), PlanError> {
         if let CostModel::Parameters { frozen_factor } = self.costs {
             check((0.0..=1.0).contains(&frozen_factor), || {
                 format!("frozen factor must be in [0, 1], got {frozen_factor}")
