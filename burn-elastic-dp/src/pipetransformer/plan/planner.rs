@@ -12,7 +12,7 @@ use crate::pipetransformer::plan::model::ModelSpec;
 use crate::pipetransformer::plan::outcome::{EpochPlan, EpochTime, Plan};
 use crate::pipetransformer::plan::step::{Layout, simulate_step};
 use crate::pipetransformer::plan::transition::transition_cost;
-use crate::pipetransformer::shape::{MemoryFit, StartError, reshape, starting_shape};
+use crate::pipetransformer::shape::{MemoryFit, Shape, StartError, reshape, starting_shape};
 use crate::sampler::BatchPolicy;
 
 /// Plans every epoch of `config` on `model`, and the baseline. Each
@@ -63,7 +63,6 @@ fn run(
     // the trainer's MPI ranks do): a pipeline stays within a node, and the
     // run holds `nodes` times one node's replicas.
     let devices = config.cluster.devices_per_node;
-    let nodes = config.cluster.nodes;
     let costs = model.unit_costs(config.costs);
     // The trainer's start and fit (memory-aware AutoPipe, or the paper's
     // fixed start).
@@ -94,62 +93,95 @@ fn run(
             shape = reshape(&costs, front, &shape, &rules);
         }
         let cached = rules.cache && front > 0;
-        let (stages, replicas) = (shape.stages(), shape.replicas * nodes);
-        let micro_batches = config
-            .micro_batches
-            .unwrap_or_else(|| default_micro_batches(stages));
-        let (replica_batch, global_batch) = match config.batch {
-            BatchPolicy::PerReplica { batch } => (batch, batch * replicas),
-            BatchPolicy::FixedGlobal { batch } => (batch / replicas, batch),
-        };
-        check(replica_batch >= micro_batches, || {
-            format!(
-                "epoch {epoch}: {replicas} replicas get {replica_batch} samples each per step, fewer than the {micro_batches} micro-batches of K={stages}: raise the batch (at least {}) or lower the micro-batches",
-                micro_batches * replicas
-            )
-        })?;
-        let steps = config.samples.div_ceil(global_batch);
-        // The cache holds the previous epoch's frozen output when it was
-        // cached then; the first cached epoch computes the prefix to fill it.
-        let cache_front = match previous {
-            Some(p) if cached && p.cached => p.front,
-            _ => 0,
-        };
-        let layout = Layout {
-            stages,
-            replicas,
-            balance: &shape.balance,
-            front,
-            cache_front,
-            cached,
-            micro_batch: replica_batch as f64 / micro_batches as f64,
-            micro_batches,
-        };
-        let (step, bubble_fraction) = simulate_step(config, model, &layout)?;
-        let transition = match previous {
-            None => 0.0,
-            Some(p) => transition_cost(config, model, p, &shape.with_replicas(replicas), front),
-        };
-        epochs.push(EpochPlan {
+        let at = EpochFront {
             epoch,
             frozen_layers,
             front,
             cached,
-            stages,
-            balance: shape.balance.clone(),
-            replicas,
-            micro_batches,
-            replica_batch,
-            steps,
-            step,
-            bubble_fraction,
-            time: EpochTime {
-                steps: step.scaled(steps as f64),
-                transition,
-            },
-        });
+        };
+        epochs.push(plan_epoch(config, model, &shape, at, previous)?);
     }
     Ok(epochs)
+}
+
+/// Where an epoch's freeze front stands.
+struct EpochFront {
+    epoch: usize,
+    frozen_layers: usize,
+    front: usize,
+    cached: bool,
+}
+
+/// One epoch at `shape` (this node's), after `previous`: its batch, steps,
+/// simulated step and transition.
+fn plan_epoch(
+    config: &PlanConfig,
+    model: &ModelSpec,
+    shape: &Shape,
+    at: EpochFront,
+    previous: Option<&EpochPlan>,
+) -> Result<EpochPlan, PlanError> {
+    let EpochFront {
+        epoch,
+        frozen_layers,
+        front,
+        cached,
+    } = at;
+    let nodes = config.cluster.nodes;
+    let (stages, replicas) = (shape.stages(), shape.replicas * nodes);
+    let micro_batches = config
+        .micro_batches
+        .unwrap_or_else(|| default_micro_batches(stages));
+    let (replica_batch, global_batch) = match config.batch {
+        BatchPolicy::PerReplica { batch } => (batch, batch * replicas),
+        BatchPolicy::FixedGlobal { batch } => (batch / replicas, batch),
+    };
+    check(replica_batch >= micro_batches, || {
+        format!(
+            "epoch {epoch}: {replicas} replicas get {replica_batch} samples each per step, fewer than the {micro_batches} micro-batches of K={stages}: raise the batch (at least {}) or lower the micro-batches",
+            micro_batches * replicas
+        )
+    })?;
+    let steps = config.samples.div_ceil(global_batch);
+    // The cache holds the previous epoch's frozen output when it was
+    // cached then; the first cached epoch computes the prefix to fill it.
+    let cache_front = match previous {
+        Some(p) if cached && p.cached => p.front,
+        _ => 0,
+    };
+    let layout = Layout {
+        stages,
+        replicas,
+        balance: &shape.balance,
+        front,
+        cache_front,
+        cached,
+        micro_batch: replica_batch as f64 / micro_batches as f64,
+        micro_batches,
+    };
+    let (step, bubble_fraction) = simulate_step(config, model, &layout)?;
+    let transition = match previous {
+        None => 0.0,
+        Some(p) => transition_cost(config, model, p, &shape.with_replicas(replicas), front),
+    };
+    Ok(EpochPlan {
+        epoch,
+        frozen_layers,
+        front,
+        cached,
+        stages,
+        balance: shape.balance.clone(),
+        replicas,
+        micro_batches,
+        replica_batch,
+        steps,
+        step,
+        bubble_fraction,
+        time: EpochTime {
+            steps: step.scaled(steps as f64),
+            transition,
+        },
+    })
 }
 
 /// The planner's message for a start that does not fit (the trainer's
