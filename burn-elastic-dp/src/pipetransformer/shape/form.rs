@@ -1,0 +1,56 @@
+//! A pipeline's shape: its stages' balance and its replicas, and the paper's fixed start.
+
+use burn_pipe::{UnitCosts, balance_exact, largest_stage};
+use serde::{Deserialize, Serialize};
+
+/// A pipeline shape: stages, units per stage, replicas.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shape {
+    /// Units per stage (K = its length).
+    pub balance: Vec<usize>,
+    /// Data-parallel replicas (R).
+    pub replicas: usize,
+}
+
+impl Shape {
+    /// K.
+    pub fn stages(&self) -> usize {
+        self.balance.len()
+    }
+
+    /// The same pipeline with `replicas` replicas.
+    pub fn with_replicas(&self, replicas: usize) -> Shape {
+        Shape {
+            balance: self.balance.clone(),
+            replicas,
+        }
+    }
+}
+
+/// The balance of `stages` stages for units whose first `front` are frozen.
+/// With the cache on, frozen units cost nothing and go to stage 0 (the cache
+/// serves them there), the active units split exactly; otherwise all units
+/// split exactly at their freeze-aware costs.
+pub(super) fn balance_for(
+    costs: &UnitCosts,
+    front: usize,
+    stages: usize,
+    cache: bool,
+) -> Vec<usize> {
+    if cache && front > 0 {
+        let active = &costs.active[front..];
+        let mut balance = balance_exact(active, stages.min(active.len()));
+        balance[0] += front;
+        balance
+    } else {
+        balance_exact(&costs.at(front, false), stages)
+    }
+}
+
+/// The starting shape: `stages` stages balanced exactly on the active
+/// costs, and its largest stage's cost.
+pub fn initial_shape(costs: &UnitCosts, stages: usize, replicas: usize) -> (Shape, f64) {
+    let balance = balance_exact(&costs.active, stages);
+    let largest = largest_stage(&costs.active, &balance);
+    (Shape { balance, replicas }, largest)
+}

@@ -1,0 +1,132 @@
+//! After the freeze front moved: the pipeline's length and balance and the number of replicas.
+
+use burn_pipe::{UnitCosts, compress};
+
+use super::form::{Shape, balance_for};
+use super::memory::{MemoryFit, modelled_step, stage_counts};
+
+/// What AutoPipe and AutoDP may do.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reshaping {
+    /// AutoPipe runs.
+    pub pipe: bool,
+    /// AutoDP runs.
+    pub dp: bool,
+    /// Frozen outputs are cached: frozen units cost nothing, and all sit on
+    /// stage 0 where the cache serves them.
+    pub cache: bool,
+    /// Devices in all.
+    pub devices: usize,
+    /// The largest stage's cost before anything froze: a stage may not
+    /// grow beyond it (the memory bound of the paper's compression; used
+    /// when `memory` is `None`).
+    pub initial_largest: f64,
+    /// Memory-aware AutoPipe: after the front moves the pipeline falls to
+    /// the fewest stages (dividing the devices) whose every stage fits the
+    /// budget and whose modelled step is not slower; `None`: the paper's
+    /// compression under `initial_largest`.
+    pub memory: Option<MemoryFit>,
+}
+
+impl Reshaping {
+    /// What AutoPipe (`pipe`) and AutoDP (`dp`) may do, AutoCache (`cache`)
+    /// serving the frozen prefix or not, on `devices` devices, the largest
+    /// stage at the start costing `initial_largest`.
+    pub fn new(pipe: bool, dp: bool, cache: bool, devices: usize, initial_largest: f64) -> Self {
+        Self {
+            pipe,
+            dp,
+            cache,
+            devices,
+            initial_largest,
+            memory: None,
+        }
+    }
+
+    /// The same, memory-aware (see [`Reshaping::memory`]).
+    pub fn with_memory(self, memory: Option<MemoryFit>) -> Self {
+        Self { memory, ..self }
+    }
+}
+
+/// The shape after the front moved to `front`: AutoPipe halves the pipeline
+/// while the exact partition of the freeze-aware costs into half as many
+/// stages keeps its largest stage within `initial_largest` (the paper's
+/// compression, with the exact partitioner), and rebalances; AutoDP then
+/// runs `devices / K` replicas. A part that is off keeps its value.
+///
+/// ```
+/// use burn_elastic_dp::shape::{Reshaping, Shape, initial_shape, reshape};
+/// use burn_pipe::UnitCosts;
+///
+/// let costs = UnitCosts::from_params(&[1; 8], 1.0 / 3.0);
+/// let (start, largest) = initial_shape(&costs, 4, 1);
+/// let rules = Reshaping { pipe: true, dp: true, cache: true, devices: 4, initial_largest: largest, memory: None };
+/// // Half the units frozen and cached: 2 stages do what 4 did, on 2 replicas.
+/// let next = reshape(&costs, 4, &start, &rules);
+/// assert_eq!(next, Shape { balance: vec![6, 2], replicas: 2 });
+/// ```
+pub fn reshape(costs: &UnitCosts, front: usize, current: &Shape, rules: &Reshaping) -> Shape {
+    let units = costs.active.len();
+    let trainable = units - front.min(units);
+    let balance = if rules.pipe && trainable > 0 && rules.memory.is_some() {
+        let fit = rules.memory.as_ref().expect("checked");
+        fitting_reshape(costs, front, current, rules, fit)
+    } else if rules.pipe && trainable > 0 {
+        let stages = current.stages();
+        let stages = if rules.cache && front > 0 {
+            compress(
+                &costs.active[front..],
+                stages.min(trainable),
+                rules.initial_largest,
+            )
+        } else {
+            compress(&costs.at(front, false), stages, rules.initial_largest)
+        };
+        balance_for(costs, front, stages, rules.cache)
+    } else {
+        current.balance.clone()
+    };
+    let replicas = if rules.dp {
+        (rules.devices / balance.len()).max(1)
+    } else {
+        current.replicas
+    };
+    Shape { balance, replicas }
+}
+
+/// Memory-aware AutoPipe after the front moved: the fewest stages (a
+/// divisor of the devices, at most the current count) whose balance fits the
+/// budget and whose modelled step is not slower than the current count's;
+/// the current balance when nothing else fits.
+fn fitting_reshape(
+    costs: &UnitCosts,
+    front: usize,
+    current: &Shape,
+    rules: &Reshaping,
+    fit: &MemoryFit,
+) -> Vec<usize> {
+    let units = costs.len();
+    let trainable = units - front.min(units);
+    let stage_costs = costs.at(front, rules.cache && front > 0);
+    let most = if rules.cache && front > 0 {
+        trainable
+    } else {
+        units
+    };
+    // With the cache every frozen unit stays on stage 0, where the cache
+    // serves them: no balance on memory that would move them.
+    let rebalance = !(rules.cache && front > 0);
+    let balance_of = |stages: usize| {
+        let balanced = balance_for(costs, front, stages, rules.cache);
+        fit.fitting_balance(balanced, front, rules.devices, rebalance)
+    };
+    let stay = balance_of(current.stages().min(most)).unwrap_or_else(|| current.balance.clone());
+    let stay_time = modelled_step(&stage_costs, &stay, fit, rules.devices);
+    stage_counts(rules.devices, most)
+        .into_iter()
+        .filter(|&k| k < stay.len())
+        .filter_map(balance_of)
+        .find(|balance| modelled_step(&stage_costs, balance, fit, rules.devices) <= stay_time)
+        .unwrap_or(stay)
+}
