@@ -57,8 +57,7 @@ pub use nodes::mpi::{BUCKET_VALUES as MPI_BUCKET_VALUES, Mpi};
 pub use nodes::{ExchangePhases, NodeConfig};
 pub use pipetransformer::trainer::{
     CacheableStack, CheckpointConfig, CostModel, EpochReport, FreezeRule, LayerSpec, MemoryConfig,
-    Parts, StackOptimizer, StepFlow, StepProgress, Trainer, TrainerConfig, TrainerError,
-    Transition,
+    Parts, StepFlow, StepProgress, Trainer, TrainerConfig, TrainerError, Transition,
 };
 pub use sampler::{BatchPolicy, ElasticSampler};
 pub use stop::{STOPPED_EXIT_CODE, StopSignal};

@@ -70,7 +70,7 @@ pub use error::{CacheError, FreezeError, StackError};
 pub use freezable::FreezableStack;
 pub use freeze_front::FreezeFront;
 pub use frozen::FrozenUnits;
-pub use optim_state::ParamStates;
+pub use optim_state::{ParamStates, StackOptimizer};
 pub use policy::{
     AlphaArgmin, AlphaArgminConfig, ArgminStatistic, AutoFreeze, ChangeRate, ChangeRateConfig,
     ChangeRateReading, FixedSchedule, FreezePolicy, FreezeState, GradNorm, LayerMap, PolicyState,

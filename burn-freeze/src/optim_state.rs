@@ -8,6 +8,8 @@ use burn::module::{AutodiffModule, ParamId, list_param_ids};
 use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 
+use crate::{StackTypes, TrainableUnits};
+
 /// An optimizer record that is a map from parameter id to per-parameter
 /// state, as every Burn optimizer built on `OptimizerAdaptor` (SGD, Adam,
 /// AdamW, ...) has.
@@ -35,6 +37,45 @@ where
     fn from_states(states: Vec<(ParamId, R)>) -> Self {
         states.into_iter().collect()
     }
+}
+
+/// An optimizer of a stack's trainable units whose state can be copied and
+/// saved per parameter: `Optimizer<TrainableUnits<S>, S::Backend> +
+/// 'static` with a [`ParamStates`] record, named once. Every such optimizer
+/// is one (Burn's Adam, AdamW and SGD are), so generic code writes
+/// `O: StackOptimizer<S>`.
+///
+/// ```
+/// use burn::backend::{Autodiff, Flex};
+/// use burn::nn::Linear;
+/// use burn::optim::{AdamConfig, SgdConfig};
+/// use burn::prelude::*;
+/// use burn_freeze::{StackMarker, StackOptimizer, TrainableUnits};
+///
+/// #[derive(Module, Debug)]
+/// pub struct Dense<B: Backend> { linear: Linear<B> }
+/// impl<B: Backend> Dense<B> {
+///     fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> { self.linear.forward(x) }
+/// }
+/// burn_freeze::unit!(Dense<B>: Tensor<B, 2> => Tensor<B, 2>);
+/// type B = Autodiff<Flex>;
+/// type S = StackMarker<B, Dense<B>, Dense<B>, Dense<B>>;
+///
+/// fn takes<O: StackOptimizer<S>>(_: O) {}
+/// takes(SgdConfig::new().init::<B, TrainableUnits<S>>());
+/// takes(AdamConfig::new().init::<B, TrainableUnits<S>>());
+/// ```
+pub trait StackOptimizer<S: StackTypes>:
+    Optimizer<TrainableUnits<S>, S::Backend, Record: ParamStates> + 'static
+{
+}
+
+impl<S, O> StackOptimizer<S> for O
+where
+    S: StackTypes,
+    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
+    O::Record: ParamStates,
+{
 }
 
 /// The optimizer states of one or more optimizers, pooled by parameter id.

@@ -1,8 +1,7 @@
 //! A group built from its configuration.
 
-use burn::optim::Optimizer;
 use burn::prelude::*;
-use burn_freeze::{LayerStack, ParamStates, StackTypes, TrainableUnits};
+use burn_freeze::{LayerStack, StackOptimizer, StackTypes};
 
 use super::ReplicaGroup;
 use super::config::ReplicaConfig;
@@ -34,8 +33,7 @@ impl ReplicaConfig {
     ) -> Result<ReplicaGroup<S, O>, ElasticError>
     where
         S: StackTypes,
-        O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
-        O::Record: ParamStates,
+        O: StackOptimizer<S>,
     {
         ReplicaGroup::new(stack, devices, self.clone(), make_optimizer)
     }
@@ -56,8 +54,7 @@ pub(super) fn check_stages<D>(devices: &[Vec<D>], stages: usize) -> Result<(), E
 impl<S, O> ReplicaGroup<S, O>
 where
     S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
-    O::Record: ParamStates,
+    O: StackOptimizer<S>,
 {
     /// See [`ReplicaConfig::init`].
     pub fn new(

@@ -4,11 +4,10 @@
 
 use std::time::Instant;
 
-use burn::optim::Optimizer;
 use burn_freeze::plumbing::{check_sample_ids, serve_prefix};
 use burn_freeze::{
-    Activation, AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput,
-    ParamStates, StackCache, StackTypes, TrainableUnits,
+    Activation, AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput, StackCache,
+    StackOptimizer, StackTypes,
 };
 use burn_pipe::MicroBatchLoss;
 
@@ -19,8 +18,7 @@ use crate::error::ElasticError;
 impl<S, O> ReplicaGroup<S, O>
 where
     S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
-    O::Record: ParamStates,
+    O: StackOptimizer<S>,
 {
     /// Attaches an AutoCache for the frozen prefix, shared by every replica
     /// (served once per batch on the calling thread, before the batch is

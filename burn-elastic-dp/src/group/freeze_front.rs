@@ -1,7 +1,6 @@
 //! The group's freeze front: every replica frozen alike.
 
-use burn::optim::Optimizer;
-use burn_freeze::{FreezeFront, GradNorm, ParamStates, StackTypes, TrainableUnits};
+use burn_freeze::{FreezeFront, GradNorm, StackOptimizer, StackTypes};
 
 use super::ReplicaGroup;
 use crate::error::ElasticError;
@@ -9,8 +8,7 @@ use crate::error::ElasticError;
 impl<S, O> FreezeFront for ReplicaGroup<S, O>
 where
     S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
-    O::Record: ParamStates,
+    O: StackOptimizer<S>,
 {
     type Error = ElasticError;
 

@@ -2,16 +2,6 @@
 //! thread, whose gradients are all-reduced through burn-collective before
 //! every replica steps. A step never waits past its bound: a replica stuck
 //! in its own computation is left behind and the group goes on without it.
-//!
-//! Files, one concern each: `mod.rs` (the group: building it, what it holds,
-//! the optimizer step), `reshape.rs` (resizing, removing a replica,
-//! repartitioning and freezing, at a step boundary), `step.rs` (a
-//! data-parallel step: the batch shared, a thread per replica, the report),
-//! `cache.rs` (the AutoCache shared by the replicas), `share.rs` (a
-//! replica's share of a step: its pass and the all-reduce of its
-//! gradients), `deadline.rs` (waiting for the replicas within the
-//! step's bound), `failure.rs` (which error a failed step reports),
-//! `nodes.rs` (every call into `node.rs`, the other processes).
 
 mod build;
 mod cache;
@@ -28,11 +18,10 @@ mod step;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use burn::optim::Optimizer;
 use burn::prelude::*;
 use burn_freeze::{
-    Activation, InnerBackendOf, InnerInput, InnerOutput, LayerStack, ParamStates, StackCache,
-    StackTypes, TrainableUnits,
+    Activation, InnerBackendOf, InnerInput, InnerOutput, LayerStack, StackCache, StackOptimizer,
+    StackTypes,
 };
 use burn_pipe::{MicroBatchLoss, Pipeline, StepReport};
 
@@ -124,8 +113,7 @@ pub struct ReplicaGroup<S: StackTypes, O> {
 impl<S, O> ReplicaGroup<S, O>
 where
     S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
-    O::Record: ParamStates,
+    O: StackOptimizer<S>,
 {
     /// Number of replicas.
     pub fn num_replicas(&self) -> usize {

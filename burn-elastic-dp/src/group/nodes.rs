@@ -1,5 +1,5 @@
 //! The group's other processes, when it spans several: every call of the
-//! group into `node.rs` stands here, so that a replica's share of a step and
+//! group into `crate::nodes` stands here, so that a replica's share of a step and
 //! the deadline collector ask one value whether there are other processes,
 //! how the batch is shared with them, how to sum gradients with them and
 //! how to release their waits.

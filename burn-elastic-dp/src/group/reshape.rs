@@ -2,9 +2,8 @@
 //! (resizing, removing a replica), its stages (repartitioning every
 //! replica's pipeline alike), its micro-batch count and its freeze front.
 
-use burn::optim::Optimizer;
 use burn::prelude::*;
-use burn_freeze::{InnerBackendOf, ParamStates, StackTypes, TrainableUnits, check_freeze};
+use burn_freeze::{InnerBackendOf, StackOptimizer, StackTypes, check_freeze};
 use burn_pipe::Pipeline;
 
 use super::ReplicaGroup;
@@ -15,8 +14,7 @@ use crate::error::ElasticError;
 impl<S, O> ReplicaGroup<S, O>
 where
     S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
-    O::Record: ParamStates,
+    O: StackOptimizer<S>,
 {
     /// Resizes the group at a step boundary to `devices.len()` replicas,
     /// replica `r` on `devices[r]` (one device per stage, as now). A replica

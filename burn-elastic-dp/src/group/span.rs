@@ -1,7 +1,6 @@
 //! The group across processes: its ranks, their replicas, the exchange's phases, the stop request and agreement.
 
-use burn::optim::Optimizer;
-use burn_freeze::{ParamStates, StackTypes, TrainableUnits};
+use burn_freeze::{StackOptimizer, StackTypes};
 
 use super::ReplicaGroup;
 use crate::error::ElasticError;
@@ -12,8 +11,7 @@ use std::time::Instant;
 impl<S, O> ReplicaGroup<S, O>
 where
     S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
-    O::Record: ParamStates,
+    O: StackOptimizer<S>,
 {
     /// Whether the group spans other processes. Its replica count then
     /// changes only in lockstep ([`resize`](Self::resize) on every process

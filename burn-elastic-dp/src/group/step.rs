@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Instant;
 
-use burn::optim::Optimizer;
-use burn_freeze::{Activation, InnerBackendOf, ParamStates, StackTypes, TrainableUnits};
+use burn_freeze::{Activation, InnerBackendOf, StackOptimizer, StackTypes};
 use burn_pipe::{MicroBatchLoss, Pipeline};
 use crossbeam_channel::{Receiver, Sender};
 
@@ -46,8 +45,7 @@ fn start_threads(count: usize) -> Result<Vec<WorkSlot>, ElasticError> {
 impl<S, O> ReplicaGroup<S, O>
 where
     S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
-    O::Record: ParamStates,
+    O: StackOptimizer<S>,
 {
     /// Splits `input` into one shard per replica and runs them (see
     /// [`forward_backward`](Self::forward_backward)); `start`: when the

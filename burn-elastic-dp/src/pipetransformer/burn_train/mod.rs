@@ -37,9 +37,8 @@ use burn_pipe::MicroBatchLoss;
 
 pub use item::{FromTrainStep, StepInfo};
 
-use crate::pipetransformer::trainer::{
-    CacheableStack, StackOptimizer, Trainer, TrainerConfig, TrainerError,
-};
+use crate::pipetransformer::trainer::{CacheableStack, Trainer, TrainerConfig, TrainerError};
+use burn_freeze::StackOptimizer;
 use item::Scored;
 use learner_lr::LearnerLr;
 

@@ -14,12 +14,6 @@
 //! (`stage_ops`), and the replica group's all-reduce (per tensor or
 //! bucketed, burn-collective's ring, tree and centralized strategies,
 //! locally then across nodes).
-//!
-//! Files, one concern each: `config.rs` (what is asked, and its checks),
-//! `model.rs` (what a model costs, per unit), `planner.rs` (the epochs),
-//! `step.rs` (one step of one replica), `sim/` (a discrete-event
-//! simulation of one pipeline step), `collective_model.rs` (all-reduce
-//! costs), `transition.rs` (what a transition costs), `error.rs`.
 
 mod collective_model;
 mod config;

@@ -3,8 +3,9 @@
 use burn_freeze::{Activation, InnerInput, InnerOutput, LayerStack, StackTypes};
 use burn_pipe::UnitCosts;
 
-use super::{StackOptimizer, Trainer, TrainerConfig};
+use super::{Trainer, TrainerConfig};
 use crate::group::ReplicaGroup;
+use burn_freeze::StackOptimizer;
 
 impl<S, O, T> Trainer<S, O, T>
 where

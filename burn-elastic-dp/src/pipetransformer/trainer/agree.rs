@@ -12,9 +12,9 @@ use std::time::Duration;
 use burn_freeze::StackTypes;
 use burn_pipe::{MicroBatchTimes, UnitMemory, UnitProfile};
 
-use super::StackOptimizer;
 use super::error::TrainerError;
 use crate::group::ReplicaGroup;
+use burn_freeze::StackOptimizer;
 
 /// Nanoseconds as f64: exact below 2^53 ns (104 days).
 fn nanos(duration: Duration) -> f64 {

@@ -1,31 +1,6 @@
-//! The bounds a [`Trainer`](super::Trainer) puts on its optimizer and its
-//! stack, named once (as `StackTypes` names a stack's unit types), so that
-//! generic code writes `O: StackOptimizer<S>` and `S: CacheableStack`
-//! instead of repeating them.
+//! The bound a [`Trainer`](super::Trainer) puts on its stack, named once (the optimizer's is burn-freeze's `StackOptimizer`).
 
-use burn::optim::Optimizer;
-use burn_freeze::{
-    AutodiffActivation, Cacheable, Differentiable, InnerBackendOf, ParamStates, StackTypes,
-    TrainableUnits,
-};
-
-/// An optimizer of a stack's trainable units whose state the replicas can
-/// copy and save per parameter: `Optimizer<TrainableUnits<S>, S::Backend> +
-/// 'static` with a [`ParamStates`] record. Every such optimizer is one
-/// (Burn's Adam, AdamW and SGD are). See [`CacheableStack`] for generic code
-/// that uses both.
-pub trait StackOptimizer<S: StackTypes>:
-    Optimizer<TrainableUnits<S>, S::Backend, Record: ParamStates> + 'static
-{
-}
-
-impl<S, O> StackOptimizer<S> for O
-where
-    S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend> + 'static,
-    O::Record: ParamStates,
-{
-}
+use burn_freeze::{AutodiffActivation, Cacheable, Differentiable, InnerBackendOf, StackTypes};
 
 /// A stack whose frozen prefix AutoCache can serve (its input and hidden
 /// activations on the inner backend are [`Cacheable`]) and whose output can
@@ -38,8 +13,8 @@ where
 /// ```
 /// use burn::data::dataloader::batcher::Batcher;
 /// use burn::data::dataset::Dataset;
-/// use burn_elastic_dp::{CacheableStack, StackOptimizer, Trainer, TrainerError};
-/// use burn_freeze::Activation;
+/// use burn_elastic_dp::{CacheableStack, Trainer, TrainerError};
+/// use burn_freeze::{Activation, StackOptimizer};
 ///
 /// /// Trains until `epochs` epochs are done; the last epoch's mean loss.
 /// fn train_to<S, O, T, I, D, Bt>(

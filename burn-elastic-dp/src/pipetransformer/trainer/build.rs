@@ -7,12 +7,13 @@ use burn::prelude::*;
 use burn_freeze::{Activation, ActivationCache, AutoFreeze, LayerStack, StackTypes};
 use burn_pipe::MicroBatchLoss;
 
+use super::Trainer;
 use super::config::TrainerConfig;
 use super::error::TrainerError;
 use super::log::JsonLog;
 use super::memory::{measure_pending, starting_memory};
 use super::transition::{device_lists, starting_costs};
-use super::{StackOptimizer, Trainer};
+use burn_freeze::StackOptimizer;
 
 impl<S, O, T> Trainer<S, O, T>
 where

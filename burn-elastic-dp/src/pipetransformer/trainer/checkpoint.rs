@@ -12,11 +12,12 @@ use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn_freeze::{Activation, LayerStack, StackTypes};
 use burn_pipe::MicroBatchLoss;
 
+use super::Trainer;
 use super::checkpoint_files::{Loaded, RunState, one_process_dir, read_agreed, read_latest, write};
 use super::config::TrainerConfig;
 use super::error::TrainerError;
-use super::{StackOptimizer, Trainer};
 use crate::sampler::ElasticSampler;
+use burn_freeze::StackOptimizer;
 
 impl<S, O, T> Trainer<S, O, T>
 where

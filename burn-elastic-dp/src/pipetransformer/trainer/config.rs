@@ -11,11 +11,12 @@ use burn_freeze::{
 };
 use burn_pipe::MicroBatchLoss;
 
+use super::Trainer;
 use super::error::{TrainerError, invalid};
 use super::rules::{CostModel, FreezeRule, LayerSpec, Parts};
-use super::{StackOptimizer, Trainer};
 use crate::ReplicaConfig;
 use crate::sampler::BatchPolicy;
+use burn_freeze::StackOptimizer;
 
 /// Configuration of a [`Trainer`]: PipeTransformer's loop, in which
 /// AutoFreeze, AutoPipe, AutoDP and AutoCache drive one training run.

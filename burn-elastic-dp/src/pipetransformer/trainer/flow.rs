@@ -6,9 +6,10 @@ use std::ops::ControlFlow;
 
 use burn_freeze::{Activation, StackTypes};
 
+use super::Trainer;
 use super::epoch::{EpochEnd, EpochTally};
 use super::log::EpochReport;
-use super::{StackOptimizer, Trainer};
+use burn_freeze::StackOptimizer;
 
 /// The result of [`Trainer::fit_epoch_observed`]'s observer: `()` goes on,
 /// a [`ControlFlow`] goes on or stops the epoch after the step.

@@ -1,9 +1,10 @@
 //! The trainer's learning rate at each step: fixed, scaled with the replicas, or a scheduler's.
 
+use super::Trainer;
 use super::error::TrainerError;
 use super::schedule::{Closure, LrSource, Scheduler};
-use super::{StackOptimizer, Trainer};
 use burn::lr_scheduler::LrScheduler;
+use burn_freeze::StackOptimizer;
 use burn_freeze::{Activation, StackTypes};
 
 impl<S, O, T> Trainer<S, O, T>

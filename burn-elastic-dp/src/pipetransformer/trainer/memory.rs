@@ -8,10 +8,11 @@ use burn::config::Config;
 use burn_freeze::{Activation, Differentiable, LayerStack, StackTypes};
 use burn_pipe::{HeapCounter, UnitMemory, measure_unit_memory};
 
+use super::Trainer;
 use super::config::TrainerConfig;
 use super::error::{TrainerError, invalid};
-use super::{StackOptimizer, Trainer};
 use crate::pipetransformer::shape::{MemoryFit, Shape, starting_shape};
+use burn_freeze::StackOptimizer;
 use burn_pipe::UnitCosts;
 
 /// What one device may hold, for memory-aware AutoPipe.

@@ -14,9 +14,10 @@ use burn_pipe::{
     micro_batch_profile_sizes, profile_micro_batches,
 };
 
+use super::Trainer;
 use super::error::TrainerError;
 use super::rules::CostModel;
-use super::{StackOptimizer, Trainer};
+use burn_freeze::StackOptimizer;
 
 impl<S, O, T> Trainer<S, O, T>
 where

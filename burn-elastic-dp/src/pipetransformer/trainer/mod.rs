@@ -4,20 +4,7 @@
 //! The loop is here, top-down: an epoch takes the next batch, trains it
 //! (the step, with its retry), then acts after the step (AutoFreeze's
 //! decision, and the transition it makes), and ends with the epoch's
-//! report. The other files, one concern each: `recovery.rs` (which failed
-//! steps the run goes on from, and how), `transition.rs` (AutoPipe and
-//! AutoDP applied to the group: the shape rule's one call), `checkpoint.rs`
-//! (save and resume), `epoch.rs` (an epoch's running figures), `config.rs`
-//! (the one `Config` and its checks), `build.rs` (a trainer made from
-//! it), `memory.rs` (memory-aware AutoPipe: the budget, the units' memory
-//! and the start that fits), `micro.rs` (the micro-batch count, chosen from
-//! measured times), `agree.rs` (measurements agreed across the ranks of
-//! an MPI job: the slowest's times, the largest activations),
-//! `schedule.rs` (the learning rate of each step), `flow.rs` (an observer
-//! stopping an epoch),
-//! `bounds.rs` (the optimizer and stack
-//! bounds, named once), `log.rs` (transition
-//! and epoch records, JSON lines), `error.rs`.
+//! report.
 //!
 //! Across the ranks of an MPI job every rank runs this loop on its own
 //! devices, in lockstep: the same batches, the same all-reduced gradients,
@@ -51,10 +38,10 @@ use std::sync::Arc;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
 use burn::prelude::*;
-use burn_freeze::{Activation, AutoFreeze, FreezePolicy, StackTypes};
+use burn_freeze::{Activation, AutoFreeze, FreezePolicy, StackOptimizer, StackTypes};
 use burn_pipe::MicroBatchLoss;
 
-pub use bounds::{CacheableStack, StackOptimizer};
+pub use bounds::CacheableStack;
 pub use checkpoint_files::CheckpointConfig;
 pub use config::TrainerConfig;
 pub use epoch::StepProgress;

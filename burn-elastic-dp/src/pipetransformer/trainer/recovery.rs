@@ -6,9 +6,10 @@
 
 use burn_freeze::{Activation, StackTypes};
 
+use super::Trainer;
 use super::error::TrainerError;
-use super::{StackOptimizer, Trainer};
 use crate::error::ElasticError;
+use burn_freeze::StackOptimizer;
 
 /// How a failed pass is recovered from.
 enum Recovery {

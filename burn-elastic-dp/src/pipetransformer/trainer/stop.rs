@@ -2,8 +2,9 @@
 
 use burn_freeze::{Activation, StackTypes};
 
+use super::Trainer;
 use super::error::TrainerError;
-use super::{StackOptimizer, Trainer};
+use burn_freeze::StackOptimizer;
 
 impl<S, O, T> Trainer<S, O, T>
 where

@@ -8,13 +8,14 @@ use std::time::Instant;
 use burn_freeze::{Activation, Differentiable, LayerStack, StackTypes};
 use burn_pipe::profile_units;
 
+use super::Trainer;
 use super::error::TrainerError;
 use super::log::Transition;
 use super::rules::{CostModel, Parts};
-use super::{StackOptimizer, Trainer};
 use crate::error::ElasticError;
 use crate::group::ReplicaGroup;
 use crate::pipetransformer::shape::{MemoryFit, Shape, reshape};
+use burn_freeze::StackOptimizer;
 use burn_pipe::UnitCosts;
 
 /// What the shape rule is asked after the front moved to `front` from
