@@ -98,7 +98,7 @@ pub fn balance_exact(costs: &[f64], stages: usize) -> Vec<usize> {
 /// aim. Here every stage takes at least one unit and leaves one for each
 /// later stage (the prototype can leave a stage empty); the prototype also
 /// puts every frozen unit on the first stage, which callers express through
-/// [`UnitCosts::at`]. Never better than [`balance_exact`].
+/// [`UnitCosts::at`](crate::UnitCosts::at). Never better than [`balance_exact`].
 ///
 /// # Panics
 /// When `stages` is 0 or larger than `costs.len()`.
