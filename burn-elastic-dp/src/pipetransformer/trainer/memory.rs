@@ -144,10 +144,7 @@ impl TrainerConfig {
 
 /// The units' memory before the first batch: parameter bytes only.
 pub(super) fn starting_memory<S: StackTypes>(stack: &LayerStack<S>) -> UnitMemory {
-    UnitMemory::from_param_counts(
-        &stack.unit_params(),
-        burn_pipe::memory::float_bytes::<S::Backend>(),
-    )
+    UnitMemory::from_param_counts(&stack.unit_params(), burn_pipe::float_bytes::<S::Backend>())
 }
 
 /// Whether the first batch should measure the units' activations: a

@@ -1,102 +1,22 @@
-//! Choosing the micro-batch count M by measurement: each unit's forward and
-//! backward time profiled at a few micro-batch sizes ([`MicroBatchTimes`]),
-//! and the step time of every candidate M predicted by running the
-//! pipeline's schedule on those times ([`predict_step`]); the fastest wins
-//! ([`choose_micro_batches`]). Pure functions: no clock, no device.
-//!
-//! The paper fixes M per pipeline length
-//! ([`default_micro_batches`](crate::default_micro_batches)); with a small
-//! batch per replica that cuts micro-batches below the size where the
-//! device stops gaining, and fewer, larger micro-batches are faster despite
-//! the longer bubble. The model leaves out the cost of sending activations
-//! between stages and of a larger micro-batch's memory (bound it with
-//! [`choose_micro_batches_where`]).
+//! Choosing M: the paper's count, the candidates, and the step each is
+//! predicted to take on measured unit times.
 
 use burn::serde::{Deserialize, Serialize};
 
-use crate::config::Schedule;
-use crate::micro_times::MicroBatchTimes;
-use crate::microbatch::micro_batch_sizes;
-use crate::partition::{UnitState, default_micro_batches};
-use crate::schedule::{Op, stage_ops};
+use crate::balance::costs::UnitState;
+use crate::balance::micro::error::MicroSearchError;
+use crate::balance::micro::times::MicroBatchTimes;
+use crate::runtime::microbatch::micro_batch_sizes;
+use crate::runtime::schedule::{Op, Schedule, stage_ops};
 
-/// What is wrong with a timing table or a query.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum MicroSearchError {
-    /// No micro-batch size measured.
-    #[error("a timing table needs at least one micro-batch size, got none")]
-    NoSizes,
-    /// Sizes not strictly increasing from 1 up.
-    #[error("micro-batch sizes {sizes:?} must be at least 1 and strictly increasing")]
-    BadSizes {
-        /// The sizes given.
-        sizes: Vec<usize>,
-    },
-    /// A size's profile with another number of units than the first's.
-    #[error(
-        "the profile at micro-batch size {size} has {units} units, expected {expected} (at least 1)"
-    )]
-    UnitCount {
-        /// The micro-batch size.
-        size: usize,
-        /// Units in its profile.
-        units: usize,
-        /// Units in the first size's profile.
-        expected: usize,
-    },
-    /// Not one profile per size.
-    #[error("{profiles} profiles given for {sizes} micro-batch sizes: give one per size")]
-    ProfileCount {
-        /// Profiles given.
-        profiles: usize,
-        /// Sizes given.
-        sizes: usize,
-    },
-    /// More micro-batches than samples, or none.
-    #[error("{micro_batches} micro-batches of a batch of {batch}: M must be 1 to {batch}")]
-    MicroBatchCount {
-        /// M asked for.
-        micro_batches: usize,
-        /// Samples per replica.
-        batch: usize,
-    },
-    /// No candidate accepted.
-    #[error(
-        "none of the {searched} micro-batch counts searched is allowed: allow at least one of 1 to {searched}"
-    )]
-    NoCandidate {
-        /// Candidates searched.
-        searched: usize,
-    },
-    /// A size to profile beyond the samples at hand.
-    #[error(
-        "cannot profile micro-batches of {size} samples on a batch of {batch}: sizes must be 1 to {batch}"
-    )]
-    SizeTooLarge {
-        /// The size asked for.
-        size: usize,
-        /// Samples in the batch.
-        batch: usize,
-    },
-    /// No sample per replica.
-    #[error("the batch per replica must be at least 1 sample, got 0")]
-    NoSamples,
-    /// A balance that does not cover the timed units with non-empty stages.
-    #[error("balance {balance:?} does not split the {units} timed units into non-empty stages")]
-    BadBalance {
-        /// Units per stage, as given.
-        balance: Vec<usize>,
-        /// Units in the table.
-        units: usize,
-    },
-    /// Not one state per unit.
-    #[error("{states} unit states given for {units} timed units: give one per unit")]
-    StateCount {
-        /// States given.
-        states: usize,
-        /// Units in the table.
-        units: usize,
-    },
+/// The micro-batch count the paper found best for a pipeline of `stages`
+/// stages: 1 without a pipeline, else 16 (2K for K = 8, 4K for K = 4, 8K for
+/// K = 2), and 2K beyond 8 stages.
+pub fn default_micro_batches(stages: usize) -> usize {
+    match stages {
+        0 | 1 => 1,
+        k => (2 * k).max(16),
+    }
 }
 
 /// The micro-batch counts searched for `stages` stages and a batch of
@@ -297,6 +217,14 @@ fn run_schedule(schedule: Schedule, stages: &[Vec<(f64, f64)>]) -> f64 {
 /// Fails on a query that does not fit the table: no sample, a balance that
 /// does not cover its units, not one state per unit.
 ///
+/// The paper fixes M per pipeline length ([`default_micro_batches`]); with
+/// a small batch per replica that cuts micro-batches below the size where
+/// the device stops gaining, and fewer, larger micro-batches are faster
+/// despite the longer bubble. The prediction leaves out the cost of sending
+/// activations between stages and of a larger micro-batch's memory (bound
+/// it with [`choose_micro_batches_where`]). Pure functions: no clock, no
+/// device.
+///
 /// Per-sample time that rises steeply below 8 samples: at K = 4 on 32
 /// samples, 4 micro-batches of 8 beat the paper's 16 of 2.
 ///
@@ -390,4 +318,18 @@ pub fn choose_micro_batches_where(
         paper_micro_batches: default_micro_batches(stages),
         candidates,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paper_micro_batch_choices() {
+        assert_eq!(default_micro_batches(1), 1);
+        assert_eq!(default_micro_batches(2), 16);
+        assert_eq!(default_micro_batches(4), 16);
+        assert_eq!(default_micro_batches(8), 16);
+        assert_eq!(default_micro_batches(16), 32);
+    }
 }

@@ -1,6 +1,6 @@
 //! Splitting a mini-batch into micro-batches.
 
-use crate::error::PipeError;
+use crate::runtime::error::PipeError;
 
 /// Sizes of `micro_batches` consecutive micro-batches of a batch of `batch`
 /// samples: as equal as possible, the larger ones first, so the last

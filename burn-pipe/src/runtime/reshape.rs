@@ -1,6 +1,5 @@
-//! Moving units: between stages (repartition), to the inner backend
-//! (freezing), onto other devices (a replica); and the optimizer state that
-//! follows them, saved and loaded by parameter id.
+//! Moving units between stages, to the inner backend (freezing) or onto
+//! other devices (a replica), with the optimizer state that follows them.
 
 use burn::optim::Optimizer;
 use burn::prelude::*;
@@ -8,9 +7,9 @@ use burn_freeze::fault::{self, Phase};
 use burn_freeze::plumbing::{GradientSums, StatePool, optimizer_for, pool_optimizer_state};
 use burn_freeze::{ParamStates, StackTypes, TrainableUnits, UnitRange, check_freeze};
 
-use crate::error::PipeError;
-use crate::pipeline::Pipeline;
-use crate::placement::{Stage, place, validate};
+use crate::runtime::error::PipeError;
+use crate::runtime::pipeline::Pipeline;
+use crate::runtime::placement::{Stage, place, validate};
 
 impl<S, O> Pipeline<S, O>
 where

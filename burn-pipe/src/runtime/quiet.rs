@@ -1,8 +1,5 @@
-//! A panic in a stage or replica thread becomes an error that names where it
-//! happened; the standard panic message and backtrace would repeat it on the
-//! user's terminal. Panics of this crate's (and burn-elastic-dp's) worker
-//! threads, recognised by their names, are logged at `debug` instead; every
-//! other thread's panic goes to the hook that was installed before.
+//! Quiet worker panics: a stage's or replica's panic becomes an error that
+//! names where it happened, so the standard panic message is not printed too.
 
 use std::sync::Once;
 
@@ -13,7 +10,12 @@ static INSTALL: Once = Once::new();
 const WORKERS: [&str; 2] = ["burn-pipe ", "burn-elastic-dp "];
 
 /// Installs the filtering hook once per process (in front of whatever hook
-/// is there then).
+/// is there then). A panic in a stage or replica thread becomes an error
+/// that names where it happened; the standard panic message and backtrace
+/// would repeat it on the user's terminal. Panics of this crate's (and
+/// burn-elastic-dp's) worker threads, recognised by their names, are logged
+/// at `debug` instead; every other thread's panic goes to the hook that was
+/// installed before.
 pub(crate) fn quiet_worker_panics() {
     INSTALL.call_once(|| {
         let previous = std::panic::take_hook();

@@ -1,7 +1,21 @@
 //! The order of forward and backward passes on each stage: the one place the
 //! pipeline schedule is decided.
 
-use crate::config::Schedule;
+use burn::config::Config;
+
+/// Order in which each stage runs the forward and backward passes of its
+/// micro-batches. Both give the same gradients.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum Schedule {
+    /// Fill-drain (GPipe): every forward pass, then every backward pass.
+    /// Stage `s` holds the activations of all `M` micro-batches at its peak
+    /// (with a single stage, one: see [`stage_ops`](crate::stage_ops)).
+    GPipe,
+    /// One-forward-one-backward (PipeDream-Flush): after a warm-up of
+    /// `K - s - 1` forward passes, stage `s` alternates forward and backward,
+    /// so it never holds more than `K - s` micro-batches of activations.
+    OneFOneB,
+}
 
 /// One pass of one micro-batch on one stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,8 +6,8 @@ use burn::tensor::Device;
 use burn_freeze::plumbing::GradientSums;
 use burn_freeze::{InnerBackendOf, LayerStack, StackTypes, TrainableUnits, UnitRange};
 
-use crate::config::PipelineConfig;
-use crate::error::PipeError;
+use crate::runtime::config::PipelineConfig;
+use crate::runtime::error::PipeError;
 
 /// One stage: its units, its optimizer, its device.
 pub(crate) struct Stage<S: StackTypes, O> {
@@ -40,7 +40,8 @@ impl<S: StackTypes, O> Stage<S, O> {
     }
 }
 
-/// Checks a balance and device list against a stack of `units` units.
+/// Checks a balance and device list against a stack of `units` units, then
+/// the configuration's own fields ([`PipelineConfig::check`]).
 pub(crate) fn validate(
     balance: &[usize],
     units: usize,
@@ -68,13 +69,7 @@ pub(crate) fn validate(
             stages: balance.len(),
         });
     }
-    if config.micro_batches == Some(0) {
-        return Err(PipeError::NoMicroBatches);
-    }
-    if config.timeout_ms == 0 {
-        return Err(PipeError::NoTimeout);
-    }
-    Ok(())
+    config.check()
 }
 
 /// Places a stack on stages: stage `s` holds the next `balance[s]` units

@@ -1,47 +1,14 @@
 //! Measuring each unit's forward and backward time on the real backend.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use burn::tensor::Device;
 use burn::tensor::backend::AutodiffBackend;
 use burn_freeze::{Activation, AutodiffActivation, Differentiable, LayerStack, StackTypes, Unit};
 
-use crate::micro_search::MicroSearchError;
-use crate::micro_times::{MicroBatchTimes, check_sizes};
-use crate::partition::{UnitCosts, UnitState};
-
-/// Measured time of one unit for one batch.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct UnitProfile {
-    /// Forward pass.
-    pub forward: Duration,
-    /// Backward pass (gradients of the unit's input and parameters).
-    pub backward: Duration,
-}
-
-impl UnitProfile {
-    /// Cost of the unit in seconds: forward plus backward while it trains,
-    /// forward only once frozen, nothing once its output is cached (the rule
-    /// of [`UnitCosts`], which holds it for every unit).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use burn_pipe::UnitProfile;
-    ///
-    /// let unit = UnitProfile { forward: Duration::from_millis(1), backward: Duration::from_millis(2) };
-    /// assert_eq!(unit.cost(false, false), 0.003);
-    /// assert_eq!(unit.cost(true, false), 0.001);
-    /// assert_eq!(unit.cost(true, true), 0.0);
-    /// ```
-    pub fn cost(&self, frozen: bool, cached: bool) -> f64 {
-        let state = match (frozen, cached) {
-            (false, _) => UnitState::Training,
-            (true, false) => UnitState::Frozen,
-            (true, true) => UnitState::Cached,
-        };
-        UnitCosts::from_profile(std::slice::from_ref(self)).cost(0, state)
-    }
-}
+use crate::balance::costs::UnitProfile;
+use crate::balance::micro::error::MicroSearchError;
+use crate::balance::micro::times::{MicroBatchTimes, check_sizes};
 
 /// Times each unit's forward and backward pass on `input`, the fastest of
 /// `repeats` runs (at least 1), synchronising the device around each timing.

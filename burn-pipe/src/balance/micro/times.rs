@@ -1,9 +1,8 @@
 //! A timing table for the micro-batch search: each unit's forward and
 //! backward time at several micro-batch sizes, read at any size.
 
-use crate::micro_search::MicroSearchError;
-use crate::partition::UnitState;
-use crate::profile::UnitProfile;
+use crate::balance::costs::{UnitProfile, UnitState};
+use crate::balance::micro::error::MicroSearchError;
 
 /// Each unit's forward and backward time at several micro-batch sizes: a
 /// profile per size ([`profile_micro_batches`](crate::profile_micro_batches)

@@ -1,14 +1,5 @@
-//! Memory-aware AutoPipe's estimate: what one pipeline stage holds on its
-//! device (parameters, gradients, optimizer state, and the activations of
-//! the micro-batches in flight under the schedule), from per-unit figures
-//! ([`UnitMemory`]) measured on the first batch ([`measure_unit_memory`])
-//! or given.
-//!
-//! A training unit holds its parameters, their gradients, the optimizer's
-//! state (`optimizer_slots` copies of its parameters: 2 for Adam's moments)
-//! and, per sample in flight, what its forward pass keeps for the backward
-//! pass. A frozen unit holds its parameters only: it runs without a graph,
-//! and once cached it does not run at all.
+//! Memory-aware AutoPipe's estimate of what each pipeline stage holds on
+//! its device, from per-unit figures measured on the first batch or given.
 
 mod heap;
 mod measure;
@@ -18,11 +9,17 @@ pub use measure::measure_unit_memory;
 
 use burn::serde::{Deserialize, Serialize};
 
-use crate::config::Schedule;
-use crate::schedule::{peak_in_flight, stage_ops};
+use crate::runtime::schedule::{Schedule, peak_in_flight, stage_ops};
 
 /// Per-unit memory figures: bytes of parameters, and bytes the unit's
 /// forward pass keeps for its backward pass per sample.
+///
+/// A training unit holds its parameters, their gradients, the optimizer's
+/// state (`optimizer_slots` copies of its parameters: 2 for Adam's moments)
+/// and, per sample in flight, what its forward pass keeps for the backward
+/// pass. A frozen unit holds its parameters only: it runs without a graph,
+/// and once cached it does not run at all. [`UnitMemory::stages`] sums them
+/// per stage ([`StageMemory`]); [`measure_unit_memory`] measures them.
 ///
 /// ```
 /// use burn_pipe::UnitMemory;

@@ -1,7 +1,5 @@
-//! A pipelined training pass: the batch split into micro-batches and
-//! streamed through the stages (from the model input, from the AutoCache,
-//! or from a frozen prefix computed elsewhere), each stage's gradients
-//! accumulated until the optimizer step.
+//! A pipelined training pass: the batch split into micro-batches, streamed
+//! through the stages, each stage's gradients accumulated until the step.
 
 use burn::optim::{GradientsAccumulator, Optimizer};
 use burn_freeze::plumbing::{Flow, InnerFlow, check_sample_ids, serve_prefix};
@@ -10,12 +8,12 @@ use burn_freeze::{
     TrainableUnits,
 };
 
-use crate::error::PipeError;
-use crate::loss::MicroBatchLoss;
-use crate::microbatch::micro_batch_sizes;
-use crate::pass::run_pass;
-use crate::pipeline::Pipeline;
-use crate::report::StepReport;
+use crate::runtime::error::PipeError;
+use crate::runtime::loss::MicroBatchLoss;
+use crate::runtime::microbatch::micro_batch_sizes;
+use crate::runtime::pass::run_pass;
+use crate::runtime::pipeline::Pipeline;
+use crate::runtime::report::StepReport;
 
 /// A whole batch as a flow, with its size.
 fn flow_batch<S: StackTypes>(flow: InnerFlow<S>) -> (InnerFlow<S>, usize) {

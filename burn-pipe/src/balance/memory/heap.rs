@@ -1,22 +1,5 @@
-//! A counting global allocator: live heap bytes and their peak, so that on
-//! a CPU backend (where tensors live on the heap) the activations a unit
-//! keeps can be measured and a run's peak compared with the estimate.
-//!
-//! A library cannot choose the allocator: a binary that wants the counts
-//! installs [`HeapCounter`]; elsewhere [`HeapCounter::installed`] is false
-//! and the counts stay at zero.
-//!
-//! ```
-//! // In your binary (or test) crate:
-//! #[global_allocator]
-//! static HEAP: burn_pipe::HeapCounter = burn_pipe::HeapCounter;
-//!
-//! let before = burn_pipe::HeapCounter::reset_peak();
-//! let v = vec![0u8; 1 << 20];
-//! assert!(burn_pipe::HeapCounter::installed());
-//! assert!(burn_pipe::HeapCounter::peak() - before >= 1 << 20);
-//! drop(v);
-//! ```
+//! A counting global allocator: live heap bytes and their peak, to measure
+//! on a CPU backend (tensors on the heap) the activations a unit keeps.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -25,7 +8,25 @@ static CURRENT: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 static USED: AtomicBool = AtomicBool::new(false);
 
-/// The system allocator, counting live bytes and their peak.
+/// The system allocator, counting live bytes and their peak, so that on a
+/// CPU backend (where tensors live on the heap) the activations a unit
+/// keeps can be measured and a run's peak compared with the estimate.
+///
+/// A library cannot choose the allocator: a binary that wants the counts
+/// installs [`HeapCounter`]; elsewhere [`HeapCounter::installed`] is false
+/// and the counts stay at zero.
+///
+/// ```
+/// // In your binary (or test) crate:
+/// #[global_allocator]
+/// static HEAP: burn_pipe::HeapCounter = burn_pipe::HeapCounter;
+///
+/// let before = burn_pipe::HeapCounter::reset_peak();
+/// let v = vec![0u8; 1 << 20];
+/// assert!(burn_pipe::HeapCounter::installed());
+/// assert!(burn_pipe::HeapCounter::peak() - before >= 1 << 20);
+/// drop(v);
+/// ```
 pub struct HeapCounter;
 
 // SAFETY: every call forwards to the system allocator with the caller's

@@ -1,7 +1,5 @@
-//! Per-unit memory measured on a batch: parameter bytes from the units'
-//! parameter counts, activation bytes from the heap the forward pass keeps
-//! alive (with [`HeapCounter`] installed; on another allocator, or on a
-//! device whose memory is not the heap, activations stay unknown).
+//! Per-unit memory measured on a batch: parameter bytes from parameter
+//! counts, activation bytes from the heap the forward pass keeps alive.
 
 use burn::tensor::Device;
 use burn::tensor::backend::Backend;

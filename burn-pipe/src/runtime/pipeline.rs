@@ -1,6 +1,5 @@
 //! The public face of burn-pipe: a layer stack trained as a pipeline of
-//! stages. The pass itself is in `forward_backward.rs`, moving units
-//! (repartition, freezing, replicas) in `reshape.rs`.
+//! stages, what it holds, and its optimizer step.
 
 use std::thread;
 
@@ -13,9 +12,9 @@ use burn_freeze::{
     StackTypes, TrainableUnits, UnitRange,
 };
 
-use crate::config::PipelineConfig;
-use crate::error::PipeError;
-use crate::placement::{Stage, place, validate};
+use crate::runtime::config::PipelineConfig;
+use crate::runtime::error::PipeError;
+use crate::runtime::placement::Stage;
 
 /// A [`LayerStack`] trained as a pipeline of stages, each a contiguous range of
 /// units ([`UnitRange`]) on its own device and worker thread, with its own
@@ -103,36 +102,6 @@ where
     S: StackTypes,
     O: Optimizer<TrainableUnits<S>, S::Backend>,
 {
-    /// The one constructor, called by [`PipelineConfig::init`] with the
-    /// balance it settled on: stage `s` holds the next `balance[s]` units on
-    /// `devices[s]`, each with an optimizer made by `make_optimizer`.
-    ///
-    /// Fails, before touching any unit, when the balance has no stage, more
-    /// stages than units, an empty stage or the wrong total; when there is not
-    /// exactly one device per stage; or when the config asks for 0
-    /// micro-batches or a zero timeout.
-    pub(crate) fn build(
-        stack: LayerStack<S>,
-        balance: &[usize],
-        devices: Vec<Device<S::Backend>>,
-        config: PipelineConfig,
-        make_optimizer: impl Fn() -> O + Send + Sync + 'static,
-    ) -> Result<Self, PipeError> {
-        crate::quiet::quiet_worker_panics();
-        let units = stack.num_units();
-        validate(balance, units, devices.len(), &config)?;
-        let stages = place(stack, balance, 0, devices, |_| make_optimizer());
-        Ok(Self {
-            stages,
-            front: 0,
-            config,
-            make_optimizer: std::sync::Arc::new(make_optimizer),
-            norms: vec![None; units],
-            cache: None,
-            keep_sums: false,
-        })
-    }
-
     /// Number of stages.
     pub fn num_stages(&self) -> usize {
         self.stages.len()
@@ -328,6 +297,54 @@ where
                 .collect(),
         )
         .expect("the stages cover the stack in order")
+    }
+}
+
+impl<S: StackTypes, O> Pipeline<S, O> {
+    /// Sets the micro-batch count of the passes that follow (`None`: the
+    /// paper's count for the number of stages, see
+    /// [`PipelineConfig::micro_batches`]); gradients already accumulated are
+    /// kept. Fails, changing nothing, on `Some(0)`.
+    ///
+    /// ```
+    /// use burn::backend::{Autodiff, Flex};
+    /// use burn::nn::{Linear, LinearConfig};
+    /// use burn::optim::SgdConfig;
+    /// use burn::prelude::*;
+    /// use burn_freeze::LayerStack;
+    /// use burn_pipe::PipelineConfig;
+    ///
+    /// #[derive(Module, Debug)]
+    /// pub struct Dense<B: Backend> { linear: Linear<B> }
+    /// impl<B: Backend> Dense<B> {
+    ///     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> { self.linear.forward(x) }
+    /// }
+    /// burn_freeze::unit!(Dense<B>: Tensor<B, 2> => Tensor<B, 2>);
+    /// type B = Autodiff<Flex>;
+    /// let device = Default::default();
+    /// let dense = || Dense::<B> { linear: LinearConfig::new(4, 4).init(&device) };
+    /// let stack = LayerStack::new(dense(), vec![dense()], dense());
+    /// let mut pipeline = PipelineConfig::new().init(stack, vec![device; 3], || SgdConfig::new().init())?;
+    /// assert_eq!(pipeline.micro_batches(), 16);
+    /// pipeline.set_micro_batches(Some(3))?;
+    /// assert_eq!(pipeline.micro_batches(), 3);
+    /// assert!(pipeline.set_micro_batches(Some(0)).is_err());
+    /// # Ok::<(), burn_pipe::PipeError>(())
+    /// ```
+    pub fn set_micro_batches(&mut self, micro_batches: Option<usize>) -> Result<(), PipeError> {
+        let config = PipelineConfig {
+            micro_batches,
+            ..self.config.clone()
+        };
+        config.check()?;
+        self.config = config;
+        Ok(())
+    }
+
+    /// The micro-batch count of the next pass, at the current number of
+    /// stages.
+    pub fn micro_batches(&self) -> usize {
+        self.config.micro_batches_for(self.stages.len())
     }
 }
 

@@ -1,0 +1,146 @@
+//! One pipelined pass: a worker thread per stage, joined before returning.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use burn_freeze::plumbing::InnerFlow;
+use burn_freeze::{Activation, StackTypes, UnitRange};
+
+use crate::runtime::config::PipelineConfig;
+use crate::runtime::error::PipeError;
+use crate::runtime::loss::MicroBatchLoss;
+use crate::runtime::placement::Stage;
+use crate::runtime::schedule::stage_ops;
+use crate::runtime::wiring::{Links, wire};
+use crate::runtime::worker::{Job, StageReport, run_stage};
+
+/// Runs the micro-batches `inputs`, entering stage 0 at stack unit `entry`
+/// (with `targets` and their weights), through `stages`, each on a scoped
+/// thread of its own (a single stage on this thread), and returns each
+/// stage's result in stage order with the wall time. Every stage's units are
+/// back in place when this returns, whatever happened.
+pub(crate) fn run_pass<S, O, T, LossFn>(
+    stages: &mut [Stage<S, O>],
+    front: usize,
+    config: &PipelineConfig,
+    inputs: Vec<InnerFlow<S>>,
+    entry: usize,
+    targets: Vec<(T, f32)>,
+    loss: &LossFn,
+) -> (Vec<Result<StageReport, PipeError>>, Duration)
+where
+    S: StackTypes,
+    T: Activation<S::Backend>,
+    LossFn: MicroBatchLoss<S, T>,
+{
+    let count = stages.len();
+    let ranges: Vec<_> = stages.iter().map(|s| s.range.clone()).collect();
+    let links = wire::<S>(&ranges, front);
+    let timeout = Duration::from_millis(config.timeout_ms);
+    let start = Instant::now();
+    let jobs = stage_jobs(stages, config, timeout, inputs, entry, targets);
+
+    if count == 1 {
+        // One stage waits for no neighbour: run it on this thread.
+        let stage = &mut stages[0];
+        let units = stage.units.take().expect("units present between calls");
+        let (job, links) = jobs
+            .into_iter()
+            .zip(links)
+            .next()
+            .expect("one job per stage");
+        let result = run_stage(&units, job, links, loss);
+        stage.units = Some(units);
+        return (vec![result], start.elapsed());
+    }
+    let outcomes = thread::scope(|scope| {
+        let handles: Vec<_> = stages
+            .iter_mut()
+            .zip(jobs.into_iter().zip(links))
+            .enumerate()
+            .map(|(s, (stage, (job, links)))| {
+                let units = stage.units.take().expect("units present between calls");
+                spawn_stage(scope, s, units, job, links, loss)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| {
+                handle
+                    .join()
+                    .expect("stage workers catch their panics and return their units")
+            })
+            .collect::<Vec<_>>()
+    });
+    let wall = start.elapsed();
+    let results = stages
+        .iter_mut()
+        .zip(outcomes)
+        .map(|(stage, (units, result))| {
+            stage.units = Some(units);
+            result
+        })
+        .collect();
+    (results, wall)
+}
+
+/// Each stage's job: every stage runs the schedule's passes, the inputs go
+/// to the first stage and the targets to the last.
+fn stage_jobs<S: StackTypes, O, T>(
+    stages: &[Stage<S, O>],
+    config: &PipelineConfig,
+    timeout: Duration,
+    inputs: Vec<InnerFlow<S>>,
+    entry: usize,
+    targets: Vec<(T, f32)>,
+) -> Vec<Job<S, T>> {
+    let count = stages.len();
+    let micro_batches = inputs.len();
+    let mut inputs = Some(inputs);
+    let mut targets = Some(targets);
+    stages
+        .iter()
+        .enumerate()
+        .map(|(s, stage)| Job {
+            stage: s,
+            device: stage.device.clone(),
+            ops: stage_ops(config.schedule, s, count, micro_batches),
+            timeout,
+            inputs: if s == 0 {
+                inputs.take().unwrap_or_default()
+            } else {
+                Vec::new()
+            },
+            entry,
+            targets: if s + 1 == count {
+                targets.take().unwrap_or_default()
+            } else {
+                Vec::new()
+            },
+        })
+        .collect()
+}
+
+/// Stage `s`'s worker thread, which returns the stage's units with its
+/// result.
+fn spawn_stage<'scope, 'env, S, T, LossFn>(
+    scope: &'scope thread::Scope<'scope, 'env>,
+    s: usize,
+    units: UnitRange<S>,
+    job: Job<S, T>,
+    links: Links<S>,
+    loss: &'env LossFn,
+) -> thread::ScopedJoinHandle<'scope, (UnitRange<S>, Result<StageReport, PipeError>)>
+where
+    S: StackTypes,
+    T: Activation<S::Backend>,
+    LossFn: MicroBatchLoss<S, T>,
+{
+    thread::Builder::new()
+        .name(format!("burn-pipe stage {s}"))
+        .spawn_scoped(scope, move || {
+            let result = run_stage(&units, job, links, loss);
+            (units, result)
+        })
+        .expect("spawning a stage worker thread")
+}
