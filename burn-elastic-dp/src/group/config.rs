@@ -45,7 +45,7 @@ pub struct ReplicaConfig {
 }
 
 impl ReplicaConfig {
-    /// Checks the group's values (and its node configuration's), before
+    /// Checks the group's values (and its pipeline's and node configuration's), before
     /// any replica is built; the error says which field and what is
     /// accepted. [`init`](Self::init) relies on it.
     ///
@@ -57,6 +57,7 @@ impl ReplicaConfig {
     /// assert_eq!(error.to_string(), "timeout_ms must be at least 1, got 0");
     /// ```
     pub fn check(&self) -> Result<(), ElasticError> {
+        self.pipeline.check()?;
         if self.timeout_ms == 0 {
             return Err(ElasticError::NoTimeout);
         }

@@ -8,7 +8,7 @@ use burn::prelude::*;
 use burn_freeze::fault::{self, Phase};
 use burn_freeze::plumbing::{Flow, GradientSums, flow_to_device};
 use burn_freeze::{
-    FreezeFront, GradNorm, InnerInput, InnerOutput, LayerStack, ParamStates, StackCache,
+    FreezeFront, GradNorm, InnerInput, InnerOutput, LayerStack, StackCache, StackOptimizer,
     StackTypes, TrainableUnits, UnitRange,
 };
 
@@ -351,8 +351,7 @@ impl<S: StackTypes, O> Pipeline<S, O> {
 impl<S, O> FreezeFront for Pipeline<S, O>
 where
     S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend>,
-    O::Record: ParamStates,
+    O: StackOptimizer<S>,
 {
     type Error = PipeError;
 

@@ -5,7 +5,9 @@ use burn::optim::Optimizer;
 use burn::prelude::*;
 use burn_freeze::fault::{self, Phase};
 use burn_freeze::plumbing::{GradientSums, StatePool, optimizer_for, pool_optimizer_state};
-use burn_freeze::{ParamStates, StackTypes, TrainableUnits, UnitRange, check_freeze};
+use burn_freeze::{
+    ParamStates, StackOptimizer, StackTypes, TrainableUnits, UnitRange, check_freeze,
+};
 
 use crate::runtime::error::PipeError;
 use crate::runtime::pipeline::Pipeline;
@@ -32,7 +34,7 @@ where
         devices: Vec<Device<S::Backend>>,
     ) -> Result<(), PipeError>
     where
-        O::Record: ParamStates,
+        O: StackOptimizer<S>,
     {
         if self.stages.iter().any(|s| s.pending.is_some()) {
             return Err(PipeError::GradientsPending("repartition"));
@@ -77,7 +79,7 @@ where
     /// beyond the stack, or when gradients are pending.
     pub fn freeze_to(&mut self, front: usize) -> Result<(), PipeError>
     where
-        O::Record: ParamStates,
+        O: StackOptimizer<S>,
     {
         if self.stages.iter().any(|s| s.pending.is_some()) {
             return Err(PipeError::GradientsPending("freeze_to"));
@@ -109,7 +111,7 @@ where
     /// to save in a checkpoint (Burn's recorders serialise it).
     pub fn optimizer_record(&self) -> O::Record
     where
-        O::Record: ParamStates,
+        O: StackOptimizer<S>,
     {
         let mut pool = StatePool::<O, TrainableUnits<S>, S::Backend>::new();
         for stage in &self.stages {
@@ -123,7 +125,7 @@ where
     /// the others are dropped.
     pub fn load_optimizer_record(&mut self, record: O::Record)
     where
-        O::Record: ParamStates,
+        O: StackOptimizer<S>,
     {
         let mut pool: StatePool<O, TrainableUnits<S>, S::Backend> =
             record.into_states().into_iter().collect();

@@ -156,12 +156,6 @@ impl TrainerConfig {
             checkpoint.check()?;
         }
         self.replicas.check()?;
-        if self.replicas.pipeline.timeout_ms == 0 {
-            return Err(invalid("replicas.pipeline.timeout_ms", 0, "at least 1 ms"));
-        }
-        if self.replicas.pipeline.micro_batches == Some(0) {
-            return Err(invalid("micro_batches", 0, "at least 1"));
-        }
         if self.replicas.pipeline.balance.is_some() {
             return Err(invalid(
                 "replicas.pipeline.balance",
