@@ -108,6 +108,37 @@ fn tick(v: f64) -> String {
     }
 }
 
+/// `series` with each y replaced by its log10 (non-positive values left
+/// out).
+fn log10_series(series: &[Series]) -> Vec<Series> {
+    series
+        .iter()
+        .map(|s| Series {
+            name: s.name.clone(),
+            points: s
+                .points
+                .iter()
+                .filter(|p| p.1 > 0.0)
+                .map(|&(x, y)| (x, y.log10()))
+                .collect(),
+        })
+        .collect()
+}
+
+/// A y tick label: on a log axis (`log_y`, `y` the log10) the value itself.
+fn y_tick(y: f64, log_y: bool) -> String {
+    if log_y {
+        let v = 10f64.powf(y);
+        if v >= 100.0 {
+            format!("{v:.0}")
+        } else {
+            format!("{v:.3}")
+        }
+    } else {
+        tick(y)
+    }
+}
+
 /// Draws `series` as lines with markers, one colour each, with a legend;
 /// with `log_y` the y axis is logarithmic (non-positive values are left
 /// out); the legend goes where `legend` says (where the curves are not).
@@ -125,34 +156,12 @@ pub fn line_chart(
     // A log axis is drawn as log10 of the values, labelled with the values.
     let logged: Vec<Series>;
     let series = if log_y {
-        logged = series
-            .iter()
-            .map(|s| Series {
-                name: s.name.clone(),
-                points: s
-                    .points
-                    .iter()
-                    .filter(|p| p.1 > 0.0)
-                    .map(|&(x, y)| (x, y.log10()))
-                    .collect(),
-            })
-            .collect();
+        logged = log10_series(series);
         &logged[..]
     } else {
         series
     };
-    let y_tick = |y: &f64| {
-        if log_y {
-            let v = 10f64.powf(*y);
-            if v >= 100.0 {
-                format!("{v:.0}")
-            } else {
-                format!("{v:.3}")
-            }
-        } else {
-            tick(*y)
-        }
-    };
+    let y_tick = |y: &f64| y_tick(*y, log_y);
     let (x0, x1) = span(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
     let (y0, y1) = span(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
     let root = BitMapBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();

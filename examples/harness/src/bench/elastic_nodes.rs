@@ -34,115 +34,13 @@ use burn_freeze::IntoLayerStack;
 use burn_pipe::PipelineConfig;
 use models::bert::BertConfig;
 use models::synthetic::MajorityTokens;
-use serde::Serialize;
 
-use super::{BenchError, median, write_report};
+use super::{BenchError, median};
 use pipetransformer_jobs::backend::{self, Train};
 
-/// Global batch of every step (small: the all-reduce weighs most there).
-const BATCH: usize = 8;
+mod summary;
 
-/// One rank's times, step by step (after one warm-up step).
-#[derive(Debug, Serialize)]
-struct RankTimes {
-    rank: usize,
-    step_ms: Vec<f64>,
-    all_reduce_ms: Vec<f64>,
-    /// The phases of the group's exchange with the other processes, step
-    /// by step ([`burn_elastic_dp::ExchangePhases`]).
-    exchange: Phases,
-}
-
-/// The phases of the group's exchange, in ms, one figure per step (or one
-/// median per phase in the report's summary).
-#[derive(Debug, Default, Clone, Serialize)]
-struct Phases {
-    copy_out_ms: Vec<f64>,
-    check_ms: Vec<f64>,
-    mpi_all_reduce_ms: Vec<f64>,
-    copy_back_ms: Vec<f64>,
-    total_ms: Vec<f64>,
-}
-
-impl Phases {
-    /// The figures as one row per phase, in order (copy out, check,
-    /// MPI_Allreduce, copy back, total).
-    fn rows(&self) -> [&Vec<f64>; 5] {
-        [
-            &self.copy_out_ms,
-            &self.check_ms,
-            &self.mpi_all_reduce_ms,
-            &self.copy_back_ms,
-            &self.total_ms,
-        ]
-    }
-
-    fn rows_mut(&mut self) -> [&mut Vec<f64>; 5] {
-        [
-            &mut self.copy_out_ms,
-            &mut self.check_ms,
-            &mut self.mpi_all_reduce_ms,
-            &mut self.copy_back_ms,
-            &mut self.total_ms,
-        ]
-    }
-
-    fn push(&mut self, phases: &burn_elastic_dp::ExchangePhases) {
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let figures = [
-            phases.copy_out,
-            phases.check,
-            phases.all_reduce,
-            phases.copy_back,
-            phases.total,
-        ];
-        for (row, figure) in self.rows_mut().into_iter().zip(figures) {
-            row.push(ms(figure));
-        }
-    }
-}
-
-/// The exchange's phases per step: medians over the steps of the figures
-/// of the rank that arrived last at each step (the smallest total: it
-/// waited for no one), against the bare `MPI_Allreduce` of the same buckets.
-#[derive(Debug, Serialize)]
-struct PhaseSummary {
-    copy_out_ms: f64,
-    check_ms: f64,
-    mpi_all_reduce_ms: f64,
-    copy_back_ms: f64,
-    /// The whole exchange (hand-offs to and from the MPI thread included).
-    exchange_ms: f64,
-    /// `MPI_Allreduce` alone of as many f32 values in the same buckets,
-    /// measured in the same run.
-    bare_all_reduce_ms: f64,
-    /// `exchange_ms / bare_all_reduce_ms` (the target: at most 1.3).
-    exchange_over_bare: f64,
-    /// 2(N-1)/N x bytes / link bandwidth.
-    ring_bound_ms: f64,
-    buckets: usize,
-}
-
-#[derive(Debug, Serialize)]
-struct Report {
-    bench: &'static str,
-    transport: &'static str,
-    backend: &'static str,
-    processes: usize,
-    batch: usize,
-    steps: usize,
-    gradient_bytes: usize,
-    step_ms: f64,
-    all_reduce_ms: f64,
-    algorithm_gb_per_s: f64,
-    bus_gb_per_s: f64,
-    link: String,
-    link_gb_per_s: f64,
-    ring_bound_ms: f64,
-    /// The exchange's phases against the bare `MPI_Allreduce`.
-    exchange: PhaseSummary,
-    ranks: Vec<RankTimes>,
-}
+use summary::{BATCH, Phases, RankTimes, summarize};
 
 fn run_err<E: std::fmt::Display>(error: E) -> BenchError {
     BenchError::Run(error.to_string())
@@ -229,141 +127,10 @@ fn loopback_bandwidth() -> Result<f64, BenchError> {
     Ok(TOTAL as f64 / elapsed.as_secs_f64())
 }
 
-/// Prints and saves the figures of every rank's times; `bare_ms`: the bare
-/// `MPI_Allreduce` of `buckets` buckets of the gradients' size.
-fn summarize(
-    transport: &'static str,
-    gradient_bytes: usize,
-    ranks: Vec<RankTimes>,
-    link: &str,
-    link_bytes_per_s: f64,
-    (bare_ms, buckets): (f64, usize),
-) -> Result<(), BenchError> {
-    let steps = ranks[0].all_reduce_ms.len();
-    let per_step: Vec<f64> = (0..steps)
-        .map(|s| {
-            ranks
-                .iter()
-                .map(|r| r.all_reduce_ms[s])
-                .fold(f64::INFINITY, f64::min)
-        })
-        .collect();
-    let all_reduce_ms = median(per_step);
-    let step_ms = median(ranks[0].step_ms.clone());
-    let n = ranks.len() as f64;
-    let algorithm = gradient_bytes as f64 / (all_reduce_ms * 1e-3) / 1e9;
-    let bus = algorithm * 2.0 * (n - 1.0) / n;
-    let ring_bound_ms = 2.0 * (n - 1.0) / n * gradient_bytes as f64 / link_bytes_per_s * 1e3;
-    println!(
-        "bench elastic --{transport} ({}; {} processes x 1 replica on this machine; MiniLM-L6-H384, {:.1} MB of f32 gradients; global batch {BATCH}; median of {steps} steps after one warm-up)",
-        backend::NAME,
-        ranks.len(),
-        gradient_bytes as f64 / 1e6,
-    );
-    for rank in &ranks {
-        println!(
-            "  rank {}: step ms {:?}, all-reduce ms {:?}",
-            rank.rank,
-            rank.step_ms.iter().map(|v| v.round()).collect::<Vec<_>>(),
-            rank.all_reduce_ms
-                .iter()
-                .map(|v| v.round())
-                .collect::<Vec<_>>()
-        );
-    }
-    println!(
-        "  step {step_ms:.0} ms; cross-process all-reduce {all_reduce_ms:.1} ms per step ({:.1}% of the step); algorithm bandwidth {algorithm:.2} GB/s, bus bandwidth {bus:.2} GB/s",
-        100.0 * all_reduce_ms / step_ms
-    );
-    println!(
-        "  link: {link} {:.2} GB/s; ring bound 2(N-1)/N x bytes / link = {ring_bound_ms:.1} ms ({:.0}% of it reached)",
-        link_bytes_per_s / 1e9,
-        100.0 * ring_bound_ms / all_reduce_ms
-    );
-    // Per step, the phases of the rank that waited least in the exchange.
-    let mut last = Phases::default();
-    for s in 0..steps {
-        let rank = ranks
-            .iter()
-            .min_by(|a, b| a.exchange.total_ms[s].total_cmp(&b.exchange.total_ms[s]))
-            .expect("at least two ranks");
-        for (row, figures) in last.rows_mut().into_iter().zip(rank.exchange.rows()) {
-            row.push(figures[s]);
-        }
-    }
-    let [
-        copy_out_ms,
-        check_ms,
-        mpi_all_reduce_ms,
-        copy_back_ms,
-        exchange_ms,
-    ] = last.rows().map(|row| median(row.clone()));
-    let exchange = PhaseSummary {
-        copy_out_ms,
-        check_ms,
-        mpi_all_reduce_ms,
-        copy_back_ms,
-        exchange_ms,
-        bare_all_reduce_ms: bare_ms,
-        exchange_over_bare: exchange_ms / bare_ms,
-        ring_bound_ms,
-        buckets,
-    };
-    println!(
-        "  the exchange's phases per step ({buckets} buckets; the rank that arrived last, median of {steps} steps):"
-    );
-    for (phase, ms) in [
-        ("copy out (gradients into the send buffer)", copy_out_ms),
-        ("consistency check (kind, round, length)", check_ms),
-        ("MPI_Allreduce of the buckets", mpi_all_reduce_ms),
-        ("copy back (into the gradient tensors)", copy_back_ms),
-        (
-            "hand-offs (the rest)",
-            exchange_ms - copy_out_ms - check_ms - mpi_all_reduce_ms - copy_back_ms,
-        ),
-        ("the group's exchange", exchange_ms),
-        ("bare MPI_Allreduce, same buckets, this run", bare_ms),
-        ("ring bound", ring_bound_ms),
-    ] {
-        println!("    {phase:<44} {ms:>9.1} ms");
-    }
-    println!(
-        "  exchange / bare MPI_Allreduce = {:.2} (target: at most 1.3: {})",
-        exchange.exchange_over_bare,
-        if exchange.exchange_over_bare <= 1.3 {
-            "met"
-        } else {
-            "MISSED"
-        }
-    );
-    let report = Report {
-        bench: "elastic-nodes",
-        transport,
-        backend: backend::NAME,
-        processes: ranks.len(),
-        batch: BATCH,
-        steps,
-        gradient_bytes,
-        step_ms,
-        all_reduce_ms,
-        algorithm_gb_per_s: algorithm,
-        bus_gb_per_s: bus,
-        link: link.into(),
-        link_gb_per_s: link_bytes_per_s / 1e9,
-        ring_bound_ms,
-        exchange,
-        ranks,
-    };
-    let path = write_report(&format!("elastic-{transport}"), &report)?;
-    println!("wrote {}", path.display());
-    Ok(())
-}
-
 /// `bench elastic --mpi`: this process is one rank of an MPI job.
 #[cfg(feature = "mpi")]
 pub fn run_mpi(quick: bool) -> Result<(), BenchError> {
     use mpi::topology::SimpleCommunicator;
-    use mpi::traits::*;
 
     let steps = if quick { 3 } else { 6 };
     let mpi = burn_elastic_dp::Mpi::init().map_err(run_err)?;
@@ -374,6 +141,39 @@ pub fn run_mpi(quick: bool) -> Result<(), BenchError> {
         ));
     }
     let world = SimpleCommunicator::world();
+    let link = link_bandwidth(&world, rank);
+    let tcp = if rank == 0 {
+        loopback_bandwidth()?
+    } else {
+        0.0
+    };
+    let (gradient_bytes, buckets, mine) = rank_steps(rank, NodeConfig::new(), steps)?;
+    let raw_ms = bare_all_reduce_ms(&world, gradient_bytes, steps);
+    let gathered = gather(&world, &mine, steps * size);
+    if rank == 0 {
+        let ranks = (0..size).map(|r| gathered.rank(r, steps)).collect();
+        let name = format!(
+            "MPI point-to-point between ranks 0 and 1 (TCP on 127.0.0.1, the hub's link: {:.2} GB/s)",
+            tcp / 1e9
+        );
+        summarize("mpi", gradient_bytes, ranks, &name, link, (raw_ms, buckets))?;
+        let n = size as f64;
+        println!(
+            "  MPI_Allreduce alone of the same {:.1} MB (buckets as the group's): {raw_ms:.1} ms, bus bandwidth {:.2} GB/s",
+            gradient_bytes as f64 / 1e6,
+            gradient_bytes as f64 / (raw_ms * 1e-3) / 1e9 * 2.0 * (n - 1.0) / n
+        );
+    }
+    drop(mpi);
+    Ok(())
+}
+
+/// Bytes per second between ranks 0 and 1 of `world`: they send the
+/// gradients' bytes back and forth.
+#[cfg(feature = "mpi")]
+fn link_bandwidth(world: &mpi::topology::SimpleCommunicator, rank: usize) -> f64 {
+    use mpi::traits::*;
+
     // The link: ranks 0 and 1 send the gradients' bytes back and forth.
     let bytes = 90_000_000;
     let mut buffer = vec![1u8; bytes];
@@ -395,13 +195,20 @@ pub fn run_mpi(quick: bool) -> Result<(), BenchError> {
     }
     let link = (2 * reps * bytes) as f64 / start.elapsed().as_secs_f64();
     drop(buffer);
-    let tcp = if rank == 0 {
-        loopback_bandwidth()?
-    } else {
-        0.0
-    };
-    let (gradient_bytes, buckets, mine) = rank_steps(rank, NodeConfig::new(), steps)?;
-    // MPI's own share: one MPI_Allreduce of as many f32 values, alone.
+    link
+}
+
+/// MPI's own share: the median milliseconds of one `MPI_Allreduce` of as
+/// many f32 values as `gradient_bytes`, alone, in the group's buckets, over
+/// `steps` rounds after a warm-up.
+#[cfg(feature = "mpi")]
+fn bare_all_reduce_ms(
+    world: &mpi::topology::SimpleCommunicator,
+    gradient_bytes: usize,
+    steps: usize,
+) -> f64 {
+    use mpi::traits::*;
+
     let values = vec![1.0f32; gradient_bytes / 4];
     let mut total = vec![0.0f32; values.len()];
     let mut raw = Vec::new();
@@ -416,44 +223,53 @@ pub fn run_mpi(quick: bool) -> Result<(), BenchError> {
         }
         raw.push(start.elapsed().as_secs_f64() * 1e3);
     }
-    let raw_ms = median(raw[1..].to_vec());
-    let mut step_ms = vec![0.0f64; steps * size];
-    let mut all_reduce_ms = vec![0.0f64; steps * size];
+    median(raw[1..].to_vec())
+}
+
+/// Every rank's times, gathered on every rank (rank after rank).
+#[cfg(feature = "mpi")]
+struct Gathered {
+    step_ms: Vec<f64>,
+    all_reduce_ms: Vec<f64>,
+    phases: [Vec<f64>; 5],
+}
+
+/// Gathers `mine` from every rank of `world` (`values` figures per series
+/// over all ranks).
+#[cfg(feature = "mpi")]
+fn gather(world: &mpi::topology::SimpleCommunicator, mine: &RankTimes, values: usize) -> Gathered {
+    use mpi::traits::*;
+
+    let mut step_ms = vec![0.0f64; values];
+    let mut all_reduce_ms = vec![0.0f64; values];
     world.all_gather_into(&mine.step_ms[..], &mut step_ms[..]);
     world.all_gather_into(&mine.all_reduce_ms[..], &mut all_reduce_ms[..]);
-    let mut phases: [Vec<f64>; 5] = std::array::from_fn(|_| vec![0.0f64; steps * size]);
+    let mut phases: [Vec<f64>; 5] = std::array::from_fn(|_| vec![0.0f64; values]);
     for (all, row) in phases.iter_mut().zip(mine.exchange.rows()) {
         world.all_gather_into(&row[..], &mut all[..]);
     }
-    if rank == 0 {
-        let ranks = (0..size)
-            .map(|r| {
-                let mut exchange = Phases::default();
-                for (row, all) in exchange.rows_mut().into_iter().zip(&phases) {
-                    *row = all[r * steps..(r + 1) * steps].to_vec();
-                }
-                RankTimes {
-                    rank: r,
-                    step_ms: step_ms[r * steps..(r + 1) * steps].to_vec(),
-                    all_reduce_ms: all_reduce_ms[r * steps..(r + 1) * steps].to_vec(),
-                    exchange,
-                }
-            })
-            .collect();
-        let name = format!(
-            "MPI point-to-point between ranks 0 and 1 (TCP on 127.0.0.1, the hub's link: {:.2} GB/s)",
-            tcp / 1e9
-        );
-        summarize("mpi", gradient_bytes, ranks, &name, link, (raw_ms, buckets))?;
-        let n = size as f64;
-        println!(
-            "  MPI_Allreduce alone of the same {:.1} MB (buckets as the group's): {raw_ms:.1} ms, bus bandwidth {:.2} GB/s",
-            gradient_bytes as f64 / 1e6,
-            gradient_bytes as f64 / (raw_ms * 1e-3) / 1e9 * 2.0 * (n - 1.0) / n
-        );
+    Gathered {
+        step_ms,
+        all_reduce_ms,
+        phases,
     }
-    drop(mpi);
-    Ok(())
+}
+
+#[cfg(feature = "mpi")]
+impl Gathered {
+    /// Rank `r`'s times of `steps` steps.
+    fn rank(&self, r: usize, steps: usize) -> RankTimes {
+        let mut exchange = Phases::default();
+        for (row, all) in exchange.rows_mut().into_iter().zip(&self.phases) {
+            *row = all[r * steps..(r + 1) * steps].to_vec();
+        }
+        RankTimes {
+            rank: r,
+            step_ms: self.step_ms[r * steps..(r + 1) * steps].to_vec(),
+            all_reduce_ms: self.all_reduce_ms[r * steps..(r + 1) * steps].to_vec(),
+            exchange,
+        }
+    }
 }
 
 /// `bench elastic --mpi` without the feature: the error saying how to build it.

@@ -20,7 +20,7 @@ use models::synthetic::BandImages;
 use models::vit::VitConfig;
 use serde::Serialize;
 
-use super::{BenchError, alloc, title, write_report};
+use super::{BenchError, alloc, median, title, write_report};
 use pipetransformer_jobs::backend::{self, Train};
 
 struct Preset {
@@ -114,18 +114,18 @@ fn measure(preset: &Preset, frozen_layers: usize, cached: bool) -> Result<Measur
         }
     }
     let cache_bytes = stack.cache().map_or(0, |c| c.stats().memory_bytes);
-    times.sort_by(f64::total_cmp);
+    let steps = times.len();
     Ok(Measured {
-        step_s: times[times.len() / 2],
+        step_s: median(times),
         peak,
         cache_bytes,
-        steps: times.len(),
+        steps,
     })
 }
 
-/// Runs the freeze benchmark.
-pub fn run(quick: bool) -> Result<(), BenchError> {
-    let presets = if quick {
+/// The benchmark's models: a tiny ViT and ViT-B/16, with their batches.
+fn presets(quick: bool) -> Vec<Preset> {
+    if quick {
         vec![
             Preset {
                 name: "vit-tiny",
@@ -159,7 +159,12 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
                 passes: 2,
             },
         ]
-    };
+    }
+}
+
+/// Runs the freeze benchmark.
+pub fn run(quick: bool) -> Result<(), BenchError> {
+    let presets = presets(quick);
     let mut rows = Vec::new();
     let details = "ratios against F=0 without cache, same preset, same run";
     println!("{}", title("freeze", quick, details));
@@ -174,38 +179,8 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
             for cached in [false, true] {
                 let m = measure(preset, frozen_layers, cached)?;
                 let base = baseline.get_or_insert(Measured { ..m });
-                let mib = |b: usize| b as f64 / (1 << 20) as f64;
-                let peak_known = alloc::installed() && base.peak > 0;
-                let row = Row {
-                    preset: preset.name,
-                    layers,
-                    frozen_layers,
-                    frozen_units: LayerMap::uniform(1, 2, layers, preset.config.num_units())
-                        .map_err(err)?
-                        .unit_front(frozen_layers),
-                    cache: cached,
-                    batch: preset.batch,
-                    steps_timed: m.steps,
-                    step_ms: m.step_s * 1e3,
-                    step_ratio: m.step_s / base.step_s,
-                    peak_mib: peak_known.then(|| mib(m.peak)),
-                    peak_ratio: peak_known.then(|| m.peak as f64 / base.peak as f64),
-                    cache_mib: mib(m.cache_bytes),
-                };
-                let opt =
-                    |v: Option<f64>, p: usize| v.map_or("n/a".to_string(), |v| format!("{v:.p$}"));
-                println!(
-                    "{:<9} {:>6} {:>6} {:>5} {:>10.1} {:>7.2} {:>10} {:>7} {:>10.2}",
-                    row.preset,
-                    format!("{}/{}", frozen_layers, layers),
-                    row.frozen_units,
-                    if cached { "yes" } else { "no" },
-                    row.step_ms,
-                    row.step_ratio,
-                    opt(row.peak_mib, 1),
-                    opt(row.peak_ratio, 2),
-                    row.cache_mib,
-                );
+                let row = row(preset, frozen_layers, cached, &m, base)?;
+                print_row(&row);
                 rows.push(row);
             }
         }
@@ -221,4 +196,51 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
     )?;
     println!("wrote {}", path.display());
     Ok(())
+}
+
+/// The row of `m`, measured with `frozen_layers` frozen (`cached`: through
+/// the cache), against `base` (nothing frozen, no cache).
+fn row(
+    preset: &Preset,
+    frozen_layers: usize,
+    cached: bool,
+    m: &Measured,
+    base: &Measured,
+) -> Result<Row, BenchError> {
+    let layers = preset.config.layers;
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    let peak_known = alloc::installed() && base.peak > 0;
+    Ok(Row {
+        preset: preset.name,
+        layers,
+        frozen_layers,
+        frozen_units: LayerMap::uniform(1, 2, layers, preset.config.num_units())
+            .map_err(err)?
+            .unit_front(frozen_layers),
+        cache: cached,
+        batch: preset.batch,
+        steps_timed: m.steps,
+        step_ms: m.step_s * 1e3,
+        step_ratio: m.step_s / base.step_s,
+        peak_mib: peak_known.then(|| mib(m.peak)),
+        peak_ratio: peak_known.then(|| m.peak as f64 / base.peak as f64),
+        cache_mib: mib(m.cache_bytes),
+    })
+}
+
+/// Prints one row of the table.
+fn print_row(row: &Row) {
+    let opt = |v: Option<f64>, p: usize| v.map_or("n/a".to_string(), |v| format!("{v:.p$}"));
+    println!(
+        "{:<9} {:>6} {:>6} {:>5} {:>10.1} {:>7.2} {:>10} {:>7} {:>10.2}",
+        row.preset,
+        format!("{}/{}", row.frozen_layers, row.layers),
+        row.frozen_units,
+        if row.cache { "yes" } else { "no" },
+        row.step_ms,
+        row.step_ratio,
+        opt(row.peak_mib, 1),
+        opt(row.peak_ratio, 2),
+        row.cache_mib,
+    );
 }

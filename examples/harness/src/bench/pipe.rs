@@ -16,7 +16,7 @@
 
 use std::time::{Duration, Instant};
 
-use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::optim::{GradientsAccumulator, GradientsParams, SgdConfig};
 use burn::prelude::*;
 use burn_freeze::{IntoLayerStack, LayerStack};
@@ -164,17 +164,13 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
 
     let profile = profile_units(&stack, images.clone(), &device, 3);
     let costs: Vec<f64> = profile.iter().map(|p| p.cost(false, false)).collect();
-    let tokens = config.num_patches() + 1;
-    let channel = ChannelOverhead {
-        message_floats: batch / 4 * tokens * config.hidden,
-        tensor_message_us: channel_overhead(
-            Tensor::<Inner, 3>::zeros([batch / 4, tokens, config.hidden], &device),
-            if quick { 200 } else { 1000 },
-        )
-        .as_secs_f64()
-            * 1e6,
-        empty_message_us: channel_overhead((), if quick { 200 } else { 1000 }).as_secs_f64() * 1e6,
-    };
+    let channel = measure_channel(
+        quick,
+        batch,
+        config.num_patches() + 1,
+        config.hidden,
+        &device,
+    );
 
     let details = format!(
         "{model}; batch {batch}; median of {reps}; ratios against the same micro-batches run sequentially in this run"
@@ -188,7 +184,15 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
         "{:>2} {:>3} {:<9} {:<14} {:>9} {:>9} {:>6} {:>8} {:>8} {:>5}  peak saved",
         "K", "M", "schedule", "balance", "step ms", "seq ms", "ratio", "bubble", "theory", "msgs"
     );
-    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let bench = RowBench {
+        stack: &stack,
+        plain: &plain,
+        images: &images,
+        labels: &labels,
+        loss_fn: &CrossEntropyLossConfig::new().init(&device),
+        device: &device,
+        reps,
+    };
     let mut rows = Vec::new();
     for m in [1, 4, 8, 16] {
         if m > batch {
@@ -198,66 +202,8 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
         for stages in [1, 2, 4] {
             let balance = balance_exact(&costs, stages);
             for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
-                let config = PipelineConfig::new()
-                    .with_schedule(schedule)
-                    .with_micro_batches(Some(m));
-                let mut pipeline = config
-                    .with_balance(Some(balance.to_vec()))
-                    .init(stack.clone(), vec![device.clone(); stages], || {
-                        SgdConfig::new().init()
-                    })
-                    .map_err(|e| BenchError::Run(e.to_string()))?;
-                let mut walls = Vec::new();
-                let mut sequential_walls = Vec::new();
-                let mut bubbles = Vec::new();
-                let mut last = None;
-                // The baseline runs between the pipeline's repetitions, so
-                // both see the same state of the machine.
-                for rep in 0..=reps {
-                    let sequential_s = sequential_once(&plain, &images, &labels, &sizes);
-                    let report = pipeline
-                        .forward_backward(images.clone(), labels.clone(), |logits, labels| {
-                            loss_fn.forward(logits, labels)
-                        })
-                        .map_err(|e| BenchError::Run(e.to_string()))?;
-                    pipeline.clear_gradients();
-                    if rep > 0 {
-                        sequential_walls.push(sequential_s);
-                        walls.push(report.wall.as_secs_f64());
-                        bubbles.push(report.bubble_fraction());
-                        last = Some(report);
-                    }
-                }
-                let report = last.expect("at least one timed repetition");
-                let step_s = median(walls);
-                let sequential_s = median(sequential_walls);
-                let row = Row {
-                    stages,
-                    micro_batches: m,
-                    schedule: format!("{schedule:?}"),
-                    balance: balance.clone(),
-                    step_ms: step_s * 1e3,
-                    sequential_ms: sequential_s * 1e3,
-                    ratio_to_sequential: step_s / sequential_s,
-                    bubble_measured: median(bubbles),
-                    bubble_theory: (stages - 1) as f64 / (m + stages - 1) as f64,
-                    messages: report.messages,
-                    peak_saved: report.peak_saved.clone(),
-                };
-                println!(
-                    "{:>2} {:>3} {:<9} {:<14} {:>9.1} {:>9.1} {:>6.2} {:>8.3} {:>8.3} {:>5}  {:?}",
-                    row.stages,
-                    row.micro_batches,
-                    row.schedule,
-                    format!("{:?}", row.balance),
-                    row.step_ms,
-                    row.sequential_ms,
-                    row.ratio_to_sequential,
-                    row.bubble_measured,
-                    row.bubble_theory,
-                    row.messages,
-                    row.peak_saved,
-                );
+                let row = bench.row((m, stages), &sizes, schedule, &balance)?;
+                print_row(&row);
                 rows.push(row);
             }
         }
@@ -276,4 +222,118 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
     let path = write_report("pipe", &report)?;
     println!("wrote {}", path.display());
     Ok(())
+}
+
+/// The channel's overhead: an activation of one micro-batch (a quarter of
+/// `batch` of `tokens` x `hidden`) and an empty message sent back and forth.
+fn measure_channel(
+    quick: bool,
+    batch: usize,
+    tokens: usize,
+    hidden: usize,
+    device: &Device<Inner>,
+) -> ChannelOverhead {
+    ChannelOverhead {
+        message_floats: batch / 4 * tokens * hidden,
+        tensor_message_us: channel_overhead(
+            Tensor::<Inner, 3>::zeros([batch / 4, tokens, hidden], device),
+            if quick { 200 } else { 1000 },
+        )
+        .as_secs_f64()
+            * 1e6,
+        empty_message_us: channel_overhead((), if quick { 200 } else { 1000 }).as_secs_f64() * 1e6,
+    }
+}
+
+/// What a row is measured on: the stack, the same weights as a plain
+/// model, one mini-batch, and the timed repetitions.
+struct RowBench<'a> {
+    stack: &'a Stack,
+    plain: &'a Vit<Train>,
+    images: &'a Tensor<Train, 4>,
+    labels: &'a Tensor<Train, 1, Int>,
+    loss_fn: &'a CrossEntropyLoss<Train>,
+    device: &'a Device<Train>,
+    reps: usize,
+}
+
+impl RowBench<'_> {
+    /// Times the pipeline of `stages` stages of `balance` over `m`
+    /// micro-batches of `sizes` in `schedule` against the same micro-batches run sequentially.
+    fn row(
+        &self,
+        (m, stages): (usize, usize),
+        sizes: &[usize],
+        schedule: Schedule,
+        balance: &[usize],
+    ) -> Result<Row, BenchError> {
+        let config = PipelineConfig::new()
+            .with_schedule(schedule)
+            .with_micro_batches(Some(m));
+        let mut pipeline = config
+            .with_balance(Some(balance.to_vec()))
+            .init(
+                self.stack.clone(),
+                vec![self.device.clone(); stages],
+                || SgdConfig::new().init(),
+            )
+            .map_err(|e| BenchError::Run(e.to_string()))?;
+        let mut walls = Vec::new();
+        let mut sequential_walls = Vec::new();
+        let mut bubbles = Vec::new();
+        let mut last = None;
+        // The baseline runs between the pipeline's repetitions, so
+        // both see the same state of the machine.
+        for rep in 0..=self.reps {
+            let sequential_s = sequential_once(self.plain, self.images, self.labels, sizes);
+            let report = pipeline
+                .forward_backward(
+                    self.images.clone(),
+                    self.labels.clone(),
+                    |logits, labels| self.loss_fn.forward(logits, labels),
+                )
+                .map_err(|e| BenchError::Run(e.to_string()))?;
+            pipeline.clear_gradients();
+            if rep > 0 {
+                sequential_walls.push(sequential_s);
+                walls.push(report.wall.as_secs_f64());
+                bubbles.push(report.bubble_fraction());
+                last = Some(report);
+            }
+        }
+        let report = last.expect("at least one timed repetition");
+        let step_s = median(walls);
+        let sequential_s = median(sequential_walls);
+        Ok(Row {
+            stages,
+            micro_batches: m,
+            schedule: format!("{schedule:?}"),
+            balance: balance.to_vec(),
+            step_ms: step_s * 1e3,
+            sequential_ms: sequential_s * 1e3,
+            ratio_to_sequential: step_s / sequential_s,
+            bubble_measured: median(bubbles),
+            bubble_theory: (stages - 1) as f64 / (m + stages - 1) as f64,
+            messages: report.messages,
+            peak_saved: report.peak_saved.clone(),
+        })
+    }
+}
+
+/// Prints one row of the table.
+fn print_row(row: &Row) {
+    println!(
+        "{:>2} {:>3} {:<9} {:<14} {:>9.1} {:>9.1} {:>6.2} {:>8.3} {:>8.3} {:>5}  {:?}",
+        row.stages,
+        row.micro_batches,
+        row.schedule,
+        format!("{:?}", row.balance),
+        row.step_ms,
+        row.sequential_ms,
+        row.ratio_to_sequential,
+        row.bubble_measured,
+        row.bubble_theory,
+        row.messages,
+        row.peak_saved,
+    );
 }

@@ -6,12 +6,17 @@
 use burn_elastic_dp::plan::{MeasuredPass, ModelSpec, UnitSpec};
 use std::time::Instant;
 
+use burn::module::AutodiffModule;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::Device;
+use burn::tensor::backend::Backend;
 use burn_freeze::{LayerStack, StackTypes};
 use burn_pipe::{UnitProfile, profile_units};
 use models::synthetic::{BandImages, MajorityTokens};
 
 use super::presets::{Shape, on_each_batch};
+use crate::bench::median;
 use pipetransformer_jobs::backend::{self, Train};
 
 /// Least-squares `fixed + per_sample * b` through `(b, seconds)` points,
@@ -184,53 +189,45 @@ pub struct StepCosts {
     pub accumulate_per_tensor: f64,
 }
 
+/// Median seconds of an optimizer step of `model`, and of collecting and
+/// accumulating one set of its gradients, over `repeats` steps after a
+/// warm-up; `backward` runs a backward pass.
+fn time_steps<M: AutodiffModule<Train>>(
+    mut model: M,
+    backward: impl Fn(&M) -> <Train as burn::tensor::backend::AutodiffBackend>::Gradients,
+    repeats: usize,
+    device: &burn::tensor::Device<Train>,
+) -> (f64, f64) {
+    let mut optim = AdamConfig::new().init::<Train, M>();
+    let mut accumulator = burn::optim::GradientsAccumulator::<M>::new();
+    let (mut steps, mut accumulates) = (Vec::new(), Vec::new());
+    for _ in 0..=repeats {
+        let mut raw = backward(&model);
+        <Train as Backend>::sync(device).expect("device sync");
+        let start = Instant::now();
+        let g = GradientsParams::from_module(&mut raw, &model);
+        accumulator.accumulate(&model, g);
+        <Train as Backend>::sync(device).expect("device sync");
+        accumulates.push(start.elapsed().as_secs_f64());
+        let g = accumulator.grads();
+        let start = Instant::now();
+        model = optim.step(1e-3, model, g);
+        <Train as Backend>::sync(device).expect("device sync");
+        steps.push(start.elapsed().as_secs_f64());
+    }
+    (
+        median(steps[1..].to_vec()),
+        median(accumulates[1..].to_vec()),
+    )
+}
+
 /// Times `repeats` Adam steps on the whole model of `shape` (median, per
 /// parameter tensor) and the job's data generation for `batch` samples.
 pub fn step_costs(shape: &Shape, batch: usize, repeats: usize) -> StepCosts {
-    use burn::module::AutodiffModule;
-    use burn::nn::loss::CrossEntropyLossConfig;
-    use burn::optim::{AdamConfig, GradientsParams, Optimizer};
-    use burn::tensor::backend::Backend;
-
-    fn median(mut v: Vec<f64>) -> f64 {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    }
     let device = backend::device(0);
     let tensors: usize = shape.units().iter().map(|u| u.tensors.len()).sum();
     let loss = CrossEntropyLossConfig::new().init(&device);
     let repeats = repeats.max(1);
-    /// Median seconds of an optimizer step of `model`, and of collecting
-    /// and accumulating one set of its gradients; `backward` runs a
-    /// backward pass.
-    fn time_steps<M: AutodiffModule<Train>>(
-        mut model: M,
-        backward: impl Fn(&M) -> <Train as burn::tensor::backend::AutodiffBackend>::Gradients,
-        repeats: usize,
-        device: &burn::tensor::Device<Train>,
-    ) -> (f64, f64) {
-        let mut optim = AdamConfig::new().init::<Train, M>();
-        let mut accumulator = burn::optim::GradientsAccumulator::<M>::new();
-        let (mut steps, mut accumulates) = (Vec::new(), Vec::new());
-        for _ in 0..=repeats {
-            let mut raw = backward(&model);
-            <Train as Backend>::sync(device).expect("device sync");
-            let start = Instant::now();
-            let g = GradientsParams::from_module(&mut raw, &model);
-            accumulator.accumulate(&model, g);
-            <Train as Backend>::sync(device).expect("device sync");
-            accumulates.push(start.elapsed().as_secs_f64());
-            let g = accumulator.grads();
-            let start = Instant::now();
-            model = optim.step(1e-3, model, g);
-            <Train as Backend>::sync(device).expect("device sync");
-            steps.push(start.elapsed().as_secs_f64());
-        }
-        (
-            median(steps[1..].to_vec()),
-            median(accumulates[1..].to_vec()),
-        )
-    }
     // Median seconds to make batch `i` of the job's data.
     let data_time = |make: &dyn Fn(usize)| {
         median(

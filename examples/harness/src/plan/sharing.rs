@@ -16,6 +16,7 @@ use burn_freeze::{Differentiable, LayerStack, StackTypes};
 use burn_pipe::profile_units;
 
 use super::presets::{Shape, on_each_batch};
+use crate::bench::median;
 
 /// Seconds per pass of one model at one batch size, run several ways.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -83,12 +84,6 @@ pub fn thread_factor_points(rows: &[Sharing]) -> Vec<[f64; 2]> {
     rows.iter()
         .map(|r| [r.batch as f64, r.spawned / r.main])
         .collect()
-}
-
-/// Median of `v` (not empty).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Seconds per pass of `copies` copies of the pass, each on its own

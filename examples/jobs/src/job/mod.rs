@@ -19,7 +19,6 @@ mod sst;
 mod tests;
 
 use burn::data::dataloader::batcher::Batcher;
-use burn::prelude::*;
 use burn_elastic_dp::{TrainerConfig, TrainerError};
 use burn_freeze::{Cacheable, InnerBackendOf, InnerHidden, InnerInput, LayerStack};
 use serde::{Deserialize, Serialize};
@@ -29,7 +28,7 @@ pub use model::{JobModel, with_model};
 pub use record::{EpochRecord, Observer, RunRecord, Silent};
 pub use sst::{SstJob, SstPairs, sst_accuracy};
 
-use crate::backend::{self, Inner};
+use crate::backend;
 use crate::task::indices;
 
 /// Which model and tasks.
@@ -231,39 +230,6 @@ impl JobSpec {
             batch: pretraining.batch,
             ..self.clone()
         }
-    }
-
-    fn pretrain_model<M: JobModel>(&self, observer: &mut impl Observer) -> Pretrained {
-        let device = backend::device(0);
-        <Inner as Backend>::seed(&device, self.seed);
-        let task = M::task(
-            PRETRAIN_CLASSES,
-            FinetuneTask::Same,
-            self.seed ^ PRETRAIN_DATA,
-        );
-        let stack = M::init(self, PRETRAIN_CLASSES, &device);
-        let stack = if self.pretrain_epochs == 0 {
-            stack
-        } else {
-            let data = indices(self.samples);
-            let epochs = self.pretrain_epochs;
-            plain::plain(
-                stack,
-                "pretraining",
-                self,
-                epochs,
-                &data,
-                &task,
-                None,
-                observer,
-            )
-            .0
-        };
-        let head = M::init(self, FINETUNE_CLASSES, &device);
-        let (first, middle, _) = stack.into_parts();
-        // The fresh classifier drawn here, once: every run fine-tunes the
-        // same weights (see `Pretrained::materialized`).
-        M::wrap(LayerStack::from_parts(first, middle, head.into_parts().2)).materialized()
     }
 
     /// Fine-tunes `pretrained` on the generated task with `method`;

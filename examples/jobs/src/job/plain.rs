@@ -12,8 +12,49 @@ use burn::prelude::*;
 use burn_elastic_dp::{BatchPolicy, ElasticSampler, EpochReport};
 use burn_freeze::{AutodiffActivation, LayerStack, StackTypes, Unit};
 
-use super::{EpochRecord, JobSpec, Observer, RunRecord};
+use super::record::{EpochRecord, Observer, RunRecord};
+use super::{
+    FINETUNE_CLASSES, FinetuneTask, JobModel, JobSpec, PRETRAIN_CLASSES, PRETRAIN_DATA, Pretrained,
+};
 use crate::backend::{self, Inner, Train};
+use crate::task::indices;
+
+impl JobSpec {
+    /// The model pretrained on the pretraining task (plain Burn training),
+    /// with the fresh classifier of fine-tuning.
+    pub(super) fn pretrain_model<M: JobModel>(&self, observer: &mut impl Observer) -> Pretrained {
+        let device = backend::device(0);
+        <Inner as Backend>::seed(&device, self.seed);
+        let task = M::task(
+            PRETRAIN_CLASSES,
+            FinetuneTask::Same,
+            self.seed ^ PRETRAIN_DATA,
+        );
+        let stack = M::init(self, PRETRAIN_CLASSES, &device);
+        let stack = if self.pretrain_epochs == 0 {
+            stack
+        } else {
+            let data = indices(self.samples);
+            let epochs = self.pretrain_epochs;
+            plain(
+                stack,
+                "pretraining",
+                self,
+                epochs,
+                &data,
+                &task,
+                None,
+                observer,
+            )
+            .0
+        };
+        let head = M::init(self, FINETUNE_CLASSES, &device);
+        let (first, middle, _) = stack.into_parts();
+        // The fresh classifier drawn here, once: every run fine-tunes the
+        // same weights (see `Pretrained::materialized`).
+        M::wrap(LayerStack::from_parts(first, middle, head.into_parts().2)).materialized()
+    }
+}
 
 /// Held-out inputs and the accuracy of logits on them.
 pub(super) type HeldOut<'a, S> = (

@@ -180,17 +180,29 @@ pub(super) const STRONGEST: &str = "bstar";
 /// every block from the first step (only the classifier trains): what the
 /// task loses without its top layers.
 pub(super) fn configurations(setting: &Setting) -> Vec<Configuration> {
-    let all = Parts::new();
-    let trainer_method = |parts: Parts, freeze: FreezeRule| Method::Trainer {
+    let mut list = headline_configurations(setting);
+    list.extend(ablations(setting));
+    list.extend(alpha_sweep(setting));
+    list
+}
+
+/// The trainer on [`DEVICES`] devices with `parts` and `freeze` in `setting`.
+fn trainer_method(setting: &Setting, parts: Parts, freeze: FreezeRule) -> Method {
+    Method::Trainer {
         config: setting.trainer(parts, freeze),
         devices: DEVICES,
-    };
+    }
+}
+
+/// (a), (b) and (c).
+fn headline_configurations(setting: &Setting) -> Vec<Configuration> {
+    let all = Parts::new();
     let plain = if setting.bounded() {
         "(a) plain Burn, 1 device, no budget"
     } else {
         "(a) plain Burn, 1 device"
     };
-    let mut list = vec![
+    vec![
         Configuration {
             key: "a",
             name: plain.into(),
@@ -212,9 +224,14 @@ pub(super) fn configurations(setting: &Setting) -> Vec<Configuration> {
             key: "c",
             name: "(c) PipeTransformer a=1/3".into(),
             group: Group::Headline,
-            method: trainer_method(all, alpha(1.0 / 3.0)),
+            method: trainer_method(setting, all, alpha(1.0 / 3.0)),
         },
-    ];
+    ]
+}
+
+/// The paper's ablations, then "all frozen".
+fn ablations(setting: &Setting) -> Vec<Configuration> {
+    let all = Parts::new();
     let ablations = [
         (
             "freeze",
@@ -224,12 +241,13 @@ pub(super) fn configurations(setting: &Setting) -> Vec<Configuration> {
         ("freeze+pipe+cache", "freeze+pipe+cache", all.with_dp(false)),
         ("freeze+pipe+dp", "freeze+pipe+dp", all.with_cache(false)),
     ];
+    let mut list = Vec::new();
     for (key, name, parts) in ablations {
         list.push(Configuration {
             key,
             name: name.into(),
             group: Group::Ablation,
-            method: trainer_method(parts, alpha(1.0 / 3.0)),
+            method: trainer_method(setting, parts, alpha(1.0 / 3.0)),
         });
     }
     list.push(Configuration {
@@ -237,12 +255,20 @@ pub(super) fn configurations(setting: &Setting) -> Vec<Configuration> {
         name: "all frozen (classifier only)".into(),
         group: Group::Ablation,
         method: trainer_method(
+            setting,
             all,
             FreezeRule::Fronts {
                 layers: vec![setting.layers],
             },
         ),
     });
+    list
+}
+
+/// The alpha sweep around (c)'s 1/3, then the argmin rule.
+fn alpha_sweep(setting: &Setting) -> Vec<Configuration> {
+    let all = Parts::new();
+    let mut list = Vec::new();
     for (key, name, alpha_value) in [
         ("alpha=1/5", "alpha=1/5", 0.2),
         ("alpha=1/4", "alpha=1/4", 0.25),
@@ -253,7 +279,7 @@ pub(super) fn configurations(setting: &Setting) -> Vec<Configuration> {
             key,
             name: name.into(),
             group: Group::Alpha,
-            method: trainer_method(all, alpha(alpha_value)),
+            method: trainer_method(setting, all, alpha(alpha_value)),
         });
     }
     list.push(Configuration {
@@ -261,6 +287,7 @@ pub(super) fn configurations(setting: &Setting) -> Vec<Configuration> {
         name: "--freeze-rule argmin a=1/3".into(),
         group: Group::Alpha,
         method: trainer_method(
+            setting,
             all,
             FreezeRule::AlphaArgmin {
                 alpha: 1.0 / 3.0,

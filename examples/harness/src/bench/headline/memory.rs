@@ -17,7 +17,8 @@ use burn_pipe::{MemoryQuery, Schedule, UnitMemory, measure_unit_memory};
 use serde::Serialize;
 
 use super::configs::{DEVICES, Setting, strongest_base};
-use super::{BenchError, Progress, alloc, run_err};
+use super::shared::{Progress, run_err};
+use crate::bench::{BenchError, alloc};
 use burn::data::dataloader::batcher::Batcher;
 use pipetransformer_jobs::backend;
 
@@ -204,6 +205,36 @@ pub(super) fn run(
             "the memory check needs the bench binary's counting allocator".into(),
         ));
     }
+    let measured = measure_one_stage(spec, pretrained, unbounded)?;
+    println!(
+        "memory per device: one stage (K=1, R=1, M=1) estimated {:.1} MB, measured peak {:.1} MB ({:.0}% of it)",
+        mb(budget.one_stage),
+        mb(measured),
+        100.0 * budget.one_stage as f64 / measured.max(1) as f64,
+    );
+    let (found, runs) = run_unbounded(spec, pretrained, unbounded, c_config)?;
+    print_unbounded(&runs);
+    Ok(MemoryReport {
+        activations_per_sample: budget.memory.activations.clone(),
+        one_stage_estimate: budget.one_stage,
+        one_stage_measured_peak: measured,
+        estimate_over_measured: budget.one_stage as f64 / measured.max(1) as f64,
+        stages_by_k: budget.stages_by_k,
+        budget: budget.bytes,
+        unbounded: Unbounded {
+            strongest: found,
+            runs,
+        },
+    })
+}
+
+/// The peak heap above the level before a few steps of one stage on one
+/// device, nothing frozen, M = 1.
+fn measure_one_stage(
+    spec: &JobSpec,
+    pretrained: &Pretrained,
+    unbounded: &Setting,
+) -> Result<u64, BenchError> {
     // A few steps of one stage on one device, nothing frozen, M = 1.
     let short = JobSpec {
         samples: 4 * spec.batch,
@@ -232,13 +263,17 @@ pub(super) fn run(
         )
         .map_err(run_err)?;
     drop((record, trained));
-    let measured = alloc::peak().saturating_sub(before) as u64;
-    println!(
-        "memory per device: one stage (K=1, R=1, M=1) estimated {:.1} MB, measured peak {:.1} MB ({:.0}% of it)",
-        mb(budget.one_stage),
-        mb(measured),
-        100.0 * budget.one_stage as f64 / measured.max(1) as f64,
-    );
+    Ok(alloc::peak().saturating_sub(before) as u64)
+}
+
+/// (b*) searched without the budget, then (b*) and (c) (`c_config` without
+/// its budget, started at the search's shape) run without it.
+fn run_unbounded(
+    spec: &JobSpec,
+    pretrained: &Pretrained,
+    unbounded: &Setting,
+    c_config: &TrainerConfig,
+) -> Result<(Strongest, Vec<BoundRun>), BenchError> {
     let found = strongest::find(
         spec,
         &strongest_base(unbounded),
@@ -274,7 +309,12 @@ pub(super) fn run(
             .map_err(run_err)?;
         runs.push(BoundRun::of(&record));
     }
-    for run in &runs {
+    Ok((found, runs))
+}
+
+/// The unbounded runs, a line each, and (c)'s speed against (b*)'s.
+fn print_unbounded(runs: &[BoundRun]) {
+    for run in runs {
         println!(
             "  {:<40} {:>7.2} s  {:>6.2}%  start K={} R={}  final F/K/R {}/{}/{}",
             run.name,
@@ -287,25 +327,13 @@ pub(super) fn run(
             run.final_shape.2
         );
     }
-    if let [bstar, c] = runs.as_slice() {
+    if let [bstar, c] = runs {
         println!(
             "without a budget: (c) {:.2}x the speed of (b*), accuracy {:+.2} pt",
             bstar.seconds / c.seconds,
             100.0 * (c.accuracy - bstar.accuracy)
         );
     }
-    Ok(MemoryReport {
-        activations_per_sample: budget.memory.activations.clone(),
-        one_stage_estimate: budget.one_stage,
-        one_stage_measured_peak: measured,
-        estimate_over_measured: budget.one_stage as f64 / measured.max(1) as f64,
-        stages_by_k: budget.stages_by_k,
-        budget: budget.bytes,
-        unbounded: Unbounded {
-            strongest: found,
-            runs,
-        },
-    })
 }
 
 fn mb(bytes: u64) -> f64 {

@@ -48,6 +48,7 @@ pub mod real;
 mod real_rows;
 mod rows;
 mod seeds;
+mod shared;
 mod tasks;
 
 pub use configs::default_task;
@@ -56,25 +57,23 @@ pub use seeds::{MAX_SEEDS, check_seeds, default_seeds};
 pub use tasks::{DEFAULT_TASKS, run_tasks};
 
 use std::path::PathBuf;
-use std::time::Instant;
 
+use burn_elastic_dp::TrainerConfig;
 use burn_pipe::UnitProfile;
 use serde::{Deserialize, Serialize};
 
 use super::{BenchError, alloc, title, write_report};
-use crate::strongest::{self, StepClock, Strongest, fits_without_budget};
+use crate::strongest::Strongest;
 use configs::{
     Configuration, DEVICES, Setting, configurations, parameter_costs, spec, start_at_searched,
-    strongest_base, strongest_row,
+    strongest_row,
 };
 use ideal::profile;
 use pipetransformer_jobs::backend;
-use pipetransformer_jobs::job::{
-    EpochRecord, FinetuneTask, JobError, JobSpec, Method, ModelKind, Observer, Pretrained,
-    RunRecord,
-};
+use pipetransformer_jobs::job::{FinetuneTask, JobSpec, Method, ModelKind, Pretrained, RunRecord};
 use plots::{draw, plot_dir};
 use rows::{Phases, Row, Targets, breakdown, print_breakdown, print_epochs, print_rows, row_c};
+use shared::{Progress, find_pipelined, pretrain, run_err};
 
 /// What `target/bench/headline.json` holds.
 #[derive(Debug, Serialize)]
@@ -112,32 +111,6 @@ struct Report {
     real: Option<serde_json::Value>,
 }
 
-/// Prints one line per epoch to stderr.
-struct Progress;
-
-impl Observer for Progress {
-    fn start(&mut self, name: &str, epochs: usize, samples: usize) {
-        eprintln!("-- {name}: {epochs} epochs of {samples} samples");
-    }
-    fn epoch(&mut self, record: &EpochRecord) {
-        // Pretraining has no held-out accuracy.
-        let accuracy = if record.accuracy.is_nan() {
-            "    -".to_string()
-        } else {
-            format!("{:>5.1}", 100.0 * record.accuracy)
-        };
-        let e = &record.report;
-        eprintln!(
-            "   epoch {:>2}: loss {:.4}  acc {accuracy}%  {:>7.2} s  {:>7.1} samples/s  F={} K={} R={}",
-            e.epoch, e.loss, e.seconds, e.samples_per_second, e.frozen_layers, e.stages, e.replicas
-        );
-    }
-}
-
-fn run_err<E: std::fmt::Display>(error: E) -> BenchError {
-    BenchError::Run(error.to_string())
-}
-
 /// Runs the headline benchmark on `model` fine-tuned on `task` (None:
 /// [`default_task`]) over `seeds` (checked with [`check_seeds`]; the first
 /// seed runs every table).
@@ -161,14 +134,7 @@ pub fn run(
     let unbounded = Setting::unbounded(spec.layers, parameter_costs(), false);
     let budget = memory::budget(&spec, memory::unit_memory(&spec, &pretrained))?;
     let setting = unbounded.with_budget(budget.bytes);
-    let mut configurations = configurations(&setting);
-    let strongest = find_pipelined(&spec, &setting, |short, method, clock| {
-        let (record, _) = short.finetune(&pretrained, "(b*) candidate", method, clock)?;
-        Ok(record)
-    })?;
-    // After (a) and (b); the configurations that freeze start at its shape.
-    configurations.insert(2, strongest_row(&setting, strongest.winner));
-    start_at_searched(&mut configurations, strongest.winner);
+    let (configurations, strongest) = searched_configurations(&spec, &setting, &pretrained)?;
     let runs = finetune_all(&spec, &pretrained, &configurations)?;
     let rows = rows::rows(&configurations, runs, &profile);
     print_rows(&rows, &spec);
@@ -178,30 +144,22 @@ pub fn run(
     print_breakdown(&breakdown);
     let targets = Targets::of(c);
     targets.print(c);
-    let c_config = configurations
-        .iter()
-        .find_map(
-            |configuration| match (&configuration.method, configuration.key) {
-                (Method::Trainer { config, .. }, "c") => Some(config.clone()),
-                _ => None,
-            },
-        )
-        .ok_or_else(|| BenchError::Run("no (c) configuration".into()))?;
-    let memory = memory::run(&spec, &pretrained, budget, &unbounded, &c_config)?;
+    let memory = memory::run(
+        &spec,
+        &pretrained,
+        budget,
+        &unbounded,
+        c_config(&configurations)?,
+    )?;
     let (params, units) = (pretrained.num_params(), pretrained.num_units());
     drop(pretrained);
-    let seeds = if seeds.len() > 1 {
-        Some(seeds::run(
-            &spec,
-            seeds,
-            &configurations,
-            &rows,
-            pretrain_seconds,
-            c.ideal_speedup,
-        )?)
-    } else {
-        None
-    };
+    let seeds = further_seeds(
+        &spec,
+        seeds,
+        &configurations,
+        &rows,
+        (pretrain_seconds, c.ideal_speedup),
+    )?;
     let plots = draw(&rows)?;
     let report = Report {
         bench: "headline",
@@ -237,42 +195,66 @@ pub fn run(
     Ok(())
 }
 
+/// (a), (b), (b*) and (c) over every seed, after the first seed's `rows`
+/// and (c)'s `ideal_speedup` (`None` for one seed).
+fn further_seeds(
+    spec: &JobSpec,
+    seeds: &[u64],
+    configurations: &[Configuration],
+    rows: &[Row],
+    (pretrain_seconds, ideal_speedup): (f64, f64),
+) -> Result<Option<seeds::SeedsReport>, BenchError> {
+    Ok(if seeds.len() > 1 {
+        Some(seeds::run(
+            spec,
+            seeds,
+            configurations,
+            rows,
+            pretrain_seconds,
+            ideal_speedup,
+        )?)
+    } else {
+        None
+    })
+}
+
+/// The configurations of `setting` with (b*), searched on `pretrained`,
+/// after (a) and (b); the configurations that freeze start at its shape.
+fn searched_configurations(
+    spec: &JobSpec,
+    setting: &Setting,
+    pretrained: &Pretrained,
+) -> Result<(Vec<Configuration>, Strongest), BenchError> {
+    let mut configurations = configurations(setting);
+    let strongest = find_pipelined(spec, setting, |short, method, clock| {
+        let (record, _) = short.finetune(pretrained, "(b*) candidate", method, clock)?;
+        Ok(record)
+    })?;
+    // After (a) and (b); the configurations that freeze start at its shape.
+    configurations.insert(2, strongest_row(setting, strongest.winner));
+    start_at_searched(&mut configurations, strongest.winner);
+    Ok((configurations, strongest))
+}
+
+/// The trainer's configuration of (c) among `configurations`.
+fn c_config(configurations: &[Configuration]) -> Result<&TrainerConfig, BenchError> {
+    configurations
+        .iter()
+        .find_map(
+            |configuration| match (&configuration.method, configuration.key) {
+                (Method::Trainer { config, .. }, "c") => Some(config),
+                _ => None,
+            },
+        )
+        .ok_or_else(|| BenchError::Run("no (c) configuration".into()))
+}
+
 fn print_start(spec: &JobSpec, quick: bool) {
     let details = format!(
         "{:?} {} layers, hidden {}; fine-tuning task {:?}; {} samples/epoch, batch {}, {} epochs; {DEVICES} logical devices sharing this machine's CPU; shared 2-core machine: times are noisy",
         spec.model, spec.layers, spec.hidden, spec.task, spec.samples, spec.batch, spec.epochs
     );
     println!("{}", title("headline", quick, &details));
-}
-
-/// The pretrained model and the seconds pretraining took.
-fn pretrain(spec: &JobSpec) -> (Pretrained, f64) {
-    let start = Instant::now();
-    let pretrained = spec.pretrain_with(configs::pretraining(spec), &mut Progress);
-    let pretrain_seconds = start.elapsed().as_secs_f64();
-    println!(
-        "pretrained in {pretrain_seconds:.0} s ({} epochs); {} parameters, {} units",
-        spec.pretrain_epochs,
-        pretrained.num_params(),
-        pretrained.num_units()
-    );
-    (pretrained, pretrain_seconds)
-}
-
-/// (b*): each candidate fine-tuned for a few steps by `finetune` on
-/// [`DEVICES`] devices in `setting` (a candidate whose stages exceed its
-/// budget is refused by the trainer and skipped), the fastest per step;
-/// printed.
-fn find_strongest(
-    spec: &JobSpec,
-    setting: &Setting,
-    finetune: impl FnMut(&JobSpec, &Method, &mut StepClock) -> Result<RunRecord, JobError>,
-) -> Result<Strongest, BenchError> {
-    let base = strongest_base(setting);
-    let found =
-        strongest::find(spec, &base, DEVICES, fits_without_budget, finetune).map_err(run_err)?;
-    println!("{}", found.summary());
-    Ok(found)
 }
 
 /// The first seed's spec of `model` fine-tuned on `task` (None:
@@ -291,23 +273,6 @@ fn first_spec(
     };
     first.check().map_err(run_err)?;
     Ok(first)
-}
-
-/// [`find_strongest`] under a budget at which the model does not fit one
-/// device: an error when (b*) still runs on one stage.
-fn find_pipelined(
-    spec: &JobSpec,
-    setting: &Setting,
-    finetune: impl FnMut(&JobSpec, &Method, &mut StepClock) -> Result<RunRecord, JobError>,
-) -> Result<Strongest, BenchError> {
-    let found = find_strongest(spec, setting, finetune)?;
-    if found.winner.stages < 2 {
-        return Err(BenchError::Run(format!(
-            "under the budget (b*) must pipeline, but K={} fit",
-            found.winner.stages
-        )));
-    }
-    Ok(found)
 }
 
 /// Per unit: forward and backward milliseconds.

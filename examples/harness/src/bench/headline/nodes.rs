@@ -22,8 +22,10 @@
 use serde::Serialize;
 
 use super::configs::{Configuration, DEVICES, Setting, configurations, parameter_costs};
+use super::memory;
 use super::real_rows::{self, RealRow};
-use super::{BenchError, find_pipelined, memory, run_err};
+use super::shared::{Progress, find_pipelined, run_err};
+use crate::bench::BenchError;
 use crate::bench::{title, write_report};
 use crate::strongest::Strongest;
 use pipetransformer_jobs::backend;
@@ -101,12 +103,12 @@ struct RankProgress(bool);
 impl Observer for RankProgress {
     fn start(&mut self, name: &str, epochs: usize, samples: usize) {
         if self.0 {
-            super::Progress.start(name, epochs, samples);
+            Progress.start(name, epochs, samples);
         }
     }
     fn epoch(&mut self, record: &EpochRecord) {
         if self.0 {
-            super::Progress.epoch(record);
+            Progress.epoch(record);
         }
     }
 }
@@ -157,17 +159,7 @@ pub fn run_mpi(
     if !leader {
         pipetransformer_jobs::silence_stdout();
     }
-    let details = format!(
-        "{:?} {} layers, hidden {}; fine-tuning task {:?}; {} samples/epoch, batch {}, {} epochs; {processes} processes (MPI) x {DEVICES} logical devices, all sharing this machine's CPU; seeds {seeds:?} interleaved",
-        first.model,
-        first.layers,
-        first.hidden,
-        first.task,
-        first.samples,
-        first.batch,
-        first.epochs
-    );
-    println!("{}", title("headline --mpi", quick, &details));
+    print_start(&first, quick, processes, seeds);
     let mut observer = RankProgress(leader);
     let mut first_seed: Option<FirstSeed> = None;
     let mut runs: Vec<Vec<RunRecord>> = Vec::new();
@@ -178,35 +170,9 @@ pub fn run_mpi(
         };
         let pretrained = spec.pretrain_with(super::configs::pretraining(&spec), &mut observer);
         if first_seed.is_none() {
-            let profile = super::ideal::profile(&spec, &pretrained);
-            let unbounded = Setting::unbounded(spec.layers, parameter_costs(), true);
-            let budget = memory::budget(&spec, memory::unit_memory(&spec, &pretrained))?;
-            // Every rank configures the same budget: the largest estimate.
-            let agreed = burn_elastic_dp::launcher::agree_max(
-                &[budget.bytes as f64],
-                std::time::Duration::from_secs(600),
-            )
-            .map_err(run_err)?;
-            let bytes = agreed[0] as u64;
-            let setting = unbounded.with_budget(bytes);
-            let mut list: Vec<Configuration> = configurations(&setting)
-                .into_iter()
-                .filter(|c| KEYS.contains(&c.key))
-                .collect();
-            let found = find_pipelined(&spec, &setting, |short, method, clock| {
-                let (record, _) =
-                    short.finetune(&pretrained, "(b*) candidate across ranks", method, clock)?;
-                Ok(record)
-            })?;
-            list.insert(1, super::configs::strongest_row(&setting, found.winner));
-            super::configs::start_at_searched(&mut list, found.winner);
-            runs.resize_with(list.len(), Vec::new);
-            first_seed = Some(FirstSeed {
-                list,
-                strongest: found,
-                profile,
-                device_bytes: bytes,
-            });
+            let settled = settle_first_seed(&spec, &pretrained)?;
+            runs.resize_with(settled.list.len(), Vec::new);
+            first_seed = Some(settled);
         }
         let Some(FirstSeed { list, .. }) = &first_seed else {
             unreachable!("set on the first seed")
@@ -231,12 +197,86 @@ pub fn run_mpi(
             runs.push(record);
         }
     }
+    let first_seed = first_seed.ok_or_else(|| BenchError::Run("no seed to run".into()))?;
+    let report = summarize(quick, first, first_seed, runs, (seeds, processes))?;
+    if leader {
+        let path = write_report("headline-mpi", &report)?;
+        println!("wrote {}", path.display());
+    }
+    drop(mpi);
+    Ok(())
+}
+
+/// The run's first line.
+#[cfg(feature = "mpi")]
+fn print_start(first: &JobSpec, quick: bool, processes: usize, seeds: &[u64]) {
+    let details = format!(
+        "{:?} {} layers, hidden {}; fine-tuning task {:?}; {} samples/epoch, batch {}, {} epochs; {processes} processes (MPI) x {DEVICES} logical devices, all sharing this machine's CPU; seeds {seeds:?} interleaved",
+        first.model,
+        first.layers,
+        first.hidden,
+        first.task,
+        first.samples,
+        first.batch,
+        first.epochs
+    );
+    println!("{}", title("headline --mpi", quick, &details));
+}
+
+/// What the first seed settles, on every rank: the unit profile, the
+/// budget every rank agrees on (the largest estimate), and the
+/// configurations with (b*) searched across the ranks.
+#[cfg(feature = "mpi")]
+fn settle_first_seed(
+    spec: &JobSpec,
+    pretrained: &pipetransformer_jobs::job::Pretrained,
+) -> Result<FirstSeed, BenchError> {
+    let profile = super::ideal::profile(spec, pretrained);
+    let unbounded = Setting::unbounded(spec.layers, parameter_costs(), true);
+    let budget = memory::budget(spec, memory::unit_memory(spec, pretrained))?;
+    // Every rank configures the same budget: the largest estimate.
+    let agreed = burn_elastic_dp::launcher::agree_max(
+        &[budget.bytes as f64],
+        std::time::Duration::from_secs(600),
+    )
+    .map_err(run_err)?;
+    let bytes = agreed[0] as u64;
+    let setting = unbounded.with_budget(bytes);
+    let mut list: Vec<Configuration> = configurations(&setting)
+        .into_iter()
+        .filter(|c| KEYS.contains(&c.key))
+        .collect();
+    let found = find_pipelined(spec, &setting, |short, method, clock| {
+        let (record, _) =
+            short.finetune(pretrained, "(b*) candidate across ranks", method, clock)?;
+        Ok(record)
+    })?;
+    list.insert(1, super::configs::strongest_row(&setting, found.winner));
+    super::configs::start_at_searched(&mut list, found.winner);
+    Ok(FirstSeed {
+        list,
+        strongest: found,
+        profile,
+        device_bytes: bytes,
+    })
+}
+
+/// The rows over the seeds and (c)'s targets, printed (by rank 0 alone:
+/// the other ranks' stdout is silenced), as the report.
+#[cfg(feature = "mpi")]
+fn summarize(
+    quick: bool,
+    first: JobSpec,
+    first_seed: FirstSeed,
+    runs: Vec<Vec<RunRecord>>,
+    (seeds, processes): (&[u64], usize),
+) -> Result<Report, BenchError> {
     let FirstSeed {
         list,
         strongest,
         profile,
         device_bytes,
-    } = first_seed.ok_or_else(|| BenchError::Run("no seed to run".into()))?;
+    } = first_seed;
     let c_first = list
         .iter()
         .position(|c| c.key == "c")
@@ -252,24 +292,18 @@ pub fn run_mpi(
         .ok_or_else(|| BenchError::Run("no row (c)".into()))?;
     let targets = NodeTargets::of(c, ideal_speedup);
     targets.print(c, processes, ideal_speedup);
-    if leader {
-        let report = Report {
-            bench: "headline-mpi",
-            backend: backend::NAME,
-            quick,
-            note: "every process on this shared 2-core machine; logical devices share its CPU; seeds interleaved; plain Burn not run",
-            processes,
-            devices_per_process: DEVICES,
-            spec: first,
-            device_bytes,
-            strongest,
-            ideal_speedup,
-            rows,
-            targets,
-        };
-        let path = write_report("headline-mpi", &report)?;
-        println!("wrote {}", path.display());
-    }
-    drop(mpi);
-    Ok(())
+    Ok(Report {
+        bench: "headline-mpi",
+        backend: backend::NAME,
+        quick,
+        note: "every process on this shared 2-core machine; logical devices share its CPU; seeds interleaved; plain Burn not run",
+        processes,
+        devices_per_process: DEVICES,
+        spec: first,
+        device_bytes,
+        strongest,
+        ideal_speedup,
+        rows,
+        targets,
+    })
 }

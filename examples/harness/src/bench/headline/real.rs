@@ -33,7 +33,7 @@ use super::configs::{
 };
 use super::plots::plot_dir;
 use super::real_rows::{RealRow, RealTargets, print_rows, rows};
-use super::{Progress, find_pipelined, run_err};
+use super::shared::{Progress, find_pipelined, run_err};
 use crate::bench::{BenchError, title, write_report};
 use crate::strongest::Strongest;
 use pipetransformer_jobs::backend;
@@ -225,18 +225,7 @@ fn bounded_costs() -> CostModel {
 /// run's own (full: 1, 2, 3; `--quick`: 1).
 pub fn run(quick: bool, paths: &RealPaths, seeds: Option<&[u64]>) -> Result<(), BenchError> {
     let start = Instant::now();
-    let sizes = if quick {
-        RealSizes::quick()
-    } else {
-        RealSizes::full()
-    };
-    let sizes = match seeds {
-        Some(seeds) => {
-            super::check_seeds(seeds).map_err(BenchError::Run)?;
-            sizes.with_seeds(seeds.to_vec())
-        }
-        None => sizes,
-    };
+    let sizes = sizes_of(quick, seeds)?;
     // MiniLM's 6 blocks until the checkpoint says otherwise.
     sizes.spec(sizes.subset_seed, 6).check().map_err(run_err)?;
     let saved = saved_headline()?;
@@ -272,27 +261,7 @@ pub fn run(quick: bool, paths: &RealPaths, seeds: Option<&[u64]>) -> Result<(), 
         .into_iter()
         .filter(|c| KEYS.contains(&c.key))
         .collect();
-    let mut strongest = None;
-    let mut runs: Vec<Vec<RunRecord>> = Vec::new();
-    for &seed in &sizes.seeds {
-        let spec = sizes.spec(seed, layers);
-        let (model, _) = load(&sizes, paths, seed, false)?;
-        if strongest.is_none() {
-            let found = find_pipelined(&spec, &setting, |short, method, clock| {
-                short
-                    .finetune_sst(&model, &job, "(b*) candidate", method, clock)
-                    .map(|(record, _)| record)
-            })?;
-            configurations.insert(2, strongest_row(&setting, found.winner));
-            start_at_searched(&mut configurations, found.winner);
-            runs.resize_with(configurations.len(), Vec::new);
-            strongest = Some(found);
-        }
-        for (configuration, runs) in configurations.iter().zip(&mut runs) {
-            runs.push(finetune(&spec, &model, &job, configuration)?);
-        }
-    }
-    let strongest = strongest.ok_or_else(|| BenchError::Run("no seed to run".into()))?;
+    let (strongest, runs) = run_seeds(&sizes, paths, &job, layers, &setting, &mut configurations)?;
     let rows = rows(&configurations, runs, &sizes.seeds)?;
     print_rows(&rows);
     let c = rows
@@ -326,6 +295,59 @@ pub fn run(quick: bool, paths: &RealPaths, seeds: Option<&[u64]>) -> Result<(), 
         path.display()
     );
     Ok(())
+}
+
+/// The run's sizes (full, or `--quick`), over `seeds` where given (checked
+/// with [`check_seeds`](super::check_seeds)).
+fn sizes_of(quick: bool, seeds: Option<&[u64]>) -> Result<RealSizes, BenchError> {
+    let sizes = if quick {
+        RealSizes::quick()
+    } else {
+        RealSizes::full()
+    };
+    Ok(match seeds {
+        Some(seeds) => {
+            super::seeds::check_seeds(seeds).map_err(BenchError::Run)?;
+            sizes.with_seeds(seeds.to_vec())
+        }
+        None => sizes,
+    })
+}
+
+/// Every configuration on each seed in turn, `layers` blocks under
+/// `setting`; on the first seed (b*) is searched and its row inserted
+/// (every freezing configuration then starts at its shape). Returns the
+/// search and the runs per configuration.
+fn run_seeds(
+    sizes: &RealSizes,
+    paths: &RealPaths,
+    job: &SstJob,
+    layers: usize,
+    setting: &Setting,
+    configurations: &mut Vec<Configuration>,
+) -> Result<(Strongest, Vec<Vec<RunRecord>>), BenchError> {
+    let mut strongest = None;
+    let mut runs: Vec<Vec<RunRecord>> = Vec::new();
+    for &seed in &sizes.seeds {
+        let spec = sizes.spec(seed, layers);
+        let (model, _) = load(sizes, paths, seed, false)?;
+        if strongest.is_none() {
+            let found = find_pipelined(&spec, setting, |short, method, clock| {
+                short
+                    .finetune_sst(&model, job, "(b*) candidate", method, clock)
+                    .map(|(record, _)| record)
+            })?;
+            configurations.insert(2, strongest_row(setting, found.winner));
+            start_at_searched(configurations, found.winner);
+            runs.resize_with(configurations.len(), Vec::new);
+            strongest = Some(found);
+        }
+        for (configuration, runs) in configurations.iter().zip(&mut runs) {
+            runs.push(finetune(&spec, &model, job, configuration)?);
+        }
+    }
+    let strongest = strongest.ok_or_else(|| BenchError::Run("no seed to run".into()))?;
+    Ok((strongest, runs))
 }
 
 fn print_start(sizes: &RealSizes, paths: &RealPaths, quick: bool) {

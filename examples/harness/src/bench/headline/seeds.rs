@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::configs::{Configuration, STRONGEST};
 use super::real_rows::{self, RealRow};
 use super::rows::Row;
-use super::{Progress, pretrain, run_err};
+use super::shared::{Progress, pretrain, run_err};
 use crate::bench::BenchError;
 use pipetransformer_jobs::job::{JobSpec, RunRecord};
 

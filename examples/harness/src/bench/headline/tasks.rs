@@ -20,9 +20,9 @@ use burn_elastic_dp::{FreezeRule, Parts};
 use serde::Serialize;
 
 use super::configs::{Setting, parameter_costs, spec};
-use super::{Progress, run_err};
+use super::shared::{Progress, run_err};
 use crate::bench::{BenchError, title, write_report};
-use pipetransformer_jobs::job::{FinetuneTask, JobSpec, Method, ModelKind};
+use pipetransformer_jobs::job::{FinetuneTask, JobSpec, Method, ModelKind, Pretrained};
 
 /// The conditions' margins, in accuracy points.
 const FROZEN_BELOW: f64 = 5.0;
@@ -120,35 +120,7 @@ pub fn run_tasks(
                     lr,
                     ..seeded.clone()
                 };
-                let name = format!("{task:?} lr {lr:e} seed {seed}");
-                let accuracy = |method: &Method, what: &str| {
-                    job.finetune(
-                        &pretrained,
-                        &format!("{name}: {what}"),
-                        method,
-                        &mut Progress,
-                    )
-                    .map(|(record, _)| record)
-                    .map_err(run_err)
-                };
-                let plain = accuracy(&Method::Plain, "plain")?;
-                let frozen = 100.0 * accuracy(&all_frozen, "all frozen")?.accuracy;
-                let alpha = 100.0 * accuracy(&alpha_third, "alpha 1/3")?.accuracy;
-                let plain_epochs: Vec<f64> =
-                    plain.epochs.iter().map(|e| 100.0 * e.accuracy).collect();
-                let last = plain_epochs.last().copied().unwrap_or(f64::NAN);
-                let first = plain_epochs.first().copied().unwrap_or(f64::NAN);
-                let row = TaskRow {
-                    task,
-                    lr,
-                    seed,
-                    frozen_loses: frozen <= last - FROZEN_BELOW,
-                    plain_learns: first <= last - FIRST_EPOCH_BELOW,
-                    alpha_keeps: alpha >= last - ALPHA_WITHIN,
-                    plain_epochs,
-                    all_frozen: frozen,
-                    alpha_third: alpha,
-                };
+                let row = task_row(&job, &pretrained, [&all_frozen, &alpha_third])?;
                 print_row(&row);
                 rows.push(row);
             }
@@ -169,6 +141,45 @@ pub fn run_tasks(
     let path = write_report("tasks", &report)?;
     println!("wrote {}", path.display());
     Ok(())
+}
+
+/// The row of `job` (its task, learning rate and seed) from `pretrained`:
+/// plain Burn's accuracy per epoch, then the accuracies of `all_frozen`
+/// and of `alpha_third`, against the row's thresholds.
+fn task_row(
+    job: &JobSpec,
+    pretrained: &Pretrained,
+    [all_frozen, alpha_third]: [&Method; 2],
+) -> Result<TaskRow, BenchError> {
+    let (task, lr, seed) = (job.task, job.lr, job.seed);
+    let name = format!("{task:?} lr {lr:e} seed {seed}");
+    let accuracy = |method: &Method, what: &str| {
+        job.finetune(
+            pretrained,
+            &format!("{name}: {what}"),
+            method,
+            &mut Progress,
+        )
+        .map(|(record, _)| record)
+        .map_err(run_err)
+    };
+    let plain = accuracy(&Method::Plain, "plain")?;
+    let frozen = 100.0 * accuracy(all_frozen, "all frozen")?.accuracy;
+    let alpha = 100.0 * accuracy(alpha_third, "alpha 1/3")?.accuracy;
+    let plain_epochs: Vec<f64> = plain.epochs.iter().map(|e| 100.0 * e.accuracy).collect();
+    let last = plain_epochs.last().copied().unwrap_or(f64::NAN);
+    let first = plain_epochs.first().copied().unwrap_or(f64::NAN);
+    Ok(TaskRow {
+        task,
+        lr,
+        seed,
+        frozen_loses: frozen <= last - FROZEN_BELOW,
+        plain_learns: first <= last - FIRST_EPOCH_BELOW,
+        alpha_keeps: alpha >= last - ALPHA_WITHIN,
+        plain_epochs,
+        all_frozen: frozen,
+        alpha_third: alpha,
+    })
 }
 
 fn print_row(row: &TaskRow) {

@@ -185,21 +185,7 @@ pub fn parse_train_metrics(text: &str) -> Result<TrainLog, PlanCliError> {
         .and_then(|e| e.as_array())
         .ok_or_else(|| bad("epochs"))?
     {
-        let balance = epoch
-            .get("balance")
-            .and_then(|b| b.as_array())
-            .ok_or_else(|| bad("balance"))?
-            .iter()
-            .map(|v| v.as_u64().map(|n| n as usize))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| bad("readable balance"))?;
-        epoch_rows.push(TrainEpoch {
-            frozen_units: number(epoch, "front").ok_or_else(|| bad("front"))? as usize,
-            stages: number(epoch, "stages").ok_or_else(|| bad("stages"))? as usize,
-            balance,
-            micro_batches: number(epoch, "micro_batches").ok_or_else(|| bad("M"))? as usize,
-            seconds: number(epoch, "seconds").ok_or_else(|| bad("epoch time"))?,
-        });
+        epoch_rows.push(metrics_epoch(epoch)?);
     }
     if epoch_rows.is_empty() {
         return Err(bad("epoch"));
@@ -229,6 +215,27 @@ pub fn parse_train_metrics(text: &str) -> Result<TrainLog, PlanCliError> {
         epoch_rows,
         hidden: number(spec, "hidden").map(|h| h as usize),
         timed_eval: false,
+    })
+}
+
+/// One epoch of the metrics' PipeTransformer run (its front as at its end).
+fn metrics_epoch(epoch: &serde_json::Value) -> Result<TrainEpoch, PlanCliError> {
+    let bad = |what: &str| PlanCliError::Input(format!("the train metrics have no {what}"));
+    let number = |v: &serde_json::Value, key: &str| v.get(key).and_then(serde_json::Value::as_f64);
+    let balance = epoch
+        .get("balance")
+        .and_then(|b| b.as_array())
+        .ok_or_else(|| bad("balance"))?
+        .iter()
+        .map(|v| v.as_u64().map(|n| n as usize))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| bad("readable balance"))?;
+    Ok(TrainEpoch {
+        frozen_units: number(epoch, "front").ok_or_else(|| bad("front"))? as usize,
+        stages: number(epoch, "stages").ok_or_else(|| bad("stages"))? as usize,
+        balance,
+        micro_batches: number(epoch, "micro_batches").ok_or_else(|| bad("M"))? as usize,
+        seconds: number(epoch, "seconds").ok_or_else(|| bad("epoch time"))?,
     })
 }
 
