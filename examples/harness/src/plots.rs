@@ -1,10 +1,5 @@
-//! PNG plots of fine-tuning runs, drawn with `plotters` (bitmap backend,
-//! text through `ab_glyph` with the DejaVu Sans font embedded from
-//! `examples/harness/assets`, so no system font package is needed).
-//!
-//! Curves: samples/s, loss and accuracy per epoch per configuration, and a
-//! run's shape (F, K, R) over epochs; bars: the ablation and the alpha
-//! sweep. Every function writes one PNG and returns its path.
+//! PNG plots of fine-tuning runs (per-epoch curves, a run's shape, bars), one
+//! file each, in the DejaVu Sans embedded from `examples/harness/assets`.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -1,21 +1,5 @@
 //! The strongest baseline (b*): the fastest configuration that freezes
-//! nothing on the same devices, found by measuring a few steps of each
-//! candidate.
-//!
-//! The candidates are the pipelines of `K` stages for every divisor `K` of
-//! the device count `D`, each run as `R = D / K` data-parallel replicas, its
-//! micro-batches the job's `--micro-batches` where given, else chosen as
-//! the trainer chooses them: by measurement where the costs are profiled
-//! (`CostModel::Profiled`, on the candidate's warm-up step; the count it
-//! ran is recorded), by the paper's rule for `K` otherwise; a candidate
-//! refused by the `fits` hook is skipped. Each
-//! candidate trains [`WARM_UP_STEPS`] + [`MEASURED_STEPS`] steps; the
-//! fastest per measured step wins.
-//!
-//! The search is generic over the job's model: it is handed a closure that
-//! runs a (short) fine-tuning with a [`Method`]. It lives here, in the
-//! examples, while the trainer's API changes; it belongs next to the
-//! `Trainer` in burn-elastic-dp once that settles.
+//! nothing on the same devices, from a few measured steps of each candidate.
 
 use std::time::Instant;
 
@@ -206,6 +190,21 @@ pub fn name(winner: Candidate) -> String {
 /// settings otherwise, trained by `run` for
 /// [`WARM_UP_STEPS`] + [`MEASURED_STEPS`] steps (one epoch of that many
 /// batches; fewer where the spec has fewer samples) and timed per step.
+///
+/// The candidates are the pipelines of `K` stages for every divisor `K` of
+/// the device count `D`, each run as `R = D / K` data-parallel replicas, its
+/// micro-batches the job's `--micro-batches` where given, else chosen as
+/// the trainer chooses them: by measurement where the costs are profiled
+/// (`CostModel::Profiled`, on the candidate's warm-up step; the count it
+/// ran is recorded), by the paper's rule for `K` otherwise; a candidate
+/// refused by the `fits` hook is skipped. Each
+/// candidate trains [`WARM_UP_STEPS`] + [`MEASURED_STEPS`] steps; the
+/// fastest per measured step wins.
+///
+/// The search is generic over the job's model: it is handed a closure that
+/// runs a (short) fine-tuning with a [`Method`]. It lives here, in the
+/// examples, while the trainer's API changes; it belongs next to the
+/// `Trainer` in burn-elastic-dp once that settles.
 pub fn find(
     spec: &JobSpec,
     base: &TrainerConfig,

@@ -1,7 +1,4 @@
 //! The backend the examples run on, chosen by cargo feature.
-//!
-//! `cuda` wins over `tch`, which wins over `flex` (the default), so
-//! `--features cuda` works without `--no-default-features`.
 
 use burn::backend::Autodiff;
 use burn::tensor::Device;
@@ -54,6 +51,9 @@ mod chosen {
 compile_error!("enable one backend feature of `examples`: flex (default), cuda or tch");
 
 /// The backend that runs frozen units and evaluation.
+///
+/// `cuda` wins over `tch`, which wins over `flex` (the default), so
+/// `--features cuda` works without `--no-default-features`.
 pub type Inner = chosen::Inner;
 /// The autodiff backend that trains.
 pub type Train = Autodiff<Inner>;

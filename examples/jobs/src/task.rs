@@ -1,7 +1,5 @@
-//! The generated tasks as Burn datasets: a sample is its index, and a
-//! batcher draws the samples of a batch (the same sample whatever batch it
-//! falls in, as AutoCache requires), so the trainer's sampler can hand out
-//! every sample once per epoch.
+//! The generated tasks as Burn datasets: a sample is its index, drawn the
+//! same in any batch (as AutoCache requires).
 
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;

@@ -156,11 +156,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("{report}");
 
-    let (zero_shot, _) = accuracy(&model.valid(), dev.clone(), batcher.clone(), &device);
-    println!(
-        "before fine-tuning (fresh classifier): dev accuracy {:.2}%",
-        100.0 * zero_shot
-    );
+    print_zero_shot(&model, &dev, &batcher, &device);
 
     let loader = DataLoaderBuilder::<Train, _, SstBatch<Train>>::new(batcher.clone())
         .batch_size(batch_size)
@@ -214,6 +210,20 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         backend::NAME
     );
     Ok(())
+}
+
+/// Prints the dev accuracy of the checkpoint with its fresh classifier.
+fn print_zero_shot(
+    model: &Bert<Train>,
+    dev: &SstDataset,
+    batcher: &SstBatcher,
+    device: &Device<Train>,
+) {
+    let (zero_shot, _) = accuracy(&model.valid(), dev.clone(), batcher.clone(), device);
+    println!(
+        "before fine-tuning (fresh classifier): dev accuracy {:.2}%",
+        100.0 * zero_shot
+    );
 }
 
 /// The dev accuracy after epoch `epoch` of `epochs`, printed (above `bar`)

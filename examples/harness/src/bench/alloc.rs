@@ -1,12 +1,12 @@
 //! Peak-memory figures on the CPU, from burn-pipe's counting allocator.
-//!
-//! The `bench` binary installs [`burn_pipe::HeapCounter`] (which also lets
-//! memory-aware AutoPipe measure activations); elsewhere the counters stay
-//! at zero and [`installed`] is false.
 
 use burn_pipe::HeapCounter;
 
 /// Whether the counting allocator is in use.
+///
+/// The `bench` binary installs [`burn_pipe::HeapCounter`] (which also lets
+/// memory-aware AutoPipe measure activations); elsewhere the counters stay
+/// at zero and [`installed`] is false.
 pub fn installed() -> bool {
     HeapCounter::installed()
 }

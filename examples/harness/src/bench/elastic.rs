@@ -1,6 +1,5 @@
-//! `bench elastic`: data-parallel replicas of a pipeline (step time at
-//! (K, R) in {(1,1), (2,1), (1,2)}, all-reduce cost per tensor against
-//! bucketed) and the cost of the group's transitions.
+//! `bench elastic`: replicas of a pipeline (step time at (K, R), the
+//! all-reduce per tensor against bucketed) and the group's transitions.
 
 use std::time::{Duration, Instant};
 

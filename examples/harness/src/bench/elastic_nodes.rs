@@ -1,24 +1,5 @@
-//! `bench elastic --mpi` (under `mpirun`, cargo feature `mpi`): the
-//! all-reduce between processes, per step, for MiniLM's gradients (the same
-//! model as `bench elastic`), one replica per process, through the group's
-//! cross-process transport; against the ring bound 2(N-1)/N x bytes / link
-//! bandwidth, the link measured between ranks 0 and 1 (MPI ping-pong of the
-//! gradients' size). The TCP hub this replaced was measured by the same
-//! harness (`bench elastic --tcp`, removed with the hub; the README quotes
-//! both).
-//!
-//! Each rank runs the same steps on the same batches; a step's all-reduce
-//! time on a rank is from the end of its backward pass to the reduced
-//! gradients back in its stage (flattening, the exchange, unflattening).
-//! The rank that finished its pass last waits for no one, so the step's
-//! figure is the smallest of the ranks' times.
-//!
-//! The exchange's phases (`ReplicaGroup::exchange_phases`: copy out, the
-//! consistency check, `MPI_Allreduce`, copy back) are printed per step for
-//! the rank that arrived last, next to a bare `MPI_Allreduce` of the same
-//! buckets measured in the same run and the ring bound, with the ratio
-//! exchange / bare (the target: at most 1.3); the JSON has them under
-//! `exchange` and per rank.
+//! `bench elastic --mpi` (under `mpirun`, cargo feature `mpi`): the all-reduce
+//! of MiniLM's gradients between processes, against the ring bound.
 
 // Without the feature only the error of `run_mpi` is built.
 #![cfg_attr(not(feature = "mpi"), allow(dead_code, unused_imports))]
@@ -128,6 +109,28 @@ fn loopback_bandwidth() -> Result<f64, BenchError> {
 }
 
 /// `bench elastic --mpi`: this process is one rank of an MPI job.
+///
+/// `bench elastic --mpi` (under `mpirun`, cargo feature `mpi`): the
+/// all-reduce between processes, per step, for MiniLM's gradients (the same
+/// model as `bench elastic`), one replica per process, through the group's
+/// cross-process transport; against the ring bound 2(N-1)/N x bytes / link
+/// bandwidth, the link measured between ranks 0 and 1 (MPI ping-pong of the
+/// gradients' size). The TCP hub this replaced was measured by the same
+/// harness (`bench elastic --tcp`, removed with the hub; the README quotes
+/// both).
+///
+/// Each rank runs the same steps on the same batches; a step's all-reduce
+/// time on a rank is from the end of its backward pass to the reduced
+/// gradients back in its stage (flattening, the exchange, unflattening).
+/// The rank that finished its pass last waits for no one, so the step's
+/// figure is the smallest of the ranks' times.
+///
+/// The exchange's phases (`ReplicaGroup::exchange_phases`: copy out, the
+/// consistency check, `MPI_Allreduce`, copy back) are printed per step for
+/// the rank that arrived last, next to a bare `MPI_Allreduce` of the same
+/// buckets measured in the same run and the ring bound, with the ratio
+/// exchange / bare (the target: at most 1.3); the JSON has them under
+/// `exchange` and per rank.
 #[cfg(feature = "mpi")]
 pub fn run_mpi(quick: bool) -> Result<(), BenchError> {
     use mpi::topology::SimpleCommunicator;

@@ -1,14 +1,4 @@
 //! `bench freeze`: frozen prefixes and AutoCache against the unfrozen step (issue: burn-freeze).
-//!
-//! For ViT tiny and ViT-B/16, one training step (forward, backward, Adam)
-//! with 0, L/2 and L of the L blocks frozen (the embedding freezes with block
-//! 0; the final norm and head always train), each without and with the
-//! activation cache. Cached steps are measured once every sample is cached
-//! (a second pass over the data). Step time is the median step; peak memory
-//! is the most heap allocated during a step above the level before it (the
-//! cache's own storage, held across steps, is reported apart). Every figure
-//! is also given as a ratio to the unfrozen, uncached step of the same preset
-//! in the same run.
 
 use std::time::Instant;
 
@@ -163,6 +153,16 @@ fn presets(quick: bool) -> Vec<Preset> {
 }
 
 /// Runs the freeze benchmark.
+///
+/// For ViT tiny and ViT-B/16, one training step (forward, backward, Adam)
+/// with 0, L/2 and L of the L blocks frozen (the embedding freezes with block
+/// 0; the final norm and head always train), each without and with the
+/// activation cache. Cached steps are measured once every sample is cached
+/// (a second pass over the data). Step time is the median step; peak memory
+/// is the most heap allocated during a step above the level before it (the
+/// cache's own storage, held across steps, is reported apart). Every figure
+/// is also given as a ratio to the unfrozen, uncached step of the same preset
+/// in the same run.
 pub fn run(quick: bool) -> Result<(), BenchError> {
     let presets = presets(quick);
     let mut rows = Vec::new();

@@ -1,18 +1,4 @@
 //! `bench pipe`: pipelined steps against the same work run sequentially.
-//!
-//! A ViT (wider than the tiny preset, so compute dominates) is balanced over
-//! K stages with the exact partitioner on profiled unit times. For K in
-//! {1, 2, 4}, M in {1, 4, 8, 16} and both schedules, one forward-backward pass
-//! over a mini-batch is timed (median of the timed repetitions) and compared
-//! with the same micro-batches run one after another on one thread through
-//! the plain layer stack. The bubble fraction is measured from the stages'
-//! busy time (`1 - busy / (K * wall)`) and shown beside GPipe's
-//! `(K - 1) / (M + K - 1)`. Channel overhead is timed apart: an activation of
-//! one micro-batch sent back and forth between two threads.
-//!
-//! On a machine with fewer cores than stages, stages share cores: step times
-//! then show the cost of pipelining, not its gain, and busy times include
-//! time spent waiting for a core.
 
 use std::time::{Duration, Instant};
 
@@ -144,6 +130,20 @@ pub fn model_config(quick: bool) -> (VitConfig, usize, usize) {
 }
 
 /// Runs the pipeline benchmark.
+///
+/// A ViT (wider than the tiny preset, so compute dominates) is balanced over
+/// K stages with the exact partitioner on profiled unit times. For K in
+/// {1, 2, 4}, M in {1, 4, 8, 16} and both schedules, one forward-backward pass
+/// over a mini-batch is timed (median of the timed repetitions) and compared
+/// with the same micro-batches run one after another on one thread through
+/// the plain layer stack. The bubble fraction is measured from the stages'
+/// busy time (`1 - busy / (K * wall)`) and shown beside GPipe's
+/// `(K - 1) / (M + K - 1)`. Channel overhead is timed apart: an activation of
+/// one micro-batch sent back and forth between two threads.
+///
+/// On a machine with fewer cores than stages, stages share cores: step times
+/// then show the cost of pipelining, not its gain, and busy times include
+/// time spent waiting for a core.
 pub fn run(quick: bool) -> Result<(), BenchError> {
     let device = backend::device(0);
     let (config, batch, reps) = model_config(quick);

@@ -1,7 +1,5 @@
-//! The pieces of `--bin plan`: model presets and their worked-out costs,
-//! profiling on this backend, calibration against this machine's
-//! measurements, tables and plots. The planner and simulator themselves are
-//! `burn_elastic_dp::plan`.
+//! The pieces of `--bin plan`: presets, profiles, calibration, tables and
+//! plots (the planner itself is `burn_elastic_dp::plan`).
 
 pub mod calibrate;
 pub mod plot;

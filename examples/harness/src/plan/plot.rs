@@ -1,6 +1,5 @@
 //! PNG plots of `plan`: predicted against measured times, and speed-up
-//! against GPU count. Text is drawn with ab_glyph (pure Rust) from a
-//! TrueType font found on this system; without one, the plots are skipped.
+//! against GPU count.
 
 use std::path::Path;
 

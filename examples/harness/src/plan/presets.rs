@@ -1,6 +1,5 @@
-//! Model presets for `plan`: each unit's parameter tensors, activation size
-//! and forward FLOPs, worked out from the model's configuration (the same
-//! units `models` builds), and costs from FLOPs at an assumed throughput.
+//! Model presets for `plan`: each unit's parameters, activations and forward
+//! FLOPs from the model's configuration, and costs from FLOPs.
 
 use burn_elastic_dp::LayerSpec;
 use burn_elastic_dp::plan::{ModelSpec, UnitSpec};

@@ -1,7 +1,5 @@
-//! Costs measured on the real backend: each unit's forward and backward time
-//! (`burn_pipe::profile_units`) and its forward on the inner backend (as a
-//! frozen unit runs) at several batch sizes, fitted as a fixed part per
-//! pass plus a part per sample.
+//! Costs measured on this backend: each unit's forward and backward and its
+//! frozen forward, fitted as a fixed plus a per-sample time.
 
 use burn_elastic_dp::plan::{MeasuredPass, ModelSpec, UnitSpec};
 use std::time::Instant;

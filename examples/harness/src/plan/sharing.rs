@@ -1,11 +1,5 @@
-//! How passes share this CPU, measured: the same forward and backward pass
-//! of a model (unit by unit, as a pipeline stage runs it) timed alone on the
-//! calling thread, alone on a spawned thread, on a fresh thread per pass
-//! (burn-pipe spawns its stage threads for every step), and as 2 and 4
-//! copies at once on as many threads. A pass alone already spreads over the
-//! backend's thread pool; how much slower copies run together says how much
-//! of the CPU one pass takes: two copies as fast as one means a pass uses a
-//! core's worth; twice as slow, the whole CPU.
+//! How passes share this CPU, measured: one model's pass alone, on spawned
+//! threads, and as 2 and 4 copies at once.
 
 use std::sync::Barrier;
 use std::thread;
@@ -19,6 +13,15 @@ use super::presets::{Shape, on_each_batch};
 use crate::bench::median;
 
 /// Seconds per pass of one model at one batch size, run several ways.
+///
+/// How passes share this CPU, measured: the same forward and backward pass
+/// of a model (unit by unit, as a pipeline stage runs it) timed alone on the
+/// calling thread, alone on a spawned thread, on a fresh thread per pass
+/// (burn-pipe spawns its stage threads for every step), and as 2 and 4
+/// copies at once on as many threads. A pass alone already spreads over the
+/// backend's thread pool; how much slower copies run together says how much
+/// of the CPU one pass takes: two copies as fast as one means a pass uses a
+/// core's worth; twice as slow, the whole CPU.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct Sharing {
     /// Samples per pass.

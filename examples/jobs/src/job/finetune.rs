@@ -1,6 +1,5 @@
-//! Fine-tuning a model on a dataset with a [`Method`]: plain Burn or
-//! PipeTransformer's trainer, the accuracy on held-out samples after each
-//! epoch.
+//! Fine-tuning with a [`Method`] (plain Burn or PipeTransformer's trainer),
+//! the accuracy on held-out samples after each epoch.
 
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;

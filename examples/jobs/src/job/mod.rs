@@ -1,14 +1,5 @@
-//! The main job: a tiny transformer pretrained in the same run on a
-//! generated task, then fine-tuned on a related one, plainly (Burn as a user
-//! writes it) or with PipeTransformer's trainer. Freezing pays on pretrained
-//! layers only, so the job pretrains first; every run starts from the same
-//! pretrained weights, so runs compare.
-//!
-//! - ViT: pretrained to tell which of 8 horizontal bands of an image is
-//!   bright, fine-tuned (fresh classifier) on 4 coarser bands of new images.
-//! - BERT: pretrained on whether most tokens of a sequence come from the
-//!   upper half of the vocabulary, fine-tuned (fresh classifier) on new
-//!   sequences of the same rule, or of another ([`FinetuneTask`]).
+//! The main job: a tiny transformer pretrained on a generated task, then
+//! fine-tuned on a related one, plainly or with PipeTransformer's trainer.
 
 mod finetune;
 mod model;
@@ -41,6 +32,18 @@ pub enum ModelKind {
 }
 
 /// The job's sizes; every run of one spec starts from the same weights.
+///
+/// The main job: a tiny transformer pretrained in the same run on a
+/// generated task, then fine-tuned on a related one, plainly (Burn as a user
+/// writes it) or with PipeTransformer's trainer. Freezing pays on pretrained
+/// layers only, so the job pretrains first; every run starts from the same
+/// pretrained weights, so runs compare.
+///
+/// - ViT: pretrained to tell which of 8 horizontal bands of an image is
+///   bright, fine-tuned (fresh classifier) on 4 coarser bands of new images.
+/// - BERT: pretrained on whether most tokens of a sequence come from the
+///   upper half of the vocabulary, fine-tuned (fresh classifier) on new
+///   sequences of the same rule, or of another ([`FinetuneTask`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobSpec {
     /// Model and tasks.

@@ -1,6 +1,5 @@
-//! The job's two models: what differs between them is written once, in
-//! [`JobModel`]'s two impls, and the one `match` over them is the
-//! [`with_model!`] macro; everything else is generic.
+//! The job's two models: what differs is written once, in [`JobModel`]'s
+//! impls; the one `match` over them is [`with_model!`].
 
 use std::path::Path;
 

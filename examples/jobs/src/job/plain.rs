@@ -1,6 +1,5 @@
-//! Plain Burn training, as a user writes it: forward, backward,
-//! `GradientsParams`, one optimizer step, on one device; no crate of ours
-//! on the hot path.
+//! Plain Burn training as a user writes it (forward, backward, one optimizer
+//! step, one device; no crate of ours on the hot path), and pretraining.
 
 use std::time::Instant;
 

@@ -1,6 +1,5 @@
-//! What a run records and who watches it: an [`EpochRecord`] per epoch (the
-//! trainer's [`EpochReport`] and the held-out accuracy), a [`RunRecord`] per
-//! run, and the [`Observer`] told after each step and epoch.
+//! What a run records and who watches it: an [`EpochRecord`] per epoch, a
+//! [`RunRecord`] per run, and the [`Observer`].
 
 use burn_elastic_dp::EpochReport;
 use serde::{Deserialize, Serialize};

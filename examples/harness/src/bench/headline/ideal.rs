@@ -1,6 +1,5 @@
-//! The headline's cost model on unit times profiled once: what each
-//! freeze schedule allows (the "ideal" speed-up) and the modelled phases
-//! of the per-phase breakdown.
+//! The headline's cost model on profiled unit times: the ideal speed-up of
+//! each freeze schedule and the modelled phases of (c).
 
 use burn::data::dataloader::batcher::Batcher;
 use burn_pipe::{UnitCosts, UnitProfile, UnitState, profile_units};

@@ -1,15 +1,5 @@
-//! The headline's memory: memory-aware AutoPipe's estimate of each stage
-//! next to the measured peak heap of a one-stage run, and the memory-bound
-//! setting (the paper's situation): a per-device budget under which the
-//! model does not fit one device, so that (b*) must pipeline and
-//! PipeTransformer's compression has room to pay.
-//!
-//! The estimate is the trainer's ([`UnitMemory::stages`] on the units'
-//! parameters and the activations [`measure_unit_memory`] measures on one
-//! global batch, the counted heap of the bench binary): parameters,
-//! gradients, Adam's two moments and the activations in flight. The
-//! measured figure is the peak heap above the level before a short
-//! one-stage run (K = 1, R = 1, M = 1, nothing frozen) of the same job.
+//! The headline's memory: memory-aware AutoPipe's estimate against the
+//! measured peak heap, and the memory-bound setting's budget.
 
 use burn_elastic_dp::shape::{MemoryFit, UnitCosts, initial_shape};
 use burn_elastic_dp::{BatchPolicy, TrainerConfig};
@@ -32,6 +22,19 @@ const ADAM_SLOTS: f64 = 2.0;
 
 /// The estimate against the measurement, the budget of the memory-bound
 /// setting, and the runs without it.
+///
+/// The headline's memory: memory-aware AutoPipe's estimate of each stage
+/// next to the measured peak heap of a one-stage run, and the memory-bound
+/// setting (the paper's situation): a per-device budget under which the
+/// model does not fit one device, so that (b*) must pipeline and
+/// PipeTransformer's compression has room to pay.
+///
+/// The estimate is the trainer's ([`UnitMemory::stages`] on the units'
+/// parameters and the activations [`measure_unit_memory`] measures on one
+/// global batch, the counted heap of the bench binary): parameters,
+/// gradients, Adam's two moments and the activations in flight. The
+/// measured figure is the peak heap above the level before a short
+/// one-stage run (K = 1, R = 1, M = 1, nothing frozen) of the same job.
 #[derive(Debug, Serialize)]
 pub(super) struct MemoryReport {
     /// Activation bytes per sample of each unit, as measured.

@@ -1,43 +1,5 @@
-//! `bench headline`: the same fine-tuning job (examples/src/job.rs), in one
-//! process and from the same pretrained weights, as
-//!
-//! - (a) plain Burn on one device (no crate of ours on the hot path),
-//! - (b) the paper's baseline: pipeline (+ data parallel) on the same
-//!   devices, nothing frozen,
-//! - (b*) the strongest baseline: the fastest configuration that freezes
-//!   nothing on the same devices (K over the divisors of the devices,
-//!   R = D / K), found by timing a few steps of each
-//!   ([`crate::strongest`]); the candidates and the winner are printed and
-//!   saved,
-//! - (c) PipeTransformer, alpha = 1/3, all four parts,
-//!
-//! then the paper's ablations (freeze only; freeze + AutoPipe + AutoCache;
-//! freeze + AutoPipe + AutoDP; all four = (c)) and its alpha sweep (1/5,
-//! 1/4, 1/3 = (c), 2/5, 1/2).
-//!
-//! Printed and written to `target/bench/headline.json`: wall time,
-//! samples/s per epoch, peak heap, final accuracy, speed-ups against (a),
-//! (b) and (b*), and the ideal speed-up each freeze schedule allows with the fraction
-//! of it reached. The ideal is a cost model on unit times profiled once
-//! (`burn_pipe::profile_units`, one global batch on device 0): per epoch,
-//! the active units' forward and backward, plus the forward of the frozen
-//! units that ran (with AutoCache only the units frozen since the last epoch,
-//! once per sample; without it every frozen unit), cache reads costing
-//! nothing; summed over epochs, against every unit's forward and backward in
-//! every epoch. For (c), a per-phase breakdown: measured transitions,
-//! all-reduce and pipeline bubble, the modelled frozen forward and active
-//! forward/backward, and the rest (cache reads, batching, optimizer steps,
-//! threads and channels). PNG plots go to `target/bench/headline/`.
-//!
-//! Then memory-aware AutoPipe's estimate of a stage next to the measured
-//! peak heap of a one-stage run, and the memory-bound setting: a budget
-//! under which the model does not fit one device, with (b*) and (c) under
-//! it (`memory.rs`).
-//!
-//! All of that runs on the first seed. Each further seed (the full run's
-//! default is seeds 1, 2, 3; `--quick` runs one) pretrains again and runs
-//! (a), (b), (b*) and (c); their means and ranges over the seeds, the
-//! speed-ups on the means and (c)'s targets on them follow (`seeds.rs`).
+//! `bench headline`: the fine-tuning job as plain Burn, the baselines (b) and
+//! (b*) and PipeTransformer (c), with the paper's ablations and alpha sweep.
 
 mod configs;
 mod ideal;
@@ -114,6 +76,47 @@ struct Report {
 /// Runs the headline benchmark on `model` fine-tuned on `task` (None:
 /// [`default_task`]) over `seeds` (checked with [`check_seeds`]; the first
 /// seed runs every table).
+///
+/// `bench headline`: the same fine-tuning job (`pipetransformer_jobs::job`), in one
+/// process and from the same pretrained weights, as
+///
+/// - (a) plain Burn on one device (no crate of ours on the hot path),
+/// - (b) the paper's baseline: pipeline (+ data parallel) on the same
+///   devices, nothing frozen,
+/// - (b*) the strongest baseline: the fastest configuration that freezes
+///   nothing on the same devices (K over the divisors of the devices,
+///   R = D / K), found by timing a few steps of each
+///   ([`crate::strongest`]); the candidates and the winner are printed and
+///   saved,
+/// - (c) PipeTransformer, alpha = 1/3, all four parts,
+///
+/// then the paper's ablations (freeze only; freeze + AutoPipe + AutoCache;
+/// freeze + AutoPipe + AutoDP; all four = (c)) and its alpha sweep (1/5,
+/// 1/4, 1/3 = (c), 2/5, 1/2).
+///
+/// Printed and written to `target/bench/headline.json`: wall time,
+/// samples/s per epoch, peak heap, final accuracy, speed-ups against (a),
+/// (b) and (b*), and the ideal speed-up each freeze schedule allows with the fraction
+/// of it reached. The ideal is a cost model on unit times profiled once
+/// (`burn_pipe::profile_units`, one global batch on device 0): per epoch,
+/// the active units' forward and backward, plus the forward of the frozen
+/// units that ran (with AutoCache only the units frozen since the last epoch,
+/// once per sample; without it every frozen unit), cache reads costing
+/// nothing; summed over epochs, against every unit's forward and backward in
+/// every epoch. For (c), a per-phase breakdown: measured transitions,
+/// all-reduce and pipeline bubble, the modelled frozen forward and active
+/// forward/backward, and the rest (cache reads, batching, optimizer steps,
+/// threads and channels). PNG plots go to `target/bench/headline/`.
+///
+/// Then memory-aware AutoPipe's estimate of a stage next to the measured
+/// peak heap of a one-stage run, and the memory-bound setting: a budget
+/// under which the model does not fit one device, with (b*) and (c) under
+/// it (`memory.rs`).
+///
+/// All of that runs on the first seed. Each further seed (the full run's
+/// default is seeds 1, 2, 3; `--quick` runs one) pretrains again and runs
+/// (a), (b), (b*) and (c); their means and ranges over the seeds, the
+/// speed-ups on the means and (c)'s targets on them follow (`seeds.rs`).
 pub fn run(
     quick: bool,
     model: ModelKind,

@@ -1,21 +1,5 @@
 //! `bench headline --mpi` (under `mpirun -np N`, cargo feature `mpi`): the
-//! memory-bound headline across N processes, each with
-//! [`DEVICES`](super::configs::DEVICES) logical devices, under the same
-//! per-device budget as in one process (the largest rank's measurement):
-//!
-//! - (b) the paper's baseline, a pipeline over every device of each rank
-//!   (K = D), nothing frozen, one replica per rank,
-//! - (b*) the fastest configuration that freezes nothing, searched on the
-//!   same ranks (each K that fits the budget timed for a few steps across
-//!   them),
-//! - (c) PipeTransformer with AutoDP across the ranks: every rank adds
-//!   replicas on its freed devices at the same step,
-//! - freeze only,
-//!
-//! over the seeds, interleaved (seed 1: b, b*, c, freeze only; seed 2:
-//! ...). Plain Burn, on one device of one process, is not run. Rank 0
-//! prints the table and writes `target/bench/headline-mpi.json`; the other
-//! ranks print nothing on stdout.
+//! memory-bound headline across N processes.
 
 #![cfg_attr(not(feature = "mpi"), allow(dead_code, unused_imports))]
 
@@ -124,6 +108,25 @@ struct FirstSeed {
 
 /// Runs the headline across the processes of the MPI job this process is
 /// one of, on `model` over `seeds`.
+///
+/// `bench headline --mpi` (under `mpirun -np N`, cargo feature `mpi`): the
+/// memory-bound headline across N processes, each with
+/// [`DEVICES`](super::configs::DEVICES) logical devices, under the same
+/// per-device budget as in one process (the largest rank's measurement):
+///
+/// - (b) the paper's baseline, a pipeline over every device of each rank
+///   (K = D), nothing frozen, one replica per rank,
+/// - (b*) the fastest configuration that freezes nothing, searched on the
+///   same ranks (each K that fits the budget timed for a few steps across
+///   them),
+/// - (c) PipeTransformer with AutoDP across the ranks: every rank adds
+///   replicas on its freed devices at the same step,
+/// - freeze only,
+///
+/// over the seeds, interleaved (seed 1: b, b*, c, freeze only; seed 2:
+/// ...). Plain Burn, on one device of one process, is not run. Rank 0
+/// prints the table and writes `target/bench/headline-mpi.json`; the other
+/// ranks print nothing on stdout.
 #[cfg(not(feature = "mpi"))]
 pub fn run_mpi(
     _quick: bool,

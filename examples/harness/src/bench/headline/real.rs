@@ -1,25 +1,5 @@
-//! `bench headline --real`: the headline's configurations on the real
-//! task, all-MiniLM-L6-v2 fine-tuned on a fixed SST-2 training subset and
-//! scored on the dev split:
-//!
-//! - (a) plain Burn on one device,
-//! - (b) the paper's baseline, a pipeline over every device (K = D),
-//!   nothing frozen,
-//! - (b*) the fastest configuration that freezes nothing on the same
-//!   devices ([`crate::strongest`], searched once, with the first seed),
-//! - (c) PipeTransformer, all four parts, alpha = 1/3, starting where the
-//!   trainer chooses,
-//! - freeze only (AutoFreeze on; AutoPipe, AutoDP and AutoCache off),
-//!
-//! each over several seeds, interleaved (seed 1: a, b, b*, c, freeze only;
-//! seed 2: a, b, ...) so that drift in the machine's load hits every
-//! configuration alike. A seed draws the classifier's initial weights and
-//! the sample order; the training subset is the same for every seed.
-//! Reported per configuration: training seconds and dev accuracy as mean
-//! and range, and the speed-ups and accuracy differences against (a), (b)
-//! and (b*) on the means. They go to the `real` section of
-//! `target/bench/headline.json` (the synthetic headline's sections are
-//! kept).
+//! `bench headline --real`: the headline's configurations on all-MiniLM-L6-v2
+//! fine-tuned on a fixed SST-2 subset.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -223,6 +203,29 @@ fn bounded_costs() -> CostModel {
 /// Runs the real headline on the checked `paths`, over `seeds` where
 /// given (checked with [`check_seeds`](super::check_seeds)), else the
 /// run's own (full: 1, 2, 3; `--quick`: 1).
+///
+/// `bench headline --real`: the headline's configurations on the real
+/// task, all-MiniLM-L6-v2 fine-tuned on a fixed SST-2 training subset and
+/// scored on the dev split:
+///
+/// - (a) plain Burn on one device,
+/// - (b) the paper's baseline, a pipeline over every device (K = D),
+///   nothing frozen,
+/// - (b*) the fastest configuration that freezes nothing on the same
+///   devices ([`crate::strongest`], searched once, with the first seed),
+/// - (c) PipeTransformer, all four parts, alpha = 1/3, starting where the
+///   trainer chooses,
+/// - freeze only (AutoFreeze on; AutoPipe, AutoDP and AutoCache off),
+///
+/// each over several seeds, interleaved (seed 1: a, b, b*, c, freeze only;
+/// seed 2: a, b, ...) so that drift in the machine's load hits every
+/// configuration alike. A seed draws the classifier's initial weights and
+/// the sample order; the training subset is the same for every seed.
+/// Reported per configuration: training seconds and dev accuracy as mean
+/// and range, and the speed-ups and accuracy differences against (a), (b)
+/// and (b*) on the means. They go to the `real` section of
+/// `target/bench/headline.json` (the synthetic headline's sections are
+/// kept).
 pub fn run(quick: bool, paths: &RealPaths, seeds: Option<&[u64]>) -> Result<(), BenchError> {
     let start = Instant::now();
     let sizes = sizes_of(quick, seeds)?;

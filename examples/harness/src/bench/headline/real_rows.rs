@@ -1,7 +1,5 @@
-//! The real headline's results: per configuration, every seed's run and
-//! the mean and range of its training seconds and dev accuracy; the
-//! speed-ups and accuracy differences against (a), (b) and (b*) on the
-//! means; the targets; the table that prints them.
+//! The real headline's results: each configuration's runs over the seeds,
+//! their means, ranges and speed-ups, the targets, and their table.
 
 use serde::{Deserialize, Serialize};
 

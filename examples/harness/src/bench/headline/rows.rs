@@ -1,6 +1,5 @@
-//! The headline's results: a [`Row`] per configuration (its speed-ups and
-//! accuracy against (a), (b) and (b*)), the per-phase
-//! [`Phases`] of (c), the [`Targets`], and the tables that print them.
+//! The headline's results: a [`Row`] per configuration, the [`Phases`] of
+//! (c), the [`Targets`], and the tables that print them.
 
 use serde::{Deserialize, Serialize};
 

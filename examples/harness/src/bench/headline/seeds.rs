@@ -1,11 +1,5 @@
-//! The generated task's headline over several seeds: the first seed runs
-//! every configuration (the detailed tables, the ablations, the alpha
-//! sweep, the memory-bound setting); each further seed pretrains again
-//! (a seed draws the pretraining and fine-tuning tasks, the weights and
-//! the sample order) and runs the headline's rows, (a), (b), (b*) and (c),
-//! in that order, with the (b*) the first seed's search found. Printed and
-//! saved as the mean and range of each row's wall time and accuracy, the
-//! speed-ups on the means, and the targets for (c) on them.
+//! The generated task's headline over several seeds: (a), (b), (b*) and (c)
+//! on each, as means and ranges.
 
 use serde::Serialize;
 
@@ -134,6 +128,15 @@ impl SeedTargets {
 /// `first`), each pretrained and run over [`SEEDED`]; the
 /// table and targets printed. `ideal_speedup`: (c)'s, from the first
 /// seed.
+///
+/// The generated task's headline over several seeds: the first seed runs
+/// every configuration (the detailed tables, the ablations, the alpha
+/// sweep, the memory-bound setting); each further seed pretrains again
+/// (a seed draws the pretraining and fine-tuning tasks, the weights and
+/// the sample order) and runs the headline's rows, (a), (b), (b*) and (c),
+/// in that order, with the (b*) the first seed's search found. Printed and
+/// saved as the mean and range of each row's wall time and accuracy, the
+/// speed-ups on the means, and the targets for (c) on them.
 pub(super) fn run(
     spec: &JobSpec,
     seeds: &[u64],

@@ -1,20 +1,4 @@
 //! `bench tasks`: which generated fine-tuning task needs its top layers.
-//!
-//! The headline's accuracy column says something about AutoFreeze only on
-//! a task that a frozen encoder does not solve. Per seed this pretrains the
-//! headline's BERT once, then for each candidate task ([`FinetuneTask`])
-//! and fine-tuning learning rate runs, on one device:
-//!
-//! - plain Burn, its held-out accuracy after every epoch,
-//! - "all frozen": every block frozen from the first step, only the
-//!   classifier trains (with the cache),
-//! - AutoFreeze at alpha = 1/3 (with the cache),
-//!
-//! and checks the three conditions a headline task must meet: all frozen
-//! at least 5 points below plain Burn's final accuracy, plain Burn's first
-//! epoch at least 10 points below its final, alpha = 1/3 no more than 0.5
-//! points below plain Burn. It prints a table and writes
-//! `target/bench/tasks.json`. Speed is not measured here.
 
 use burn_elastic_dp::{FreezeRule, Parts};
 use serde::Serialize;
@@ -75,6 +59,22 @@ pub const DEFAULT_TASKS: [FinetuneTask; 3] = [
 /// Runs the candidate `tasks` at each fine-tuning learning rate of `lrs`
 /// (each in (0, 1]) on each of `seeds`, pretraining once per seed as the
 /// headline does.
+///
+/// The headline's accuracy column says something about AutoFreeze only on
+/// a task that a frozen encoder does not solve. Per seed this pretrains the
+/// headline's BERT once, then for each candidate task ([`FinetuneTask`])
+/// and fine-tuning learning rate runs, on one device:
+///
+/// - plain Burn, its held-out accuracy after every epoch,
+/// - "all frozen": every block frozen from the first step, only the
+///   classifier trains (with the cache),
+/// - AutoFreeze at alpha = 1/3 (with the cache),
+///
+/// and checks the three conditions a headline task must meet: all frozen
+/// at least 5 points below plain Burn's final accuracy, plain Burn's first
+/// epoch at least 10 points below its final, alpha = 1/3 no more than 0.5
+/// points below plain Burn. It prints a table and writes
+/// `target/bench/tasks.json`. Speed is not measured here.
 pub fn run_tasks(
     quick: bool,
     tasks: &[FinetuneTask],

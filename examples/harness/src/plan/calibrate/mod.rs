@@ -1,7 +1,5 @@
-//! Calibration: the simulator's predictions beside what this machine
-//! measured, for `bench pipe`'s step times (its JSON report, `pipe.rs`)
-//! and the main job's epoch times (its metrics or log, `train.rs`); the
-//! whole run of `plan --calibrate` (`run.rs`).
+//! Calibration: the simulator's predictions beside this machine's
+//! measurements of `bench pipe`'s steps and the main job's epochs.
 
 use burn_elastic_dp::plan::parallelism_at;
 

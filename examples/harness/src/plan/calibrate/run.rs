@@ -1,8 +1,5 @@
-//! `plan --calibrate`: profile the model of `bench pipe`'s report and of the
-//! main job on this machine, probe how its passes share the CPU, predict
-//! the measured step and epoch times, fit the two parameters the probe
-//! cannot see when both measurements are given, and write
-//! `calibration.json` (one serde record, [`CalibrationFile`]) and a plot.
+//! `plan --calibrate`: the simulator's predictions of this machine's measured
+//! step and epoch times, the fitted parameters, `calibration.json` and a plot.
 
 use std::path::PathBuf;
 
@@ -354,6 +351,12 @@ fn print_fitted(fitted: &Fitted) {
 /// Runs the calibration `options` ask for: prints every table, writes
 /// `calibration.json` and `predicted_vs_measured.png` into
 /// `options.out_dir`.
+///
+/// `plan --calibrate`: profile the model of `bench pipe`'s report and of the
+/// main job on this machine, probe how its passes share the CPU, predict
+/// the measured step and epoch times, fit the two parameters the probe
+/// cannot see when both measurements are given, and write
+/// `calibration.json` (one serde record, [`CalibrationFile`]) and a plot.
 pub fn run_calibration(options: &CalibrationOptions) -> Result<(), PlanCliError> {
     let cores = options
         .cpu_cores
