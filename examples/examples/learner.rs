@@ -25,10 +25,10 @@ use burn_elastic_dp::burn_train::PipeTransformerStrategy;
 use burn_elastic_dp::{BatchPolicy, FreezeRule, LayerSpec, TrainerConfig};
 use burn_freeze::TypesOf;
 use clap::{Parser, ValueEnum};
-use examples::backend::{self, Train};
-use examples::cli::parse_accepted;
 use models::synthetic::BandImages;
 use models::vit::{Vit, VitConfig};
+use pipetransformer_jobs::backend::{self, Train};
+use pipetransformer_jobs::cli::parse_accepted;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Size {
@@ -76,7 +76,7 @@ const BATCH: usize = 32;
 const VALID: usize = 256;
 
 fn main() -> ExitCode {
-    examples::allocator::keep_freed_memory();
+    pipetransformer_jobs::allocator::keep_freed_memory();
     let args = match Args::try_parse() {
         Ok(args) => args,
         Err(e) if !e.use_stderr() => e.exit(),

@@ -13,6 +13,8 @@
 //! ```
 
 use clap::{Parser, Subcommand};
+use pipetransformer_harness::bench::{self, BenchError, headline};
+use pipetransformer_jobs::job::{FinetuneTask, ModelKind};
 
 /// Counts heap bytes, for the peak-memory columns and memory-aware
 /// AutoPipe's measured activations.
@@ -51,12 +53,12 @@ enum Bench {
     Headline {
         /// Model and generated tasks (default: bert).
         #[arg(long, value_enum)]
-        model: Option<examples::job::ModelKind>,
+        model: Option<ModelKind>,
         /// BERT's generated fine-tuning task (see `bench tasks`) [default:
         /// middle-majority, which the frozen encoder does not solve; the
         /// ViT: same].
         #[arg(long, value_enum, conflicts_with_all = ["replot", "real"])]
-        task: Option<examples::job::FinetuneTask>,
+        task: Option<FinetuneTask>,
         /// Redraw the plots from target/bench/headline.json; trains nothing.
         #[arg(long, conflicts_with = "model")]
         replot: bool,
@@ -101,11 +103,11 @@ enum Bench {
         /// Candidate tasks, comma-separated [default: same, first-token,
         /// middle-majority].
         #[arg(long, value_enum, value_name = "LIST", value_delimiter = ',')]
-        tasks: Option<Vec<examples::job::FinetuneTask>>,
+        tasks: Option<Vec<FinetuneTask>>,
         /// Fine-tuning learning rates, comma-separated, each in (0, 1]
         /// [default: the headline's, 1e-4]; pretraining keeps the headline's
         /// (3e-4).
-        #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = examples::cli::learning_rate)]
+        #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = pipetransformer_jobs::cli::learning_rate)]
         lr: Option<Vec<f64>>,
         /// Seeds, comma-separated, 1 to 10 distinct [default: 1,2,3; with
         /// --quick: 42].
@@ -116,9 +118,9 @@ enum Bench {
 
 fn main() {
     // Freed tensors' memory reused, not returned to the system and faulted
-    // in again every step (see `examples::allocator`).
-    examples::allocator::keep_freed_memory();
-    examples::init_logging();
+    // in again every step (see `pipetransformer_jobs::allocator`).
+    pipetransformer_jobs::allocator::keep_freed_memory();
+    pipetransformer_jobs::init_logging();
     let args = Args::parse();
     // Under an MPI launcher without the feature: N independent runs into
     // the same files. Refused, exit 2.
@@ -133,27 +135,43 @@ fn main() {
     | Bench::Tasks {
         seeds: Some(seeds), ..
     } = &args.bench
-        && let Err(message) = examples::bench::headline::check_seeds(seeds)
+        && let Err(message) = headline::check_seeds(seeds)
     {
         eprintln!("error: {message}");
         std::process::exit(2);
     }
-    let result = match args.bench {
-        Bench::Tasks { tasks, lr, seeds } => examples::bench::headline::run_tasks(
-            args.quick,
-            &tasks.unwrap_or_else(|| examples::bench::headline::DEFAULT_TASKS.to_vec()),
+    let result = run(args.bench, args.quick);
+    if let Err(error) = result {
+        eprintln!("bench failed: {error}");
+        std::process::exit(1);
+    }
+}
+
+/// Runs benchmark `bench` at the sizes `quick` picks.
+fn run(bench: Bench, quick: bool) -> Result<(), BenchError> {
+    match bench {
+        Bench::Tasks { tasks, lr, seeds } => headline::run_tasks(
+            quick,
+            &tasks.unwrap_or_else(|| headline::DEFAULT_TASKS.to_vec()),
             &lr.unwrap_or_else(|| vec![1e-4]),
-            &seeds.unwrap_or_else(|| examples::bench::headline::default_seeds(args.quick)),
+            &seeds.unwrap_or_else(|| headline::default_seeds(quick)),
         ),
-        Bench::Pipe => examples::bench::pipe::run(args.quick),
-        Bench::Freeze => examples::bench::freeze::run(args.quick),
-        Bench::Elastic { mpi: true } => examples::bench::elastic_nodes::run_mpi(args.quick),
-        Bench::Elastic { mpi: false } => examples::bench::elastic::run(args.quick),
-        Bench::Headline { replot: true, .. } if args.quick => {
+        Bench::Pipe => bench::pipe::run(quick),
+        Bench::Freeze => bench::freeze::run(quick),
+        Bench::Elastic { mpi: true } => bench::elastic_nodes::run_mpi(quick),
+        Bench::Elastic { mpi: false } => bench::elastic::run(quick),
+        headline @ Bench::Headline { .. } => run_headline(headline, quick),
+    }
+}
+
+/// Runs `bench headline` in the mode its flags ask for.
+fn run_headline(bench: Bench, quick: bool) -> Result<(), BenchError> {
+    match bench {
+        Bench::Headline { replot: true, .. } if quick => {
             eprintln!("error: --replot redraws a finished run's plots; it takes no --quick");
             std::process::exit(2);
         }
-        Bench::Headline { replot: true, .. } => examples::bench::headline::replot(),
+        Bench::Headline { replot: true, .. } => headline::replot(),
         Bench::Headline {
             real: true,
             weights,
@@ -163,12 +181,12 @@ fn main() {
         } => {
             // Missing files: refused before any work, exit 1 as for other
             // paths the file system refuses.
-            let paths = examples::bench::headline::real::RealPaths::resolve(weights, data)
-                .unwrap_or_else(|message| {
+            let paths =
+                headline::real::RealPaths::resolve(weights, data).unwrap_or_else(|message| {
                     eprintln!("error: {message}");
                     std::process::exit(1);
                 });
-            examples::bench::headline::real::run(args.quick, &paths, seeds.as_deref())
+            headline::real::run(quick, &paths, seeds.as_deref())
         }
         Bench::Headline {
             mpi: true,
@@ -176,23 +194,20 @@ fn main() {
             task,
             seeds,
             ..
-        } => examples::bench::headline::run_mpi(
-            args.quick,
-            model.unwrap_or(examples::job::ModelKind::Bert),
+        } => headline::run_mpi(
+            quick,
+            model.unwrap_or(ModelKind::Bert),
             task,
-            &seeds.unwrap_or_else(|| examples::bench::headline::default_seeds(args.quick)),
+            &seeds.unwrap_or_else(|| headline::default_seeds(quick)),
         ),
         Bench::Headline {
             model, task, seeds, ..
-        } => examples::bench::headline::run(
-            args.quick,
-            model.unwrap_or(examples::job::ModelKind::Bert),
+        } => headline::run(
+            quick,
+            model.unwrap_or(ModelKind::Bert),
             task,
-            &seeds.unwrap_or_else(|| examples::bench::headline::default_seeds(args.quick)),
+            &seeds.unwrap_or_else(|| headline::default_seeds(quick)),
         ),
-    };
-    if let Err(error) = result {
-        eprintln!("bench failed: {error}");
-        std::process::exit(1);
+        _ => unreachable!("run_headline is called on `bench headline`"),
     }
 }

@@ -25,13 +25,13 @@ use std::path::Path;
 use burn::data::dataset::Dataset;
 use burn_elastic_dp::{Parts, TrainerConfig, TrainerError};
 use clap::Parser;
-use examples::backend;
-use examples::job::{
+use pipetransformer_harness::plots::{self, EpochMetric};
+use pipetransformer_harness::strongest::{self, Strongest, fits_without_budget};
+use pipetransformer_jobs::backend;
+use pipetransformer_jobs::job::{
     JobError, JobSpec, Method, Observer, PretrainSettings, Pretrained, RunRecord, SstJob,
     sst_accuracy,
 };
-use examples::plots::{self, EpochMetric};
-use examples::strongest::{self, Strongest, fits_without_budget};
 use serde::Serialize;
 
 use cli::Args;
@@ -89,9 +89,9 @@ fn main() {
     // Under mpirun (feature `mpi`): MPI first, then everything else.
     let job = MpiJob::start();
     // Freed tensors' memory reused, not returned to the system and faulted
-    // in again every step (see `examples::allocator`).
-    examples::allocator::keep_freed_memory();
-    examples::init_logging();
+    // in again every step (see `pipetransformer_jobs::allocator`).
+    pipetransformer_jobs::allocator::keep_freed_memory();
+    pipetransformer_jobs::init_logging();
     let args = Args::parse();
     if let Err(failure) = job.and_then(|job| run(&args, &job)) {
         eprintln!("error: {}", failure.message);

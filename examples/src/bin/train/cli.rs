@@ -9,9 +9,9 @@ use burn_elastic_dp::{
 };
 use burn_pipe::PipelineConfig;
 use clap::{Parser, ValueEnum};
-use examples::backend;
-use examples::cli::{learning_rate, parse_accepted};
-use examples::job::{FinetuneTask, JobSpec, ModelKind, PretrainSettings};
+use pipetransformer_jobs::backend;
+use pipetransformer_jobs::cli::{learning_rate, parse_accepted};
+use pipetransformer_jobs::job::{FinetuneTask, JobSpec, ModelKind, PretrainSettings};
 
 use crate::Failure;
 

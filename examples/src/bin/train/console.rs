@@ -1,8 +1,8 @@
 //! What `train` prints: a progress bar per run, a line per epoch, and the
 //! summary table at the end.
 
-use examples::job::{EpochRecord, Observer, RunRecord};
 use indicatif::{ProgressBar, ProgressStyle};
+use pipetransformer_jobs::job::{EpochRecord, Observer, RunRecord};
 
 /// Progress bars for steps, and a line per epoch.
 pub(crate) struct Console {

@@ -17,7 +17,7 @@
 use std::path::Path;
 
 use burn_elastic_dp::{NodeConfig, TrainerConfig};
-use examples::job::Pretrained;
+use pipetransformer_jobs::job::Pretrained;
 
 use crate::Failure;
 use crate::cli::Args;
@@ -85,7 +85,7 @@ impl MpiJob {
             ));
         }
         args.no_baseline = true;
-        examples::backend::set_first_device(self.local_rank * args.devices as usize);
+        pipetransformer_jobs::backend::set_first_device(self.local_rank * args.devices as usize);
         if self.is_leader() {
             println!(
                 "{} processes (MPI), {} devices each (ranks on one machine take disjoint devices): AutoDP in lockstep across the ranks, measurements agreed (the slowest rank's); plain Burn and (b*) are not run under MPI. Ranks 1.. print nothing; their logs are in {}/rank-<r>",
@@ -94,7 +94,7 @@ impl MpiJob {
                 args.output_dir.display()
             );
         } else {
-            examples::silence_stdout();
+            pipetransformer_jobs::silence_stdout();
         }
         Ok(args)
     }

@@ -1,0 +1,277 @@
+//! The figures of `bench elastic --mpi`: each rank's times, the phases of
+//! the group's exchange, and their summary, printed and written.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::bench::{BenchError, median, write_report};
+use pipetransformer_jobs::backend;
+
+/// Global batch of every step (small: the all-reduce weighs most there).
+pub(super) const BATCH: usize = 8;
+
+/// One rank's times, step by step (after one warm-up step).
+#[derive(Debug, Serialize)]
+pub(super) struct RankTimes {
+    pub(super) rank: usize,
+    pub(super) step_ms: Vec<f64>,
+    pub(super) all_reduce_ms: Vec<f64>,
+    /// The phases of the group's exchange with the other processes, step
+    /// by step ([`burn_elastic_dp::ExchangePhases`]).
+    pub(super) exchange: Phases,
+}
+
+/// The phases of the group's exchange, in ms, one figure per step (or one
+/// median per phase in the report's summary).
+#[derive(Debug, Default, Clone, Serialize)]
+pub(super) struct Phases {
+    copy_out_ms: Vec<f64>,
+    check_ms: Vec<f64>,
+    mpi_all_reduce_ms: Vec<f64>,
+    copy_back_ms: Vec<f64>,
+    total_ms: Vec<f64>,
+}
+
+impl Phases {
+    /// The figures as one row per phase, in order (copy out, check,
+    /// MPI_Allreduce, copy back, total).
+    pub(super) fn rows(&self) -> [&Vec<f64>; 5] {
+        [
+            &self.copy_out_ms,
+            &self.check_ms,
+            &self.mpi_all_reduce_ms,
+            &self.copy_back_ms,
+            &self.total_ms,
+        ]
+    }
+
+    pub(super) fn rows_mut(&mut self) -> [&mut Vec<f64>; 5] {
+        [
+            &mut self.copy_out_ms,
+            &mut self.check_ms,
+            &mut self.mpi_all_reduce_ms,
+            &mut self.copy_back_ms,
+            &mut self.total_ms,
+        ]
+    }
+
+    pub(super) fn push(&mut self, phases: &burn_elastic_dp::ExchangePhases) {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let figures = [
+            phases.copy_out,
+            phases.check,
+            phases.all_reduce,
+            phases.copy_back,
+            phases.total,
+        ];
+        for (row, figure) in self.rows_mut().into_iter().zip(figures) {
+            row.push(ms(figure));
+        }
+    }
+}
+
+/// The exchange's phases per step: medians over the steps of the figures
+/// of the rank that arrived last at each step (the smallest total: it
+/// waited for no one), against the bare `MPI_Allreduce` of the same buckets.
+#[derive(Debug, Serialize)]
+struct PhaseSummary {
+    copy_out_ms: f64,
+    check_ms: f64,
+    mpi_all_reduce_ms: f64,
+    copy_back_ms: f64,
+    /// The whole exchange (hand-offs to and from the MPI thread included).
+    exchange_ms: f64,
+    /// `MPI_Allreduce` alone of as many f32 values in the same buckets,
+    /// measured in the same run.
+    bare_all_reduce_ms: f64,
+    /// `exchange_ms / bare_all_reduce_ms` (the target: at most 1.3).
+    exchange_over_bare: f64,
+    /// 2(N-1)/N x bytes / link bandwidth.
+    ring_bound_ms: f64,
+    buckets: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    bench: &'static str,
+    transport: &'static str,
+    backend: &'static str,
+    processes: usize,
+    batch: usize,
+    steps: usize,
+    gradient_bytes: usize,
+    step_ms: f64,
+    all_reduce_ms: f64,
+    algorithm_gb_per_s: f64,
+    bus_gb_per_s: f64,
+    link: String,
+    link_gb_per_s: f64,
+    ring_bound_ms: f64,
+    /// The exchange's phases against the bare `MPI_Allreduce`.
+    exchange: PhaseSummary,
+    ranks: Vec<RankTimes>,
+}
+
+/// Prints and saves the figures of every rank's times; `bare_ms`: the bare
+/// `MPI_Allreduce` of `buckets` buckets of the gradients' size.
+pub(super) fn summarize(
+    transport: &'static str,
+    gradient_bytes: usize,
+    ranks: Vec<RankTimes>,
+    link: &str,
+    link_bytes_per_s: f64,
+    (bare_ms, buckets): (f64, usize),
+) -> Result<(), BenchError> {
+    let steps = ranks[0].all_reduce_ms.len();
+    let per_step: Vec<f64> = (0..steps)
+        .map(|s| {
+            ranks
+                .iter()
+                .map(|r| r.all_reduce_ms[s])
+                .fold(f64::INFINITY, f64::min)
+        })
+        .collect();
+    let all_reduce_ms = median(per_step);
+    let step_ms = median(ranks[0].step_ms.clone());
+    let n = ranks.len() as f64;
+    let algorithm = gradient_bytes as f64 / (all_reduce_ms * 1e-3) / 1e9;
+    let bus = algorithm * 2.0 * (n - 1.0) / n;
+    let ring_bound_ms = 2.0 * (n - 1.0) / n * gradient_bytes as f64 / link_bytes_per_s * 1e3;
+    print_ranks(transport, gradient_bytes, &ranks, steps);
+    println!(
+        "  step {step_ms:.0} ms; cross-process all-reduce {all_reduce_ms:.1} ms per step ({:.1}% of the step); algorithm bandwidth {algorithm:.2} GB/s, bus bandwidth {bus:.2} GB/s",
+        100.0 * all_reduce_ms / step_ms
+    );
+    println!(
+        "  link: {link} {:.2} GB/s; ring bound 2(N-1)/N x bytes / link = {ring_bound_ms:.1} ms ({:.0}% of it reached)",
+        link_bytes_per_s / 1e9,
+        100.0 * ring_bound_ms / all_reduce_ms
+    );
+    let exchange = exchange_summary(&ranks, steps, (bare_ms, buckets), ring_bound_ms);
+    print_exchange(&exchange, steps);
+    let report = Report {
+        bench: "elastic-nodes",
+        transport,
+        backend: backend::NAME,
+        processes: ranks.len(),
+        batch: BATCH,
+        steps,
+        gradient_bytes,
+        step_ms,
+        all_reduce_ms,
+        algorithm_gb_per_s: algorithm,
+        bus_gb_per_s: bus,
+        link: link.into(),
+        link_gb_per_s: link_bytes_per_s / 1e9,
+        ring_bound_ms,
+        exchange,
+        ranks,
+    };
+    let path = write_report(&format!("elastic-{transport}"), &report)?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
+/// The title line and each rank's step and all-reduce times.
+fn print_ranks(transport: &str, gradient_bytes: usize, ranks: &[RankTimes], steps: usize) {
+    println!(
+        "bench elastic --{transport} ({}; {} processes x 1 replica on this machine; MiniLM-L6-H384, {:.1} MB of f32 gradients; global batch {BATCH}; median of {steps} steps after one warm-up)",
+        backend::NAME,
+        ranks.len(),
+        gradient_bytes as f64 / 1e6,
+    );
+    for rank in ranks {
+        println!(
+            "  rank {}: step ms {:?}, all-reduce ms {:?}",
+            rank.rank,
+            rank.step_ms.iter().map(|v| v.round()).collect::<Vec<_>>(),
+            rank.all_reduce_ms
+                .iter()
+                .map(|v| v.round())
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+/// The exchange's phases: per step those of the rank that waited least,
+/// their medians over the `steps` steps, against the bare `MPI_Allreduce`
+/// (`bare_ms`) of `buckets` buckets and the ring bound.
+fn exchange_summary(
+    ranks: &[RankTimes],
+    steps: usize,
+    (bare_ms, buckets): (f64, usize),
+    ring_bound_ms: f64,
+) -> PhaseSummary {
+    // Per step, the phases of the rank that waited least in the exchange.
+    let mut last = Phases::default();
+    for s in 0..steps {
+        let rank = ranks
+            .iter()
+            .min_by(|a, b| a.exchange.total_ms[s].total_cmp(&b.exchange.total_ms[s]))
+            .expect("at least two ranks");
+        for (row, figures) in last.rows_mut().into_iter().zip(rank.exchange.rows()) {
+            row.push(figures[s]);
+        }
+    }
+    let [
+        copy_out_ms,
+        check_ms,
+        mpi_all_reduce_ms,
+        copy_back_ms,
+        exchange_ms,
+    ] = last.rows().map(|row| median(row.clone()));
+    PhaseSummary {
+        copy_out_ms,
+        check_ms,
+        mpi_all_reduce_ms,
+        copy_back_ms,
+        exchange_ms,
+        bare_all_reduce_ms: bare_ms,
+        exchange_over_bare: exchange_ms / bare_ms,
+        ring_bound_ms,
+        buckets,
+    }
+}
+
+/// The table of the exchange's phases and the target's verdict.
+fn print_exchange(exchange: &PhaseSummary, steps: usize) {
+    let PhaseSummary {
+        copy_out_ms,
+        check_ms,
+        mpi_all_reduce_ms,
+        copy_back_ms,
+        exchange_ms,
+        bare_all_reduce_ms: bare_ms,
+        ring_bound_ms,
+        buckets,
+        ..
+    } = *exchange;
+    println!(
+        "  the exchange's phases per step ({buckets} buckets; the rank that arrived last, median of {steps} steps):"
+    );
+    for (phase, ms) in [
+        ("copy out (gradients into the send buffer)", copy_out_ms),
+        ("consistency check (kind, round, length)", check_ms),
+        ("MPI_Allreduce of the buckets", mpi_all_reduce_ms),
+        ("copy back (into the gradient tensors)", copy_back_ms),
+        (
+            "hand-offs (the rest)",
+            exchange_ms - copy_out_ms - check_ms - mpi_all_reduce_ms - copy_back_ms,
+        ),
+        ("the group's exchange", exchange_ms),
+        ("bare MPI_Allreduce, same buckets, this run", bare_ms),
+        ("ring bound", ring_bound_ms),
+    ] {
+        println!("    {phase:<44} {ms:>9.1} ms");
+    }
+    println!(
+        "  exchange / bare MPI_Allreduce = {:.2} (target: at most 1.3: {})",
+        exchange.exchange_over_bare,
+        if exchange.exchange_over_bare <= 1.3 {
+            "met"
+        } else {
+            "MISSED"
+        }
+    );
+}
