@@ -62,6 +62,8 @@ mod unit;
 
 pub mod fault;
 pub mod plumbing;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use activation::{Activation, AutodiffActivation, Differentiable};
 pub use cache::{ActivationCache, CacheConfig, CacheStats, Cacheable, StackCache};
@@ -76,11 +78,11 @@ pub use policy::{
     ChangeRateReading, FixedSchedule, FreezePolicy, FreezeState, GradNorm, LayerMap, PolicyState,
     alpha_front,
 };
-pub use range::{TrainableUnits, UnitRange, check_freeze};
+pub use range::{UnitRange, check_freeze};
 pub use stack::{IntoLayerStack, LayerStack, StackOf, TypesOf};
 pub use types::{
     InnerBackendOf, InnerFirst, InnerHidden, InnerInput, InnerLast, InnerMiddle, InnerOutput,
-    StackMarker, StackTypes,
+    StackMarker, StackTypes, TrainableUnits,
 };
 pub use unit::{InnerOf, Unit};
 

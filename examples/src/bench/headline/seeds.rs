@@ -102,10 +102,7 @@ impl SeedTargets {
             } else {
                 "(b*)"
             },
-            speedup_vs_fastest_without_freezing: c
-                .vs_baseline
-                .speedup
-                .min(c.vs_strongest.speedup),
+            speedup_vs_fastest_without_freezing: c.vs_baseline.speedup.min(c.vs_strongest.speedup),
         }
     }
 
