@@ -1,22 +1,5 @@
-//! Pretrained checkpoints: Hugging Face BERT and timm / Hugging Face ViT
-//! safetensors files loaded into this crate's models.
-//!
-//! Loading goes through burn-store: the checkpoint's tensors are read from
-//! the safetensors file, renamed to the model's parameter paths by a
-//! [`KeyRemapper`](burn_store::KeyRemapper) (one anchored regex per tensor
-//! family), converted from PyTorch's layout (Linear weights transposed) by
-//! [`PyTorchToBurnAdapter`](burn_store::PyTorchToBurnAdapter), and applied to
-//! a freshly built model, with every shape checked.
-//!
-//! A load never succeeds partially in silence: a shape mismatch, a model
-//! parameter the checkpoint lacks, or a checkpoint tensor that matches
-//! nothing is an error naming the tensor, unless [`LoadOptions`] lists it
-//! (by default only BERT's classifier, which a pretrained encoder does not
-//! have, and buffers such as `position_ids`). What was allowed is in the
-//! [`LoadReport`].
-//!
-//! The loaded model is the same type as a freshly built one, so it splits into
-//! the same partition units and freezes and pipelines unchanged.
+//! Pretrained checkpoints: Hugging Face BERT and timm / Hugging Face ViT safetensors files
+//! loaded into this crate's models through burn-store.
 
 mod bert;
 mod error;
@@ -37,6 +20,13 @@ pub use error::PretrainedError;
 pub use vit::{VitCheckpointFormat, load_vit_safetensors};
 
 /// What a load may leave out, on either side.
+///
+/// A load never succeeds partially in silence: a shape mismatch, a model
+/// parameter the checkpoint lacks, or a checkpoint tensor that matches
+/// nothing is an error naming the tensor, unless [`LoadOptions`] lists it
+/// (by default only BERT's classifier, which a pretrained encoder does not
+/// have, and buffers such as `position_ids`). What was allowed is in the
+/// [`LoadReport`].
 ///
 /// ```
 /// use pipetransformer_models::pretrained::LoadOptions;
@@ -100,6 +90,16 @@ impl LoadOptions {
 }
 
 /// What a successful load did.
+///
+/// Loading goes through burn-store: the checkpoint's tensors are read from
+/// the safetensors file, renamed to the model's parameter paths by a
+/// [`KeyRemapper`](burn_store::KeyRemapper) (one anchored regex per tensor
+/// family), converted from PyTorch's layout (Linear weights transposed) by
+/// [`PyTorchToBurnAdapter`](burn_store::PyTorchToBurnAdapter), and applied to
+/// a freshly built model, with every shape checked.
+///
+/// The loaded model is the same type as a freshly built one, so it splits into
+/// the same partition units and freezes and pipelines unchanged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadReport {
     /// The safetensors file.
