@@ -102,7 +102,10 @@ impl SeedTargets {
             } else {
                 "(b*)"
             },
-            speedup_vs_fastest_without_freezing: c.vs_baseline.speedup.min(c.vs_strongest.speedup),
+            speedup_vs_fastest_without_freezing: c
+                .vs_baseline
+                .speedup
+                .min(c.vs_strongest.speedup),
         }
     }
 
