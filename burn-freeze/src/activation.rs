@@ -1,23 +1,23 @@
 //! What flows into, between and out of partition units.
-//!
-//! A layer stack passes one *hidden* type between its units; the first unit may
-//! take another type (token ids, pixels) and the last may return another (logits).
-//! Every such type implements [`Activation`], so a pipeline can split it into
-//! micro-batches, join them again and move them between devices. On an autodiff
-//! backend, [`AutodiffActivation`] moves a value to the inner backend and back,
-//! which is how a frozen unit runs without recording a graph, and
-//! [`Differentiable`] lets a pipeline stage start its backward pass from a
-//! gradient that arrives from the next stage.
-//!
-//! Plain tensors of any kind and rank already implement these traits. A struct
-//! that carries several tensors (BERT's hidden state and its padding mask, for
-//! example) implements them by forwarding to its fields.
 
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{BasicAutodiffOps, BasicOps, TensorKind};
 
 /// A value passed into, between or out of partition units on backend `B`.
+///
+/// A layer stack passes one *hidden* type between its units; the first unit may
+/// take another type (token ids, pixels) and the last may return another (logits).
+/// Every such type implements [`Activation`], so a pipeline can split it into
+/// micro-batches, join them again and move them between devices. On an autodiff
+/// backend, [`AutodiffActivation`] moves a value to the inner backend and back,
+/// which is how a frozen unit runs without recording a graph, and
+/// [`Differentiable`] lets a pipeline stage start its backward pass from a
+/// gradient that arrives from the next stage.
+///
+/// Plain tensors of any kind and rank already implement these traits. A struct
+/// that carries several tensors (BERT's hidden state and its padding mask, for
+/// example) implements them by forwarding to its fields.
 ///
 /// The first dimension of every tensor inside is the batch dimension.
 ///

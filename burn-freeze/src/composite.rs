@@ -1,10 +1,5 @@
-//! Activations of several tensors in a line: tuples of tensors implement
-//! [`Activation`], [`AutodiffActivation`], [`Differentiable`] and
-//! [`Cacheable`] as they are, and [`activation!`](crate::activation!)
-//! writes the four for a struct from the names of its fields.
-//!
-//! Each part is differentiated if it is a float tensor and carried over
-//! unchanged (a padding mask, token ids) otherwise ([`ActivationPart`]).
+//! Activations of several tensors: tuples of tensors as they are, and structs
+//! through [`activation!`](crate::activation!).
 
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;

@@ -12,9 +12,11 @@ use crate::freeze_front::FreezeFront;
 use crate::frozen::FrozenUnits;
 use crate::grad_sums::GradientSums;
 use crate::policy::GradNorm;
-use crate::range::{TrainableUnits, UnitRange, check_freeze};
+use crate::range::{UnitRange, check_freeze};
 use crate::stack::LayerStack;
-use crate::types::{InnerBackendOf, InnerHidden, InnerInput, InnerOutput, StackTypes};
+use crate::types::{
+    InnerBackendOf, InnerHidden, InnerInput, InnerOutput, StackTypes, TrainableUnits,
+};
 
 /// A [`LayerStack`] with a freeze front: units `0..front` are frozen and run on
 /// the inner backend with no autodiff graph, the rest train.

@@ -1,24 +1,23 @@
 //! Frozen execution: units held in their inner-backend form and run with no
 //! autodiff graph.
-//!
-//! A frozen unit is stored as [`AutodiffModule::valid`]'s result, so its
-//! parameters live on the inner backend: an optimizer built for the trainable
-//! units never sees them, they never get a gradient, and dropout inside them
-//! is off (Burn's dropout only acts when the backend records gradients). Their
-//! output re-enters autodiff as a fresh leaf, so a training step records
-//! nothing for them.
 
 use std::fmt;
 
 use burn::module::{AutodiffModule, Module};
 
 use crate::flow::{Flow, InnerFlow};
-use crate::range::TrainableUnits;
-use crate::types::{InnerFirst, InnerLast, InnerMiddle, StackTypes};
+use crate::types::{InnerFirst, InnerLast, InnerMiddle, StackTypes, TrainableUnits};
 use crate::unit::Unit;
 
 /// The frozen units of a [`UnitRange`](crate::UnitRange), in inner-backend
 /// form, in order.
+///
+/// A frozen unit is stored as [`AutodiffModule::valid`]'s result, so its
+/// parameters live on the inner backend: an optimizer built for the trainable
+/// units never sees them, they never get a gradient, and dropout inside them
+/// is off (Burn's dropout only acts when the backend records gradients). Their
+/// output re-enters autodiff as a fresh leaf, so a training step records
+/// nothing for them.
 ///
 /// Frozen units always form a prefix of the range (and of the stack): the
 /// range's first unit, when it is the stack's unit 0, then middle units, and

@@ -1,6 +1,5 @@
-//! Running per-parameter sums of the gradients an optimizer sees, for the
-//! statistic of [`ArgminStatistic::AccumulatedGradient`](crate::ArgminStatistic):
-//! the norm of an epoch's accumulated gradient per layer.
+//! Running per-parameter sums of the gradients an optimizer sees: the epoch's
+//! accumulated gradient behind [`ArgminStatistic::AccumulatedGradient`](crate::ArgminStatistic).
 
 use std::collections::HashMap;
 use std::fmt;

@@ -34,10 +34,11 @@
 //!   memory and spilled to disk, served by [`plumbing::serve_prefix`] (used
 //!   by [`FreezableStack::forward_cached`] and by a pipeline's first stage).
 //!
-//! Two public modules hold what a model's training code does not need:
-//! [`plumbing`], the building blocks of `burn-pipe` and `burn-elastic-dp`,
-//! and [`fault`], the fault-injection points of the reliability tests (live
-//! only with the `fault-injection` cargo feature).
+//! What a model's training code does not need stays apart: the building
+//! blocks that `burn-pipe` and `burn-elastic-dp` run units with
+//! ([`plumbing`]), the fault-injection points of the reliability tests
+//! ([`fault`], live only with the `fault-injection` cargo feature), and what
+//! the workspace's tests share (`testing`, with the `testing` cargo feature).
 //!
 //! Burn initialises parameters lazily: two clones of a module whose weights
 //! were never read get different random weights. Read them (a forward pass or
@@ -62,6 +63,8 @@ mod unit;
 
 pub mod fault;
 pub mod plumbing;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use activation::{Activation, AutodiffActivation, Differentiable};
 pub use cache::{ActivationCache, CacheConfig, CacheStats, Cacheable, StackCache};
@@ -76,11 +79,11 @@ pub use policy::{
     ChangeRateReading, FixedSchedule, FreezePolicy, FreezeState, GradNorm, LayerMap, PolicyState,
     alpha_front,
 };
-pub use range::{TrainableUnits, UnitRange, check_freeze};
+pub use range::{UnitRange, check_freeze};
 pub use stack::{IntoLayerStack, LayerStack, StackOf, TypesOf};
 pub use types::{
     InnerBackendOf, InnerFirst, InnerHidden, InnerInput, InnerLast, InnerMiddle, InnerOutput,
-    StackMarker, StackTypes,
+    StackMarker, StackTypes, TrainableUnits,
 };
 pub use unit::{InnerOf, Unit};
 

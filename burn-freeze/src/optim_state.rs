@@ -1,6 +1,5 @@
-//! Optimizer state that follows the units that still train: after units
-//! freeze, or move between pipeline stages, each trainable parameter keeps
-//! its state (keyed by parameter id) and frozen ones drop theirs.
+//! Optimizer state that follows the units that still train, keyed by
+//! parameter id, as units freeze or move between pipeline stages.
 
 use std::collections::HashMap;
 

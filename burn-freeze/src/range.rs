@@ -1,10 +1,5 @@
 //! A contiguous range of a stack's units: its frozen prefix on the inner
 //! backend and its trainable rest as one Burn module for one optimizer.
-//!
-//! [`FreezableStack`](crate::FreezableStack) holds one range (the whole
-//! stack); every stage of a `burn-pipe` pipeline holds one range each. The
-//! rule for what may be frozen ([`check_freeze`]) and the way units are
-//! frozen, run and joined live here, once.
 
 use std::fmt;
 use std::ops::Range;
@@ -18,22 +13,8 @@ use crate::frozen::FrozenUnits;
 use crate::grad_sums::GradientSums;
 use crate::policy::stats::{GradNorm, GradSource, NormCollector};
 use crate::stack::LayerStack;
-use crate::types::{InnerBackendOf, StackTypes};
+use crate::types::{InnerBackendOf, StackTypes, TrainableUnits};
 use crate::unit::Unit;
-
-/// The trainable units of a [`UnitRange`]: the stack's first unit if the
-/// range holds it and it trains, the range's trainable middle units, and the
-/// stack's last unit if the range holds it and it trains.
-///
-/// It is one Burn module (tuples, `Option` and `Vec` of modules are
-/// modules), so one optimizer is built for it and only ever sees trainable
-/// parameters:
-/// `AdamConfig::new().init::<S::Backend, TrainableUnits<S>>()`.
-pub type TrainableUnits<S> = (
-    Option<<S as StackTypes>::First>,
-    Vec<<S as StackTypes>::Middle>,
-    Option<<S as StackTypes>::Last>,
-);
 
 /// The one rule for what may be frozen, in a stack or a pipeline of `len`
 /// units with `frozen` units frozen: the front moves up only, to at most
@@ -50,6 +31,11 @@ pub fn check_freeze(requested: usize, frozen: usize, len: usize) -> Result<(), F
 
 /// Units `range` of a stack of `stack_len` units: frozen ones (a prefix) on
 /// the inner backend, the others trainable in one module.
+///
+/// [`FreezableStack`](crate::FreezableStack) holds one range (the whole
+/// stack); every stage of a `burn-pipe` pipeline holds one range each, so
+/// the way units are frozen, run and joined is written once, here, and
+/// follows the one rule for what may be frozen ([`check_freeze`]).
 ///
 /// ```
 /// use burn::backend::{Autodiff, Flex};

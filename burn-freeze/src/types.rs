@@ -106,3 +106,17 @@ pub type InnerMiddle<S> =
 /// The frozen (inner-backend) form of a stack's last unit.
 pub type InnerLast<S> =
     <<S as StackTypes>::Last as AutodiffModule<<S as StackTypes>::Backend>>::InnerModule;
+
+/// The trainable units of a [`UnitRange`](crate::UnitRange): the stack's first unit if the
+/// range holds it and it trains, the range's trainable middle units, and the
+/// stack's last unit if the range holds it and it trains.
+///
+/// It is one Burn module (tuples, `Option` and `Vec` of modules are
+/// modules), so one optimizer is built for it and only ever sees trainable
+/// parameters:
+/// `AdamConfig::new().init::<S::Backend, TrainableUnits<S>>()`.
+pub type TrainableUnits<S> = (
+    Option<<S as StackTypes>::First>,
+    Vec<<S as StackTypes>::Middle>,
+    Option<<S as StackTypes>::Last>,
+);

@@ -5,15 +5,14 @@
 //! the units PipeTransformer partitions (per block one attention unit and one
 //! MLP unit, so no cut crosses a residual connection) and is rebuilt from them.
 //!
-//! - [`vit`]: Vision Transformer with presets ViT-B/16 and a tiny one.
-//! - [`bert`]: BERT with presets BERT-base, MiniLM-L6-H384 and a tiny one.
-//! - [`synthetic`]: generated, learnable classification tasks for both, for
-//!   tests and for CPU runs without a dataset.
-//! - [`pretrained`]: Hugging Face BERT and timm / Hugging Face ViT
-//!   checkpoints (safetensors) loaded into these models, through burn-store.
-//! - [`tokenizer`]: WordPiece tokenization from a checkpoint's `tokenizer.json`.
-//! - [`sst`]: the Stanford Sentiment Treebank as an SST-2 Burn `Dataset`, and
-//!   its batcher.
+//! The Vision Transformer comes with the presets ViT-B/16 and a tiny one
+//! ([`vit::VitConfig`]), BERT with BERT-base, MiniLM-L6-H384 and a tiny one
+//! ([`bert::BertConfig`]). Pretrained Hugging Face BERT and timm / Hugging
+//! Face ViT checkpoints (safetensors) load into them through burn-store
+//! ([`pretrained`]), BERT's input comes from WordPiece tokenization with a
+//! checkpoint's `tokenizer.json`, and the Stanford Sentiment Treebank reads as
+//! an SST-2 Burn `Dataset`. Generated, learnable classification tasks for
+//! both models ([`synthetic`]) serve tests and CPU runs without a dataset.
 //!
 //! With the cargo feature `burn-train`, ViT and BERT implement burn-train's
 //! `TrainStep` and `InferenceStep` (images or token sequences and class

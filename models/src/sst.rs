@@ -1,15 +1,5 @@
-//! The Stanford Sentiment Treebank (Socher et al., 2013) as SST-2: a reader
-//! for its PTB-tree files, a Burn [`Dataset`], and a [`Batcher`] that
-//! tokenizes for BERT.
-//!
-//! Each line of `train.txt` / `dev.txt` is a tree such as
-//! `(3 (2 It) (4 (4 (2 's) (4 great)) (2 .)))`; every node carries a
-//! sentiment from 0 (very negative) to 4 (very positive), the root's being the
-//! sentence's. SST-2 drops neutral sentences (root 2), calls 0-1 negative and
-//! 3-4 positive, and takes the text as the leaves joined by spaces, with the
-//! PTB escapes (`-LRB-`, `` `` ``, `\/`, ...) undone.
-//!
-//! The data is not part of this repository; see the README for where to get it.
+//! The Stanford Sentiment Treebank (Socher et al., 2013) as SST-2: a reader for its PTB-tree
+//! files, a Burn [`Dataset`], and a [`Batcher`] that tokenizes for BERT.
 
 use std::path::{Path, PathBuf};
 
@@ -72,6 +62,15 @@ impl SstSplit {
 }
 
 /// SST-2: the binary, neutral-free sentences of a split.
+///
+/// Each line of `train.txt` / `dev.txt` is a tree such as
+/// `(3 (2 It) (4 (4 (2 's) (4 great)) (2 .)))`; every node carries a
+/// sentiment from 0 (very negative) to 4 (very positive), the root's being the
+/// sentence's. SST-2 drops neutral sentences (root 2), calls 0-1 negative and
+/// 3-4 positive, and takes the text as the leaves joined by spaces, with the
+/// PTB escapes (`-LRB-`, `` `` ``, `\/`, ...) undone.
+///
+/// The data is not part of this repository; see the README for where to get it.
 ///
 /// ```
 /// use burn::data::dataset::Dataset;

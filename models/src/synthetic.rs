@@ -1,7 +1,5 @@
-//! Generated classification tasks that a small model learns in a few steps.
-//!
-//! Every batch is a pure function of the task's seed and the batch index, so
-//! runs are reproducible and two processes see the same data.
+//! Generated classification tasks that a small model learns in a few steps; every batch is a
+//! pure function of the task's seed and the batch index, so runs are reproducible across processes.
 
 use burn::prelude::*;
 

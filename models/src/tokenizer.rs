@@ -1,6 +1,5 @@
-//! WordPiece tokenization for BERT with the `tokenizers` crate, from a
-//! checkpoint's `tokenizer.json`: batches padded (or truncated) to a common
-//! length, with attention masks.
+//! WordPiece tokenization for BERT with the `tokenizers` crate, from a checkpoint's
+//! `tokenizer.json`: batches padded (or truncated) to a common length, with attention masks.
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;

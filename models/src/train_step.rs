@@ -1,9 +1,5 @@
 //! burn-train's `TrainStep` and `InferenceStep` for ViT and BERT (cargo
-//! feature `burn-train`): a batch of inputs and class labels to a
-//! [`ClassificationOutput`] scored by cross-entropy, so either model trains
-//! with burn-train's `SupervisedTraining` (its own loops, or
-//! `burn_elastic_dp::burn_train::PipeTransformerStrategy`) and reports
-//! accuracy and loss.
+//! feature `burn-train`): inputs and class labels to a cross-entropy [`ClassificationOutput`].
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;

@@ -3,35 +3,18 @@
 
 #![allow(dead_code)] // each test binary uses a part
 
-use burn::backend::Autodiff;
-use burn::module::{ModuleVisitor, Param};
 use burn::nn::Linear;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;
+use burn_freeze::testing::weights;
 use burn_freeze::{LayerStack, StackMarker, StackTypes};
 
-/// The backend the tests run on: Flex, or LibTorch on the CPU with the
-/// `test-tch` feature (`.ci/tch`).
-#[cfg(not(feature = "test-tch"))]
-pub type Inner = burn::backend::Flex;
-#[cfg(feature = "test-tch")]
-pub type Inner = burn::backend::LibTorch;
-pub type B = Autodiff<Inner>;
+burn_freeze::test_backend!();
 
 /// A user's own unit: a residual block (the last one is the classifier, as
 /// wide as the blocks so that every unit costs the same).
-#[derive(Module, Debug)]
-pub struct Block<B: Backend> {
-    pub linear: Linear<B>,
-}
-
-impl<B: Backend> Block<B> {
-    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        x.clone() + self.linear.forward(x).tanh()
-    }
-}
-
-burn_freeze::unit!(Block<B>: Tensor<B, 2> => Tensor<B, 2>);
+pub use burn_freeze::testing::Residual as Block;
+pub use burn_freeze::testing::numbers;
 
 /// A stack of blocks only.
 pub type Types = StackMarker<B, Block<B>, Block<B>, Block<B>>;
@@ -40,20 +23,6 @@ pub fn loss(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> Tensor<B, 1> {
     CrossEntropyLossConfig::new()
         .init(&logits.device())
         .forward(logits, labels)
-}
-
-/// `n` numbers in [-1, 1) from `seed`, without the backend's random state
-/// (tests running in parallel share it).
-pub fn numbers(seed: u64, n: usize) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            2.0 * ((state >> 40) as f32 / (1u64 << 24) as f32) - 1.0
-        })
-        .collect()
 }
 
 /// A block of width `width` whose weights depend only on `seed`.
@@ -130,29 +99,21 @@ impl<const W: usize>
     }
 }
 
-/// Every float parameter's values, in visiting order.
-struct Flatten(Vec<f32>);
-
-impl<Be: Backend> ModuleVisitor<Be> for Flatten {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Be, D>>) {
-        self.0.extend(
-            param
-                .val()
-                .to_data()
-                .convert::<f32>()
-                .to_vec::<f32>()
-                .unwrap(),
-        );
-    }
-}
-
 /// Every weight of `stack`, unit after unit, in one list.
 pub fn flat_weights<S: StackTypes>(stack: &LayerStack<S>) -> Vec<f32> {
-    let mut flatten = Flatten(Vec::new());
-    stack.first().visit(&mut flatten);
-    stack.middle().iter().for_each(|u| u.visit(&mut flatten));
-    stack.last().visit(&mut flatten);
-    flatten.0
+    let mut flat = Vec::new();
+    let mut flatten = |params: Vec<TensorData>| {
+        for data in params {
+            flat.extend(data.convert::<f32>().to_vec::<f32>().unwrap());
+        }
+    };
+    flatten(weights::<S::Backend, _>(stack.first()));
+    stack
+        .middle()
+        .iter()
+        .for_each(|u| flatten(weights::<S::Backend, _>(u)));
+    flatten(weights::<S::Backend, _>(stack.last()));
+    flat
 }
 
 /// Waits for `child` at most `bound` (then kills it); its status and stderr.

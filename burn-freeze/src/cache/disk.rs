@@ -1,8 +1,4 @@
 //! The spill tier: one file per entry in a directory of the user's choosing.
-//!
-//! The tier makes its own fresh sub-directory inside the chosen one and
-//! removes it, with everything in it, when dropped; the chosen directory itself
-//! is never deleted.
 
 use std::collections::HashMap;
 use std::fs;
@@ -18,6 +14,10 @@ use crate::error::CacheError;
 static NEXT_DIR: AtomicU64 = AtomicU64::new(0);
 
 /// Entries written as MessagePack files of their tensors' data.
+///
+/// The tier makes its own fresh sub-directory inside the chosen one and
+/// removes it, with everything in it, when dropped; the chosen directory itself
+/// is never deleted.
 #[derive(Debug)]
 pub(crate) struct DiskTier {
     dir: PathBuf,

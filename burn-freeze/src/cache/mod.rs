@@ -1,19 +1,5 @@
 //! AutoCache: frozen-prefix outputs kept per sample, so a frozen unit runs
 //! once per sample instead of once per epoch.
-//!
-//! An entry is the output of the first `front` units for one sample, filed
-//! under `(sample, front)`. When the freeze front grows from
-//! `F_prev` to `F_new`, a sample's `F_prev` entry is the starting point: only
-//! units `F_prev..F_new` run, and the new entry replaces the old one. Entries
-//! live in memory up to [`CacheConfig::memory_budget_bytes`], then spill to
-//! files in a directory the user picks ([`CacheConfig::spill_dir`]), removed
-//! when the cache is dropped. When both tiers are full, or a write fails
-//! (a full disk), the sample is simply not cached and its prefix is recomputed
-//! next time: a warning, never an error, and never a wrong result.
-//!
-//! The cache trusts that a sample id names the same input every time (no
-//! random augmentation of the frozen prefix's input); it checks that the
-//! shapes agree and refuses an id that comes back with another shape.
 
 mod cacheable;
 mod disk;
@@ -89,6 +75,20 @@ struct SampleShapes {
 
 /// Per-sample frozen-prefix outputs of type `H` (an activation on backend `B`),
 /// in memory and on disk.
+///
+/// An entry is the output of the first `front` units for one sample, filed
+/// under `(sample, front)`. When the freeze front grows from
+/// `F_prev` to `F_new`, a sample's `F_prev` entry is the starting point: only
+/// units `F_prev..F_new` run, and the new entry replaces the old one. Entries
+/// live in memory up to [`CacheConfig::memory_budget_bytes`], then spill to
+/// files in a directory the user picks ([`CacheConfig::spill_dir`]), removed
+/// when the cache is dropped. When both tiers are full, or a write fails
+/// (a full disk), the sample is simply not cached and its prefix is recomputed
+/// next time: a warning, never an error, and never a wrong result.
+///
+/// The cache trusts that a sample id names the same input every time (no
+/// random augmentation of the frozen prefix's input); it checks that the
+/// shapes agree and refuses an id that comes back with another shape.
 ///
 /// Attach one to a [`FreezableStack`](crate::FreezableStack) with
 /// [`attach_cache`](crate::FreezableStack::attach_cache) and train with

@@ -1,6 +1,5 @@
-//! Serving a frozen prefix from an [`ActivationCache`]: the piece that
-//! [`FreezableStack::forward_cached`](crate::FreezableStack::forward_cached)
-//! and a pipeline's first stage share.
+//! Serving a frozen prefix from an [`ActivationCache`], as a stack's cached
+//! forward and a pipeline's first stage both do.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -68,6 +67,34 @@ where
         frozen.units()
     );
     check_sample_ids(ids, input.batch_size())?;
+    let input_shapes = check_inputs::<S>(cache, ids, &input)?;
+    let device = input.device();
+    // Where each sample starts: 0 (from the input) or a cached front.
+    let mut outputs: Vec<Option<InnerHidden<S>>> = vec![None; ids.len()];
+    let groups = look_up::<S>(cache, ids, units, &device, &mut outputs)?;
+    let computed = compute_groups(frozen, &input, groups, ids.len(), units);
+    // Check every new entry before storing any, so an error changes nothing.
+    check_new_entries::<S>(cache, ids, &computed, &outputs)?;
+    store::<S>(cache, ids, units, computed, &input_shapes, &mut outputs)?;
+    Ok(Activation::cat_batch(
+        outputs
+            .into_iter()
+            .map(|v| v.expect("every sample served"))
+            .collect(),
+    ))
+}
+
+/// The shapes of one sample of `input` (batch dimension 1), checked against
+/// what the cache holds for each of `ids`.
+fn check_inputs<S: StackTypes>(
+    cache: &StackCache<S>,
+    ids: &[u64],
+    input: &InnerInput<S>,
+) -> Result<Vec<Vec<usize>>, CacheError>
+where
+    InnerInput<S>: Cacheable<InnerBackendOf<S>>,
+    InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
+{
     let mut input_shapes = input.shapes();
     for shape in &mut input_shapes {
         shape[0] = 1;
@@ -75,22 +102,26 @@ where
     for &id in ids {
         cache.check_input(id, &input_shapes)?;
     }
-    let device = input.device();
-    let run = |flow, from| match frozen.forward_units(flow, from, units) {
-        Flow::Hidden(hidden) => hidden,
-        other => panic!(
-            "serve_prefix: unit {units} is not a hidden activation: {}",
-            other.kind()
-        ),
-    };
-    // Where each sample starts: 0 (from the input) or a cached front.
-    let mut outputs: Vec<Option<InnerHidden<S>>> = vec![None; ids.len()];
-    // Samples by the front they start from: (position in the batch, cached value).
+    Ok(input_shapes)
+}
+
+/// Looks every sample up: a full hit goes into `outputs`; the others are
+/// grouped by the front they start from (position in the batch, cached value).
+fn look_up<S: StackTypes>(
+    cache: &mut StackCache<S>,
+    ids: &[u64],
+    units: usize,
+    device: &burn::prelude::Device<InnerBackendOf<S>>,
+    outputs: &mut [Option<InnerHidden<S>>],
+) -> Result<BTreeMap<usize, Vec<Start<S>>>, CacheError>
+where
+    InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
+{
     let mut groups: BTreeMap<usize, Vec<Start<S>>> = BTreeMap::new();
     crate::fault::check(crate::fault::Phase::CacheRead, None, None)
         .map_err(|e| CacheError::Injected(e.to_string()))?;
     for (i, &id) in ids.iter().enumerate() {
-        match cache.lookup(id, units, &device) {
+        match cache.lookup(id, units, device) {
             Some((front, value)) if front == units => {
                 cache.count_hit(true);
                 outputs[i] = Some(value);
@@ -105,13 +136,32 @@ where
             }
         }
     }
+    Ok(groups)
+}
+
+/// Runs each group from its front to `units`, one batch per group; the
+/// output of each sample, with its position in the batch of `samples`.
+fn compute_groups<S: StackTypes>(
+    frozen: &FrozenUnits<S>,
+    input: &InnerInput<S>,
+    groups: BTreeMap<usize, Vec<Start<S>>>,
+    samples: usize,
+    units: usize,
+) -> Vec<(usize, InnerHidden<S>)> {
+    let run = |flow, from| match frozen.forward_units(flow, from, units) {
+        Flow::Hidden(hidden) => hidden,
+        other => panic!(
+            "serve_prefix: unit {units} is not a hidden activation: {}",
+            other.kind()
+        ),
+    };
     let mut computed = Vec::new();
     let mut singles = None;
     for (start, members) in groups {
         let sizes = vec![1; members.len()];
         let result = if start == 0 {
             let singles =
-                singles.get_or_insert_with(|| input.clone().split_batch(&vec![1; ids.len()]));
+                singles.get_or_insert_with(|| input.clone().split_batch(&vec![1; samples]));
             let rows = members.iter().map(|(i, _)| singles[*i].clone()).collect();
             run(Flow::Input(Activation::cat_batch(rows)), 0)
         } else {
@@ -125,8 +175,21 @@ where
             computed.push((*i, value));
         }
     }
-    // Check every new entry before storing any, so an error changes nothing.
-    for (i, value) in &computed {
+    computed
+}
+
+/// Checks the computed outputs against the cache, and the cached hits
+/// against the shape of the first output.
+fn check_new_entries<S: StackTypes>(
+    cache: &StackCache<S>,
+    ids: &[u64],
+    computed: &[(usize, InnerHidden<S>)],
+    outputs: &[Option<InnerHidden<S>>],
+) -> Result<(), CacheError>
+where
+    InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
+{
+    for (i, value) in computed {
         cache.check_output(ids[*i], value)?;
     }
     let reference = computed
@@ -144,18 +207,28 @@ where
             });
         }
     }
+    Ok(())
+}
+
+/// Caches every computed output and puts it in its place in `outputs`.
+fn store<S: StackTypes>(
+    cache: &mut StackCache<S>,
+    ids: &[u64],
+    units: usize,
+    computed: Vec<(usize, InnerHidden<S>)>,
+    input_shapes: &[Vec<usize>],
+    outputs: &mut [Option<InnerHidden<S>>],
+) -> Result<(), CacheError>
+where
+    InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
+{
     if !computed.is_empty() {
         crate::fault::check(crate::fault::Phase::CacheWrite, None, None)
             .map_err(|e| CacheError::Injected(e.to_string()))?;
     }
     for (i, value) in computed {
-        cache.insert(ids[i], units, value.clone(), &input_shapes)?;
+        cache.insert(ids[i], units, value.clone(), input_shapes)?;
         outputs[i] = Some(value);
     }
-    Ok(Activation::cat_batch(
-        outputs
-            .into_iter()
-            .map(|v| v.expect("every sample served"))
-            .collect(),
-    ))
+    Ok(())
 }

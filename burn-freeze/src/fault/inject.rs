@@ -1,7 +1,5 @@
-//! The fault registry, compiled only with the `fault-injection` feature:
-//! one fault armed at a time, at a chosen phase (and stage and micro-batch
-//! where they apply), fired once as an error, a panic or a stall where the
-//! code reaches it. Disarmed, each check is one relaxed atomic load.
+//! The fault registry (only with the `fault-injection` feature): one fault
+//! armed at a time, fired once as an error, a panic or a stall.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,27 +1,5 @@
-//! Fault injection for reliability tests: the points where a test may make
-//! a pipeline, a replica or the activation cache fail.
-//!
-//! The code of this workspace calls [`check`] at each such point (a stage's
-//! forward or backward pass, an optimizer step, an all-reduce, a cache read
-//! or write, a repartition, a replica spawn). What it does depends on the
-//! `fault-injection` cargo feature of `burn-freeze`:
-//!
-//! - **without it** (every ordinary build), [`check`] is an inlined no-op
-//!   that returns `Ok(())` and [`Injected`] is an empty enum, so the
-//!   compiler drops the error paths; the registry (`arm`, `disarm`, `Fault`)
-//!   is not compiled at all.
-//! - **with it** (the workspace's tests turn it on through their
-//!   dev-dependencies), a test arms one `Fault` with `arm`, and the first
-//!   `check` that matches it fires once: an error, a panic or a stall.
-//!   Disarmed, each check is one relaxed atomic load. Tests that arm faults
-//!   must not run concurrently with others that could reach the same points.
-//!
-//! ```
-//! use burn_freeze::fault::{self, Phase};
-//!
-//! // Nothing armed: every point passes.
-//! assert!(fault::check(Phase::Forward, Some(0), Some(3)).is_ok());
-//! ```
+//! Fault injection for reliability tests: the points where a test may make a pipeline, a
+//! replica or the activation cache fail (live only with the `fault-injection` feature).
 
 #[cfg(any(test, feature = "fault-injection"))]
 mod inject;
@@ -30,6 +8,28 @@ mod inject;
 pub use inject::{Fault, Injected, arm, check, disarm};
 
 /// Where a fault fires.
+///
+/// The code of this workspace calls [`check`] at each such point (a stage's
+/// forward or backward pass, an optimizer step, an all-reduce, a cache read
+/// or write, a repartition, a replica spawn). What it does depends on the
+/// `fault-injection` cargo feature of `burn-freeze`:
+///
+/// - **without it** (every ordinary build), [`check`] is an inlined no-op
+///   that returns `Ok(())` and [`Injected`] is an empty enum, so the
+///   compiler drops the error paths; the registry (`arm`, `disarm`, `Fault`)
+///   is not compiled at all.
+/// - **with it** (the workspace's tests turn it on through their
+///   dev-dependencies), a test arms one `Fault` with `arm`, and the first
+///   `check` that matches it fires once: an error, a panic or a stall.
+///   Disarmed, each check is one relaxed atomic load. Tests that arm faults
+///   must not run concurrently with others that could reach the same points.
+///
+/// ```
+/// use burn_freeze::fault::{self, Phase};
+///
+/// // Nothing armed: every point passes.
+/// assert!(fault::check(Phase::Forward, Some(0), Some(3)).is_ok());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Phase {
     /// A stage's forward pass of a micro-batch.

@@ -1,12 +1,4 @@
 //! AutoFreeze: when to move the freeze front, and how far.
-//!
-//! Every policy implements [`FreezePolicy`] and decides in *layers* (see
-//! [`LayerMap`]); [`AutoFreeze`] feeds a policy the per-layer gradient norms of
-//! each step and moves a [`FreezableStack`](crate::FreezableStack)'s front.
-//!
-//! - [`AlphaArgmin`]: the paper's rule, once per epoch.
-//! - [`ChangeRate`]: the gradient-change rule of Liu et al., every N steps.
-//! - [`FixedSchedule`]: a fixed list of fronts per epoch, or the alpha closed form.
 
 mod auto;
 mod change_rate;
@@ -38,6 +30,13 @@ pub struct FreezeState {
 /// A policy returns a new layer front, or `None` to keep the current one. A
 /// front below the current one is ignored (the front only moves up) and one
 /// beyond the model is clamped to it.
+///
+/// Every policy decides in *layers* (see [`LayerMap`]); [`AutoFreeze`] feeds
+/// a policy the per-layer gradient norms of each step and moves a
+/// [`FreezableStack`](crate::FreezableStack)'s front. The policies here:
+/// [`AlphaArgmin`], the paper's rule, once per epoch; [`ChangeRate`], the
+/// gradient-change rule of Liu et al., every N steps; [`FixedSchedule`], a
+/// fixed list of fronts per epoch, or the alpha closed form.
 pub trait FreezePolicy {
     /// After every training step, with that step's per-layer gradient norms
     /// (`None` for frozen layers).

@@ -1,6 +1,5 @@
 //! The paper's rule: the alpha bound combined with the argmin of per-layer
-//! gradient norms (by default those of the epoch's accumulated gradient),
-//! once per epoch.
+//! gradient norms, once per epoch.
 
 use burn::config::Config;
 

@@ -1,10 +1,5 @@
 //! Per-unit and per-layer gradient statistics, read from the gradients a
 //! training step already computed (no extra backward pass).
-//!
-//! A *unit* is a partition unit of the stack. A *layer* is what AutoFreeze
-//! counts: in the paper a transformer block, i.e. its attention unit and its
-//! MLP unit. A [`LayerMap`] says which units make each layer and turns a
-//! layer front into a unit front; the policies work on layers.
 
 use std::ops::Range;
 
@@ -143,6 +138,11 @@ impl<'a, B: AutodiffBackend> NormCollector<'a, B> {
 }
 
 /// Which units make each layer, for a stack of `units` units.
+///
+/// A *unit* is a partition unit of the stack. A *layer* is what AutoFreeze
+/// counts: in the paper a transformer block, i.e. its attention unit and its
+/// MLP unit. A [`LayerMap`] says which units make each layer and turns a
+/// layer front into a unit front; the policies work on layers.
 ///
 /// Freezing `f` layers freezes units `0..end of layer f-1`, so whatever lies
 /// before the first layer (an embedding) freezes with layer 0; freezing 0

@@ -1,31 +1,21 @@
 //! A small layer stack of the test's own (not one of the workspace's models),
 //! and helpers shared by the tests.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use burn::backend::Autodiff;
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 use burn::tensor::backend::AutodiffBackend;
+use burn_freeze::testing::xorshift;
 use burn_freeze::{InnerOf, LayerStack, StackMarker, Unit};
 
-/// The backend the tests run on: Flex, or LibTorch on the CPU (its default
-/// device) with the `test-tch` feature (`.ci/tch`).
-#[cfg(not(feature = "test-tch"))]
-pub type Inner = burn::backend::Flex;
-#[cfg(feature = "test-tch")]
-pub type Inner = burn::backend::LibTorch;
-pub type B = Autodiff<Inner>;
-/// What `B::name` reports for the backend above on its default device.
-pub const BACKEND_NAME: &str = if cfg!(feature = "test-tch") {
-    "autodiff<libtorch<cpu>>"
-} else {
-    "autodiff<flex>"
-};
+pub use burn_freeze::testing::{bit_identical, weights};
+
+burn_freeze::test_backend!();
 
 /// Unit 0: `[batch, tokens, input] -> [batch, tokens, hidden]`.
 #[derive(Module, Debug)]
@@ -129,10 +119,7 @@ pub fn sample(id: u64, tokens: usize) -> (Vec<f32>, i64) {
     let mut state = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
     let mut values = Vec::with_capacity(tokens * INPUT);
     for _ in 0..tokens * INPUT {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        values.push((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5);
+        values.push(xorshift(&mut state) - 0.5);
     }
     let label = (values.iter().take(INPUT).sum::<f32>() > 0.0) as i64 + (id % 2) as i64;
     (values, label)
@@ -165,26 +152,4 @@ pub fn graph_depth<const D: usize>(tensor: Tensor<B, D>) -> usize {
         TensorPrimitive::Float(t) => t.node.order,
         TensorPrimitive::QFloat(_) => unreachable!("float tensors only"),
     }
-}
-
-struct Collect(Vec<TensorData>);
-impl<Be: Backend> ModuleVisitor<Be> for Collect {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Be, D>>) {
-        self.0.push(param.val().to_data());
-    }
-}
-
-/// Every float parameter's values, in visiting order.
-pub fn weights<Be: Backend, Mo: Module<Be>>(module: &Mo) -> Vec<TensorData> {
-    let mut collect = Collect(Vec::new());
-    module.visit(&mut collect);
-    collect.0
-}
-
-/// Whether two sets of weights are bit for bit the same.
-pub fn bit_identical(a: &[TensorData], b: &[TensorData]) -> bool {
-    a.len() == b.len()
-        && a.iter()
-            .zip(b)
-            .all(|(x, y)| x.as_bytes() == y.as_bytes() && x.shape == y.shape)
 }

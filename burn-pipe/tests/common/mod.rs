@@ -2,27 +2,14 @@
 //! might write, and comparisons of gradients and weights by parameter id.
 #![allow(dead_code)]
 
-use burn::backend::Autodiff;
 use burn::module::{ModuleVisitor, Param, ParamId};
-use burn::nn::{Linear, LinearConfig};
+use burn::nn::Linear;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn_freeze::{LayerStack, StackMarker};
 
-/// The backend the tests run on: Flex, or LibTorch on the CPU (its default
-/// device) with the `test-tch` feature (`.ci/tch`).
-#[cfg(not(feature = "test-tch"))]
-pub type Inner = burn::backend::Flex;
-#[cfg(feature = "test-tch")]
-pub type Inner = burn::backend::LibTorch;
-pub type B = Autodiff<Inner>;
-/// What `B::name` reports for the backend above on its default device.
-pub const BACKEND_NAME: &str = if cfg!(feature = "test-tch") {
-    "autodiff<libtorch<cpu>>"
-} else {
-    "autodiff<flex>"
-};
+burn_freeze::test_backend!();
 
 /// Largest absolute difference relative to the largest magnitude of `expected`.
 pub fn relative_diff<const D: usize>(actual: Tensor<Inner, D>, expected: Tensor<Inner, D>) -> f32 {
@@ -247,24 +234,7 @@ pub fn user_stack(inputs: usize, width: usize, blocks: usize, classes: usize) ->
 /// A `Linear` of `i` inputs and `o` outputs whose weights and bias are
 /// uniform in +-1/sqrt(i) (Burn's default range), drawn from `seed`.
 pub fn seeded_linear(seed: u64, i: usize, o: usize) -> Linear<B> {
-    let device = Default::default();
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let bound = 1.0 / (i as f32).sqrt();
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * bound
-    };
-    let weight: Vec<f32> = (0..i * o).map(|_| next()).collect();
-    let bias: Vec<f32> = (0..o).map(|_| next()).collect();
-    let mut linear = LinearConfig::new(i, o).init::<B>(&device);
-    linear.weight = Param::from_tensor(Tensor::from_data(TensorData::new(weight, [i, o]), &device));
-    linear.bias = Some(Param::from_tensor(Tensor::from_data(
-        TensorData::new(bias, [o]),
-        &device,
-    )));
-    linear
+    burn_freeze::testing::seeded_linear(seed, i, o, &Default::default())
 }
 
 /// A batch for the user stack: inputs `[batch, inputs]` and labels `[batch]`.

@@ -2,7 +2,6 @@
 
 use burn::prelude::*;
 
-use super::model::Bert;
 use super::pooling::BertPooling;
 
 /// Configuration of a BERT sequence classifier.
@@ -102,16 +101,5 @@ impl BertConfig {
             return Err("num_classes must be at least 1".into());
         }
         Ok(())
-    }
-
-    /// Builds the model with freshly initialised weights.
-    ///
-    /// # Panics
-    /// When [`validate`](BertConfig::validate) fails.
-    pub fn init<B: Backend>(&self, device: &B::Device) -> Bert<B> {
-        if let Err(reason) = self.validate() {
-            panic!("invalid BERT configuration: {reason}");
-        }
-        Bert::new(self, device)
     }
 }

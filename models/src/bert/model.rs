@@ -137,3 +137,16 @@ impl<B: AutodiffBackend> IntoLayerStack for Bert<B> {
         })
     }
 }
+
+impl BertConfig {
+    /// Builds the model with freshly initialised weights.
+    ///
+    /// # Panics
+    /// When [`validate`](BertConfig::validate) fails.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Bert<B> {
+        if let Err(reason) = self.validate() {
+            panic!("invalid BERT configuration: {reason}");
+        }
+        Bert::new(self, device)
+    }
+}

@@ -1,22 +1,5 @@
-//! Pretrained checkpoints: Hugging Face BERT and timm / Hugging Face ViT
-//! safetensors files loaded into this crate's models.
-//!
-//! Loading goes through burn-store: the checkpoint's tensors are read from
-//! the safetensors file, renamed to the model's parameter paths by a
-//! [`KeyRemapper`](burn_store::KeyRemapper) (one anchored regex per tensor
-//! family), converted from PyTorch's layout (Linear weights transposed) by
-//! [`PyTorchToBurnAdapter`](burn_store::PyTorchToBurnAdapter), and applied to
-//! a freshly built model, with every shape checked.
-//!
-//! A load never succeeds partially in silence: a shape mismatch, a model
-//! parameter the checkpoint lacks, or a checkpoint tensor that matches
-//! nothing is an error naming the tensor, unless [`LoadOptions`] lists it
-//! (by default only BERT's classifier, which a pretrained encoder does not
-//! have, and buffers such as `position_ids`). What was allowed is in the
-//! [`LoadReport`].
-//!
-//! The loaded model is the same type as a freshly built one, so it splits into
-//! the same partition units and freezes and pipelines unchanged.
+//! Pretrained checkpoints: Hugging Face BERT and timm / Hugging Face ViT safetensors files
+//! loaded into this crate's models through burn-store.
 
 mod bert;
 mod error;
@@ -37,6 +20,13 @@ pub use error::PretrainedError;
 pub use vit::{VitCheckpointFormat, load_vit_safetensors};
 
 /// What a load may leave out, on either side.
+///
+/// A load never succeeds partially in silence: a shape mismatch, a model
+/// parameter the checkpoint lacks, or a checkpoint tensor that matches
+/// nothing is an error naming the tensor, unless [`LoadOptions`] lists it
+/// (by default only BERT's classifier, which a pretrained encoder does not
+/// have, and buffers such as `position_ids`). What was allowed is in the
+/// [`LoadReport`].
 ///
 /// ```
 /// use pipetransformer_models::pretrained::LoadOptions;
@@ -100,6 +90,16 @@ impl LoadOptions {
 }
 
 /// What a successful load did.
+///
+/// Loading goes through burn-store: the checkpoint's tensors are read from
+/// the safetensors file, renamed to the model's parameter paths by a
+/// [`KeyRemapper`](burn_store::KeyRemapper) (one anchored regex per tensor
+/// family), converted from PyTorch's layout (Linear weights transposed) by
+/// [`PyTorchToBurnAdapter`](burn_store::PyTorchToBurnAdapter), and applied to
+/// a freshly built model, with every shape checked.
+///
+/// The loaded model is the same type as a freshly built one, so it splits into
+/// the same partition units and freezes and pipelines unchanged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadReport {
     /// The safetensors file.
@@ -168,20 +168,7 @@ fn load_safetensors<B: Backend, M: Module<B>>(
     let remapper = KeyRemapper::from_patterns(rules.to_vec())
         .expect("the built-in renaming rules are valid regular expressions");
     let (snapshots, renamed) = remapper.remap(snapshots);
-
-    // Model path -> checkpoint name; two checkpoint tensors for one parameter
-    // would make the result depend on file order, so refuse them.
-    let mut original: HashMap<String, String> = HashMap::new();
-    for (new, old) in renamed {
-        if let Some(previous) = original.insert(new.clone(), old.clone()) {
-            return Err(PretrainedError::Unsupported {
-                path: path.to_path_buf(),
-                reason: format!(
-                    "checkpoint tensors `{previous}` and `{old}` both map to model parameter `{new}`"
-                ),
-            });
-        }
-    }
+    let original = checkpoint_names(path, renamed)?;
     let name_of = |model_path: &str| {
         original
             .get(model_path)
@@ -192,50 +179,10 @@ fn load_safetensors<B: Backend, M: Module<B>>(
     let result = module.apply(snapshots, None, Some(Box::new(PyTorchToBurnAdapter)), false);
 
     if let Some(error) = result.errors.first() {
-        return Err(match error {
-            ApplyError::ShapeMismatch {
-                path,
-                expected,
-                found,
-            } => PretrainedError::ShapeMismatch {
-                tensor: path.clone(),
-                checkpoint_name: name_of(path),
-                expected: expected.iter().copied().collect(),
-                found: found.iter().copied().collect(),
-            },
-            ApplyError::DTypeMismatch { path, .. }
-            | ApplyError::AdapterError { path, .. }
-            | ApplyError::LoadError { path, .. } => PretrainedError::Tensor {
-                tensor: path.clone(),
-                checkpoint_name: name_of(path),
-                message: error.to_string(),
-            },
-        });
+        return Err(apply_error(error, &name_of));
     }
-
-    let (missing_allowed, missing): (Vec<String>, Vec<String>) = result
-        .missing
-        .into_iter()
-        .map(|(model_path, _)| model_path)
-        .partition(|model_path| options.allows_missing(model_path));
-    if let Some(first) = missing.first() {
-        return Err(PretrainedError::Missing {
-            first: first.clone(),
-            all: missing,
-        });
-    }
-
-    let (unused_ignored, unused): (Vec<String>, Vec<String>) = result
-        .unused
-        .iter()
-        .map(|model_path| name_of(model_path))
-        .partition(|name| options.ignores_unused(name));
-    if let Some(first) = unused.first() {
-        return Err(PretrainedError::Unused {
-            first: first.clone(),
-            all: unused,
-        });
-    }
+    let missing_allowed = allowed_missing(result.missing, options)?;
+    let unused_ignored = ignored_unused(&result.unused, options, &name_of)?;
 
     let report = LoadReport {
         file: path.to_path_buf(),
@@ -251,6 +198,89 @@ fn load_safetensors<B: Backend, M: Module<B>>(
         "loaded checkpoint"
     );
     Ok((module, report))
+}
+
+/// Model path -> checkpoint name, from the renamer's `(new, old)` pairs; two
+/// checkpoint tensors for one parameter would make the result depend on file
+/// order, so refuse them.
+fn checkpoint_names(
+    path: &Path,
+    renamed: Vec<(String, String)>,
+) -> Result<HashMap<String, String>, PretrainedError> {
+    let mut original: HashMap<String, String> = HashMap::new();
+    for (new, old) in renamed {
+        if let Some(previous) = original.insert(new.clone(), old.clone()) {
+            return Err(PretrainedError::Unsupported {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "checkpoint tensors `{previous}` and `{old}` both map to model parameter `{new}`"
+                ),
+            });
+        }
+    }
+    Ok(original)
+}
+
+/// The error for a tensor burn-store could not apply, naming it as in the
+/// checkpoint (`name_of`) and in the model.
+fn apply_error(error: &ApplyError, name_of: &impl Fn(&str) -> String) -> PretrainedError {
+    match error {
+        ApplyError::ShapeMismatch {
+            path,
+            expected,
+            found,
+        } => PretrainedError::ShapeMismatch {
+            tensor: path.clone(),
+            checkpoint_name: name_of(path),
+            expected: expected.iter().copied().collect(),
+            found: found.iter().copied().collect(),
+        },
+        ApplyError::DTypeMismatch { path, .. }
+        | ApplyError::AdapterError { path, .. }
+        | ApplyError::LoadError { path, .. } => PretrainedError::Tensor {
+            tensor: path.clone(),
+            checkpoint_name: name_of(path),
+            message: error.to_string(),
+        },
+    }
+}
+
+/// The model parameters the checkpoint lacked, if `options` allows each.
+fn allowed_missing(
+    missing: Vec<(String, String)>,
+    options: &LoadOptions,
+) -> Result<Vec<String>, PretrainedError> {
+    let (missing_allowed, missing): (Vec<String>, Vec<String>) = missing
+        .into_iter()
+        .map(|(model_path, _)| model_path)
+        .partition(|model_path| options.allows_missing(model_path));
+    if let Some(first) = missing.first() {
+        return Err(PretrainedError::Missing {
+            first: first.clone(),
+            all: missing,
+        });
+    }
+    Ok(missing_allowed)
+}
+
+/// The checkpoint tensors that matched nothing (named as in the checkpoint),
+/// if `options` ignores each.
+fn ignored_unused(
+    unused: &[String],
+    options: &LoadOptions,
+    name_of: &impl Fn(&str) -> String,
+) -> Result<Vec<String>, PretrainedError> {
+    let (unused_ignored, unused): (Vec<String>, Vec<String>) = unused
+        .iter()
+        .map(|model_path| name_of(model_path))
+        .partition(|name| options.ignores_unused(name));
+    if let Some(first) = unused.first() {
+        return Err(PretrainedError::Unused {
+            first: first.clone(),
+            all: unused,
+        });
+    }
+    Ok(unused_ignored)
 }
 
 /// The four renaming rules of a norm, whose checkpoint names end in

@@ -2,8 +2,6 @@
 
 use burn::prelude::*;
 
-use super::model::Vit;
-
 /// Configuration of a Vision Transformer (ViT) classifier.
 ///
 /// ```
@@ -96,16 +94,5 @@ impl VitConfig {
             return Err("num_classes must be at least 1".into());
         }
         Ok(())
-    }
-
-    /// Builds the model with freshly initialised weights.
-    ///
-    /// # Panics
-    /// When [`validate`](VitConfig::validate) fails.
-    pub fn init<B: Backend>(&self, device: &B::Device) -> Vit<B> {
-        if let Err(reason) = self.validate() {
-            panic!("invalid ViT configuration: {reason}");
-        }
-        Vit::new(self, device)
     }
 }

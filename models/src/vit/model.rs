@@ -137,3 +137,16 @@ impl<B: AutodiffBackend> IntoLayerStack for Vit<B> {
         })
     }
 }
+
+impl VitConfig {
+    /// Builds the model with freshly initialised weights.
+    ///
+    /// # Panics
+    /// When [`validate`](VitConfig::validate) fails.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Vit<B> {
+        if let Err(reason) = self.validate() {
+            panic!("invalid ViT configuration: {reason}");
+        }
+        Vit::new(self, device)
+    }
+}

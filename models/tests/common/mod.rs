@@ -1,22 +1,9 @@
 //! Helpers shared by the model tests.
 #![allow(dead_code)]
 
-use burn::backend::Autodiff;
 use burn::prelude::*;
 
-/// The backend the tests run on: Flex, or LibTorch on the CPU (its default
-/// device) with the `test-tch` feature (`.ci/tch`).
-#[cfg(not(feature = "test-tch"))]
-pub type Inner = burn::backend::Flex;
-#[cfg(feature = "test-tch")]
-pub type Inner = burn::backend::LibTorch;
-pub type B = Autodiff<Inner>;
-/// What `B::name` reports for the backend above on its default device.
-pub const BACKEND_NAME: &str = if cfg!(feature = "test-tch") {
-    "autodiff<libtorch<cpu>>"
-} else {
-    "autodiff<flex>"
-};
+burn_freeze::test_backend!();
 
 /// Largest absolute difference between two tensors, relative to the largest
 /// magnitude in `expected` (at least 1).
