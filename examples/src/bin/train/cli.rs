@@ -4,9 +4,10 @@
 use std::path::{Path, PathBuf};
 
 use burn_elastic_dp::{
-    ArgminStatistic, BatchPolicy, CheckpointConfig, CostModel, FreezeRule, LayerSpec, MemoryConfig,
-    Parts, ReplicaConfig, TrainerConfig,
+    BatchPolicy, CheckpointConfig, CostModel, FreezeRule, LayerSpec, MemoryConfig, Parts,
+    ReplicaConfig, TrainerConfig,
 };
+use burn_freeze::ArgminStatistic;
 use burn_pipe::PipelineConfig;
 use clap::{Parser, ValueEnum};
 use pipetransformer_jobs::backend;

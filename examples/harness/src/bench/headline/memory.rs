@@ -1,8 +1,9 @@
 //! The headline's memory: memory-aware AutoPipe's estimate against the
 //! measured peak heap, and the memory-bound setting's budget.
 
-use burn_elastic_dp::shape::{MemoryFit, UnitCosts, initial_shape};
+use burn_elastic_dp::shape::{MemoryFit, initial_shape};
 use burn_elastic_dp::{BatchPolicy, TrainerConfig};
+use burn_pipe::UnitCosts;
 use burn_pipe::{MemoryQuery, Schedule, UnitMemory, measure_unit_memory};
 use serde::Serialize;
 

@@ -174,7 +174,7 @@ pub fn run(
         spec,
         devices: DEVICES,
         device_bytes: memory.budget,
-        micro_batches: "the paper's per K (burn_pipe::partition::default_micro_batches)".into(),
+        micro_batches: "the paper's per K (burn_pipe::default_micro_batches)".into(),
         cost_model: "AutoPipe: CostModel::Parameters { frozen_factor: 1/3 }; ideal: profiled units"
             .into(),
         unit_profile_ms,
