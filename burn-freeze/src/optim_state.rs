@@ -45,24 +45,13 @@ where
 /// `O: StackOptimizer<S>`.
 ///
 /// ```
-/// use burn::backend::{Autodiff, Flex};
-/// use burn::nn::Linear;
-/// use burn::optim::{AdamConfig, SgdConfig};
-/// use burn::prelude::*;
-/// use burn_freeze::{StackMarker, StackOptimizer, TrainableUnits};
+/// use burn::optim::Optimizer;
+/// use burn_freeze::{ParamStates, StackOptimizer, StackTypes};
 ///
-/// #[derive(Module, Debug)]
-/// pub struct Dense<B: Backend> { linear: Linear<B> }
-/// impl<B: Backend> Dense<B> {
-///     fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> { self.linear.forward(x) }
+/// /// Parameters with optimizer state, for any stack and optimizer.
+/// fn with_state<S: StackTypes, O: StackOptimizer<S>>(optimizer: &O) -> usize {
+///     optimizer.to_record().into_states().len()
 /// }
-/// burn_freeze::unit!(Dense<B>: Tensor<B, 2> => Tensor<B, 2>);
-/// type B = Autodiff<Flex>;
-/// type S = StackMarker<B, Dense<B>, Dense<B>, Dense<B>>;
-///
-/// fn takes<O: StackOptimizer<S>>(_: O) {}
-/// takes(SgdConfig::new().init::<B, TrainableUnits<S>>());
-/// takes(AdamConfig::new().init::<B, TrainableUnits<S>>());
 /// ```
 pub trait StackOptimizer<S: StackTypes>:
     Optimizer<TrainableUnits<S>, S::Backend, Record: ParamStates> + 'static
