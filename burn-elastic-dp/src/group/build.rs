@@ -19,7 +19,7 @@ impl ReplicaConfig {
     ///
     /// Fails, before any replica is built, on no replica, replicas of
     /// different stage counts, a zero timeout, a bad node configuration, or a
-    /// pipeline configuration that does not fit (see [`PipelineConfig::init`]).
+    /// pipeline configuration that does not fit (see [`PipelineConfig::init`](burn_pipe::PipelineConfig::init)).
     ///
     /// With [`nodes`](Self::nodes), it first joins the other processes
     /// (waiting at most `timeout_ms` for them), and every step then expects

@@ -42,7 +42,7 @@ where
     /// ([`serve_prefix`](burn_freeze::plumbing::serve_prefix), on replica 0's first
     /// device, for the whole batch): `ids[i]` names sample `i`, the same id
     /// for the same sample in every epoch. Every replica's pipeline then
-    /// starts after those units ([`Pipeline::forward_backward_from`]), so no
+    /// starts after those units ([`Pipeline::forward_backward_from`](burn_pipe::Pipeline::forward_backward_from)), so no
     /// frozen unit runs for a cached sample. Gradients and loss equal
     /// `forward_backward`'s. Without a cache, or with no frozen unit on stage
     /// 0, this is `forward_backward`.

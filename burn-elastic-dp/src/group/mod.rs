@@ -55,7 +55,7 @@ pub struct GroupReport {
 /// then steps with the gradients of the whole batch and the replicas stay
 /// identical.
 ///
-/// The group has a freeze front ([`FreezeFront`]): freezing and
+/// The group has a freeze front ([`FreezeFront`](burn_freeze::FreezeFront)): freezing and
 /// repartitioning act on every replica at once, so `AutoFreeze` drives a
 /// group as it drives one pipeline.
 ///

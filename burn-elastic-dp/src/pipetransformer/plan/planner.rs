@@ -16,8 +16,8 @@ use crate::pipetransformer::shape::{MemoryFit, Shape, StartError, reshape, start
 use crate::sampler::BatchPolicy;
 
 /// Plans every epoch of `config` on `model`, and the baseline. Each
-/// epoch's shape comes from the trainer's shape rule ([`initial_shape`],
-/// then [`reshape`] whenever the front moves), on the units' costs under
+/// epoch's shape comes from the trainer's shape rule ([`initial_shape`](crate::shape::initial_shape),
+/// then [`reshape`](crate::shape::reshape) whenever the front moves), on the units' costs under
 /// [`PlanConfig::costs`].
 ///
 /// ```

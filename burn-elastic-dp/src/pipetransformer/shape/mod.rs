@@ -6,7 +6,7 @@
 //! The [`Trainer`](crate::Trainer) applies it at every transition, and the
 //! planner ([`plan`](crate::pipetransformer::plan::plan)) calls it for every epoch it
 //! predicts: one rule. Unit costs follow burn-pipe's one cost rule
-//! ([`UnitCosts`]).
+//! ([`UnitCosts`](burn_pipe::UnitCosts)).
 
 mod form;
 mod memory;

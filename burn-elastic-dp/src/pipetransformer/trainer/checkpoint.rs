@@ -26,7 +26,7 @@ where
     T: Activation<S::Backend> + Send + 'static,
 {
     /// Writes a checkpoint of the run into the configured directory (see
-    /// [`CheckpointConfig`]; the trainer also does so every `every_steps`
+    /// [`CheckpointConfig`](crate::CheckpointConfig); the trainer also does so every `every_steps`
     /// steps, after each transition and at each epoch's end): weights,
     /// optimizer state, freeze front and policy statistics, pipeline shape
     /// and costs, replica count, the sampler's place in the epoch and the

@@ -40,7 +40,7 @@ impl Parts {
 }
 
 /// The freeze policy, in layers (see [`LayerSpec`]): which of burn-freeze's
-/// policies (implementations of its [`FreezePolicy`] trait) the trainer
+/// policies (implementations of its [`FreezePolicy`](burn_freeze::FreezePolicy) trait) the trainer
 /// runs, and with what values; the configuration names a rule, the trainer
 /// makes the policy from it.
 #[derive(Config, Debug, PartialEq)]
@@ -53,7 +53,7 @@ pub enum FreezeRule {
     },
     /// The paper's AutoFreeze, once per epoch: the alpha bound combined with
     /// the argmin of the epoch's per-layer gradient norms (burn-freeze's
-    /// [`AlphaArgmin`]).
+    /// [`AlphaArgmin`](burn_freeze::AlphaArgmin)).
     ///
     /// ```
     /// use burn_elastic_dp::{FreezeRule, TrainerConfig};
