@@ -4,7 +4,7 @@
 //! `state.json`, and the newest checkpoint that verifies used on resume:
 //! [`Trainer::save_checkpoint`] and [`Trainer::resume`], and the files.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use burn::module::Module;
 use burn::prelude::*;
@@ -125,9 +125,13 @@ where
             read_latest(&one_process_dir(&checkpoint.dir)?)?
         };
         let device = devices.first().cloned().unwrap_or_default();
-        let (stack, optimizer) = load_weights::<S, O>(stack, &loaded, &device)?;
-        let path = loaded.path;
-        let state = loaded.state;
+        let Loaded {
+            path,
+            state,
+            model,
+            optimizer,
+        } = loaded;
+        let (stack, optimizer) = load_weights::<S, O>(stack, model, optimizer, &path, &device)?;
         let mut trainer = Self::new(stack, devices, config, make_optimizer, loss, true)?;
         trainer.restore(state, optimizer)?;
         tracing::info!(
@@ -196,7 +200,9 @@ where
 /// A checkpoint's weights loaded into `stack`, and its optimizer state.
 fn load_weights<S, O>(
     stack: LayerStack<S>,
-    loaded: &Loaded,
+    model: Vec<u8>,
+    optimizer: Vec<u8>,
+    path: &Path,
     device: &Device<S::Backend>,
 ) -> Result<(LayerStack<S>, O::Record), TrainerError>
 where
@@ -204,18 +210,13 @@ where
     O: StackOptimizer<S>,
 {
     let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
-    let record = recorder.load(loaded.model.clone(), device).map_err(|e| {
-        TrainerError::Checkpoint(format!("{}: the weights: {e}", loaded.path.display()))
-    })?;
+    let record = recorder
+        .load(model, device)
+        .map_err(|e| TrainerError::Checkpoint(format!("{}: the weights: {e}", path.display())))?;
     let (first, middle, last) = stack.into_parts().load_record(record);
     let stack = LayerStack::from_parts(first, middle, last);
-    let optimizer: O::Record = recorder
-        .load(loaded.optimizer.clone(), device)
-        .map_err(|e| {
-            TrainerError::Checkpoint(format!(
-                "{}: the optimizer state: {e}",
-                loaded.path.display()
-            ))
-        })?;
+    let optimizer: O::Record = recorder.load(optimizer, device).map_err(|e| {
+        TrainerError::Checkpoint(format!("{}: the optimizer state: {e}", path.display()))
+    })?;
     Ok((stack, optimizer))
 }
