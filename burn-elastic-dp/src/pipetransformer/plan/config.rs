@@ -261,13 +261,9 @@ impl PlanConfig {
                 },
             )?;
         }
-        check(self.memory.device_bytes != Some(0), || {
-            "the device memory must be at least 1 byte, got 0".into()
-        })?;
-        let slots = self.memory.optimizer_slots;
-        check(slots.is_finite() && (0.0..=16.0).contains(&slots), || {
-            format!("optimizer slots must be in [0, 16] copies of the parameters, got {slots}")
-        })?;
+        self.memory
+            .check()
+            .map_err(|error| PlanError::Invalid(error.to_string()))?;
         let batch = match self.batch {
             BatchPolicy::FixedGlobal { batch } | BatchPolicy::PerReplica { batch } => batch,
         };
