@@ -57,7 +57,8 @@ pub use nodes::mpi::{BUCKET_VALUES as MPI_BUCKET_VALUES, Mpi};
 pub use nodes::{ExchangePhases, NodeConfig};
 pub use pipetransformer::trainer::{
     CacheableStack, CheckpointConfig, CostModel, EpochReport, FreezeRule, LayerSpec, MemoryConfig,
-    Parts, StepFlow, StepProgress, Trainer, TrainerConfig, TrainerError, Transition,
+    Parts, StepFlow, StepProgress, Trainer, TrainerBackend, TrainerConfig, TrainerError,
+    TrainerInput, TrainerParts, TrainerTypes, Transition,
 };
 pub use sampler::{BatchPolicy, ElasticSampler};
 pub use stop::{STOPPED_EXIT_CODE, StopSignal};

@@ -38,7 +38,7 @@ use burn::prelude::*;
 use burn_elastic_dp::plan::{ClusterConfig, Link, ModelSpec, PlanConfig, UnitSpec, plan};
 use burn_elastic_dp::{
     BatchPolicy, CheckpointConfig, CostModel, EpochReport, FreezeRule, LayerSpec, MemoryConfig,
-    Mpi, NodeConfig, ReplicaConfig, Trainer, TrainerConfig,
+    Mpi, NodeConfig, ReplicaConfig, Trainer, TrainerConfig, TrainerParts,
 };
 use burn_freeze::TrainableUnits;
 use burn_pipe::PipelineConfig;
@@ -54,9 +54,11 @@ const OUT: &str = "LOCKSTEP_OUT";
 
 type Item = ([f32; WIDTH], i64);
 type Job = Trainer<
-    Types,
-    OptimizerAdaptor<burn::optim::Adam, TrainableUnits<Types>, B>,
-    Tensor<B, 1, Int>,
+    TrainerParts<
+        Types,
+        OptimizerAdaptor<burn::optim::Adam, TrainableUnits<Types>, B>,
+        Tensor<B, 1, Int>,
+    >,
 >;
 
 /// `len` samples, the same in every process.

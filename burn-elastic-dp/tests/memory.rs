@@ -75,13 +75,15 @@ fn init(
     config: TrainerConfig,
 ) -> Result<
     burn_elastic_dp::Trainer<
-        Types,
-        burn::optim::adaptor::OptimizerAdaptor<
-            burn::optim::Adam,
-            burn_freeze::TrainableUnits<Types>,
-            B,
+        burn_elastic_dp::TrainerParts<
+            Types,
+            burn::optim::adaptor::OptimizerAdaptor<
+                burn::optim::Adam,
+                burn_freeze::TrainableUnits<Types>,
+                B,
+            >,
+            Tensor<B, 1, Int>,
         >,
-        Tensor<B, 1, Int>,
     >,
     TrainerError,
 > {

@@ -10,6 +10,7 @@ use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn_elastic_dp::{
     BatchPolicy, CostModel, FreezeRule, ReplicaConfig, Trainer, TrainerConfig, TrainerError,
+    TrainerParts,
 };
 use burn_freeze::{LayerStack, TrainableUnits};
 use burn_pipe::{
@@ -62,9 +63,11 @@ fn config() -> TrainerConfig {
 }
 
 type Run = Trainer<
-    Types,
-    burn::optim::adaptor::OptimizerAdaptor<burn::optim::Adam, TrainableUnits<Types>, B>,
-    Tensor<B, 1, Int>,
+    TrainerParts<
+        Types,
+        burn::optim::adaptor::OptimizerAdaptor<burn::optim::Adam, TrainableUnits<Types>, B>,
+        Tensor<B, 1, Int>,
+    >,
 >;
 
 fn trainer(config: TrainerConfig) -> Run {

@@ -37,7 +37,9 @@ use burn_pipe::MicroBatchLoss;
 
 pub use item::{FromTrainStep, StepInfo};
 
-use crate::pipetransformer::trainer::{CacheableStack, Trainer, TrainerConfig, TrainerError};
+use crate::pipetransformer::trainer::{
+    CacheableStack, Trainer, TrainerConfig, TrainerError, TrainerParts,
+};
 use burn_freeze::StackOptimizer;
 use item::Scored;
 use learner_lr::LearnerLr;
@@ -124,7 +126,7 @@ where
         stack: LayerStack<S>,
         resume: bool,
         scored: Scored<<S as StackTypes>::Output, T>,
-    ) -> Result<Trainer<S, O, T>, TrainerError>
+    ) -> Result<Trainer<TrainerParts<S, O, T>>, TrainerError>
     where
         O::Record: Clone,
     {
@@ -254,7 +256,7 @@ where
     /// a step when the interrupter is set.
     fn train_epoch(
         &mut self,
-        trainer: &mut Trainer<S, O, T>,
+        trainer: &mut Trainer<TrainerParts<S, O, T>>,
         global: &Progress,
     ) -> Result<(), TrainerError> {
         let dataset = &self.strategy.dataset;
@@ -305,7 +307,7 @@ where
     }
 
     /// The trainer's weights into the learner's model.
-    fn write_back(&self, trainer: &Trainer<S, O, T>) -> Result<(), TrainerError> {
+    fn write_back(&self, trainer: &Trainer<TrainerParts<S, O, T>>) -> Result<(), TrainerError> {
         let stack = trainer
             .to_layer_stack()
             .to_device(&self.strategy.devices[0]);

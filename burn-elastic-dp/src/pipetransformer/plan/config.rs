@@ -10,7 +10,7 @@ use burn_pipe::Schedule;
 
 use crate::AllReduce;
 use crate::pipetransformer::plan::collective_model::Link;
-use crate::pipetransformer::plan::error::{PlanError, check};
+use crate::pipetransformer::plan::error::{PlanError, check, refused};
 use crate::pipetransformer::plan::model::ModelSpec;
 use crate::pipetransformer::plan::sim::parallelism_at;
 use crate::pipetransformer::shape::Reshaping;
@@ -223,23 +223,20 @@ impl PlanConfig {
         self.validate_costs()
     }
 
-    /// The freeze rule, on a model of `layers` layers.
+    /// The freeze rule, on a model of `layers` layers: the trainer's check
+    /// ([`FreezeRule::check`]), fronts within the model, and a rule that can
+    /// be planned.
     fn validate_freeze(&self, layers: usize) -> Result<(), PlanError> {
-        match &self.freeze {
-            FreezeRule::AlphaSchedule { alpha } | FreezeRule::AlphaArgmin { alpha, .. } => {
-                check(*alpha > 0.0 && *alpha < 1.0, || {
-                    format!("alpha must be in (0, 1), got {alpha}")
-                })?
-            }
-            FreezeRule::Fronts { layers: fronts } => check(
-                fronts.iter().all(|&f| f <= layers) && fronts.windows(2).all(|w| w[0] <= w[1]),
-                || format!("fronts must be non-decreasing, in 0..={layers} layers, got {fronts:?}"),
-            )?,
-            FreezeRule::ChangeRate { .. } => {
-                return Err(PlanError::Invalid(
-                    "the freeze rule must be AlphaSchedule, AlphaArgmin or Fronts (ChangeRate decides from the run's gradients and cannot be planned)".into(),
-                ));
-            }
+        if let FreezeRule::ChangeRate { .. } = self.freeze {
+            return Err(PlanError::Invalid(
+                "the freeze rule must be AlphaSchedule, AlphaArgmin or Fronts (ChangeRate decides from the run's gradients and cannot be planned)".into(),
+            ));
+        }
+        self.freeze.check().map_err(refused)?;
+        if let FreezeRule::Fronts { layers: fronts } = &self.freeze {
+            check(fronts.iter().all(|&f| f <= layers), || {
+                format!("fronts must be in 0..={layers} layers, got {fronts:?}")
+            })?;
         }
         Ok(())
     }
@@ -261,9 +258,7 @@ impl PlanConfig {
                 },
             )?;
         }
-        self.memory
-            .check()
-            .map_err(|error| PlanError::Invalid(error.to_string()))?;
+        self.memory.check().map_err(refused)?;
         let batch = match self.batch {
             BatchPolicy::FixedGlobal { batch } | BatchPolicy::PerReplica { batch } => batch,
         };
@@ -276,11 +271,7 @@ impl PlanConfig {
 
     /// The cost model, transitions, cache, overheads and buckets.
     fn validate_costs(&self) -> Result<(), PlanError> {
-        if let CostModel::Parameters { frozen_factor } = self.costs {
-            check((0.0..=1.0).contains(&frozen_factor), || {
-                format!("frozen factor must be in [0, 1], got {frozen_factor}")
-            })?;
-        }
+        self.costs.check().map_err(refused)?;
         let t = &self.transitions;
         let ok = |x: f64| x.is_finite() && x >= 0.0;
         check(

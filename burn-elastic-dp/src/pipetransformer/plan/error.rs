@@ -1,5 +1,7 @@
 //! Why a plan could not be made.
 
+use crate::pipetransformer::trainer::TrainerError;
+
 /// A planner input that does not fit.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PlanError {
@@ -15,4 +17,9 @@ pub(crate) fn check(ok: bool, message: impl FnOnce() -> String) -> Result<(), Pl
     } else {
         Err(PlanError::Invalid(message()))
     }
+}
+
+/// A value the trainer's own check refused, as the planner reports it.
+pub(crate) fn refused(error: TrainerError) -> PlanError {
+    PlanError::Invalid(error.to_string())
 }

@@ -213,7 +213,10 @@ fn bad_values_name_their_range() {
         &costs,
     )
     .unwrap_err();
-    assert!(err.to_string().contains("alpha must be in (0, 1)"));
+    assert!(
+        err.to_string()
+            .contains("freeze.alpha = 1.5 is not accepted: expected a number in (0, 1)")
+    );
     let err = plan(&paper(0), &costs).unwrap_err();
     assert!(err.to_string().contains("epochs must be in 1..=10000"));
     let err = plan(&paper(3).with_stages(Some(40)), &costs).unwrap_err();

@@ -1,18 +1,13 @@
 //! What a trainer shows of itself: its configuration, front, costs, rate, group, counts and model.
 
-use burn_freeze::{Activation, InnerInput, InnerOutput, LayerStack, StackTypes};
+use burn_freeze::{InnerInput, InnerOutput, LayerStack};
 use burn_pipe::UnitCosts;
 
+use super::bounds::TrainerTypes;
 use super::{Trainer, TrainerConfig};
 use crate::group::ReplicaGroup;
-use burn_freeze::StackOptimizer;
 
-impl<S, O, T> Trainer<S, O, T>
-where
-    S: StackTypes,
-    O: StackOptimizer<S>,
-    T: Activation<S::Backend> + Send + 'static,
-{
+impl<TT: TrainerTypes> Trainer<TT> {
     /// The configuration.
     pub fn config(&self) -> &TrainerConfig {
         &self.config
@@ -49,7 +44,7 @@ where
     }
 
     /// The replica group.
-    pub fn group(&self) -> &ReplicaGroup<S, O> {
+    pub fn group(&self) -> &ReplicaGroup<TT::Stack, TT::Optimizer> {
         &self.group
     }
 
@@ -64,17 +59,17 @@ where
     }
 
     /// The model's output for evaluation (no graph; dropout off).
-    pub fn forward_inner(&self, input: InnerInput<S>) -> InnerOutput<S> {
+    pub fn forward_inner(&self, input: InnerInput<TT::Stack>) -> InnerOutput<TT::Stack> {
         self.group.forward_inner(input)
     }
 
     /// A copy of the whole model (frozen units too), to evaluate or save.
-    pub fn to_layer_stack(&self) -> LayerStack<S> {
+    pub fn to_layer_stack(&self) -> LayerStack<TT::Stack> {
         self.group.to_layer_stack()
     }
 
     /// The trained model; the trainer ends.
-    pub fn into_layer_stack(self) -> LayerStack<S> {
+    pub fn into_layer_stack(self) -> LayerStack<TT::Stack> {
         self.group.into_layer_stack()
     }
 }

@@ -1,6 +1,69 @@
-//! The bound a [`Trainer`](super::Trainer) puts on its stack, named once (the optimizer's is burn-freeze's `StackOptimizer`).
+//! The types a [`Trainer`](super::Trainer) is made of, bundled once, and the bound it puts on its stack (the optimizer's is burn-freeze's `StackOptimizer`).
 
-use burn_freeze::{AutodiffActivation, Cacheable, Differentiable, InnerBackendOf, StackTypes};
+use std::marker::PhantomData;
+
+use burn::optim::Optimizer;
+use burn_freeze::{
+    Activation, AutodiffActivation, Cacheable, Differentiable, InnerBackendOf, StackOptimizer,
+    StackTypes, TrainableUnits,
+};
+
+/// The three types a [`Trainer`](super::Trainer) is made of, named once
+/// (burn-train's habit with its `LearningComponentsTypes`): the layer stack,
+/// the optimizer that steps each stage, and the targets the loss scores.
+/// Every trainer is a `Trainer<TrainerParts<S, O, T>>`, which
+/// [`TrainerConfig::init`](super::TrainerConfig::init) builds from a stack
+/// of types `S`, an optimizer factory and a loss; code generic over trainers
+/// names this one bound.
+///
+/// ```
+/// use burn_elastic_dp::{Trainer, TrainerTypes};
+///
+/// /// Steps trained so far, with the freeze front, for any trainer.
+/// fn progress<TT: TrainerTypes>(trainer: &Trainer<TT>) -> (usize, usize) {
+///     (trainer.steps(), trainer.front())
+/// }
+/// ```
+pub trait TrainerTypes {
+    /// The layer stack's types.
+    type Stack: StackTypes;
+    /// The optimizer of one stage's trainable units.
+    type Optimizer: StackOptimizer<Self::Stack>;
+    /// The targets of a batch, which the loss scores against the output.
+    type Targets: Activation<<Self::Stack as StackTypes>::Backend> + Send + 'static;
+}
+
+/// The [`TrainerTypes`] of a stack of types `S`, an optimizer `O` and
+/// targets `T`: a marker, never made.
+pub struct TrainerParts<S, O, T> {
+    _types: PhantomData<fn() -> (S, O, T)>,
+}
+
+impl<S, O, T> TrainerTypes for TrainerParts<S, O, T>
+where
+    S: StackTypes,
+    O: StackOptimizer<S>,
+    T: Activation<S::Backend> + Send + 'static,
+{
+    type Stack = S;
+    type Optimizer = O;
+    type Targets = T;
+}
+
+/// The backend a trainer of `TT` trains on (its stack's).
+pub type TrainerBackend<TT> = <<TT as TrainerTypes>::Stack as StackTypes>::Backend;
+
+/// The input of a trainer's batches (its stack's input).
+pub type TrainerInput<TT> = <<TT as TrainerTypes>::Stack as StackTypes>::Input;
+
+/// The stack's output, which the loss scores.
+pub(crate) type TrainerOutput<TT> = <<TT as TrainerTypes>::Stack as StackTypes>::Output;
+
+/// What a stage's optimizer records (its state, checkpointed).
+pub(crate) type OptimizerRecord<TT> = <<TT as TrainerTypes>::Optimizer as Optimizer<
+    TrainableUnits<<TT as TrainerTypes>::Stack>,
+    TrainerBackend<TT>,
+>>::Record;
 
 /// A stack whose frozen prefix AutoCache can serve (its input and hidden
 /// activations on the inner backend are [`Cacheable`]) and whose output can
@@ -13,22 +76,21 @@ use burn_freeze::{AutodiffActivation, Cacheable, Differentiable, InnerBackendOf,
 /// ```
 /// use burn::data::dataloader::batcher::Batcher;
 /// use burn::data::dataset::Dataset;
-/// use burn_elastic_dp::{CacheableStack, Trainer, TrainerError};
-/// use burn_freeze::{Activation, StackOptimizer};
+/// use burn_elastic_dp::{
+///     CacheableStack, Trainer, TrainerBackend, TrainerError, TrainerInput, TrainerTypes,
+/// };
 ///
 /// /// Trains until `epochs` epochs are done; the last epoch's mean loss.
-/// fn train_to<S, O, T, I, D, Bt>(
-///     trainer: &mut Trainer<S, O, T>,
+/// fn train_to<TT, I, D, Bt>(
+///     trainer: &mut Trainer<TT>,
 ///     data: &D,
 ///     batcher: &Bt,
 ///     epochs: usize,
 /// ) -> Result<f64, TrainerError>
 /// where
-///     S: CacheableStack,
-///     O: StackOptimizer<S>,
-///     T: Activation<S::Backend> + Send + 'static,
+///     TT: TrainerTypes<Stack: CacheableStack>,
 ///     D: Dataset<I>,
-///     Bt: Batcher<S::Backend, I, (S::Input, T)>,
+///     Bt: Batcher<TrainerBackend<TT>, I, (TrainerInput<TT>, TT::Targets)>,
 /// {
 ///     let mut loss = f64::NAN;
 ///     while trainer.epoch() < epochs {

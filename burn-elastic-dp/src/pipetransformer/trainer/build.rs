@@ -4,31 +4,26 @@
 use std::sync::Arc;
 
 use burn::prelude::*;
-use burn_freeze::{Activation, ActivationCache, AutoFreeze, LayerStack, StackTypes};
+use burn_freeze::{ActivationCache, AutoFreeze, LayerStack};
 use burn_pipe::MicroBatchLoss;
 
 use super::Trainer;
+use super::bounds::{TrainerBackend, TrainerTypes};
 use super::config::TrainerConfig;
 use super::error::TrainerError;
 use super::log::JsonLog;
 use super::memory::{measure_pending, starting_memory};
 use super::transition::{device_lists, starting_costs};
-use burn_freeze::StackOptimizer;
 
-impl<S, O, T> Trainer<S, O, T>
-where
-    S: StackTypes,
-    O: StackOptimizer<S>,
-    T: Activation<S::Backend> + Send + 'static,
-{
+impl<TT: TrainerTypes> Trainer<TT> {
     /// See [`TrainerConfig::init`]; `resuming` appends to the output
     /// directory's logs instead of starting them afresh.
     pub(super) fn new(
-        stack: LayerStack<S>,
-        devices: Vec<Device<S::Backend>>,
+        stack: LayerStack<TT::Stack>,
+        devices: Vec<Device<TrainerBackend<TT>>>,
         config: TrainerConfig,
-        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
-        loss: impl MicroBatchLoss<S, T> + Send + 'static,
+        make_optimizer: impl Fn() -> TT::Optimizer + Clone + Send + Sync + 'static,
+        loss: impl MicroBatchLoss<TT::Stack, TT::Targets> + Send + 'static,
         resuming: bool,
     ) -> Result<Self, TrainerError> {
         // A group across processes: every process runs this rule on its

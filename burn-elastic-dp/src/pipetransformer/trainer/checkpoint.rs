@@ -13,18 +13,75 @@ use burn_freeze::{Activation, LayerStack, StackTypes};
 use burn_pipe::MicroBatchLoss;
 
 use super::Trainer;
+use super::bounds::{OptimizerRecord, TrainerParts, TrainerTypes};
 use super::checkpoint_files::{Loaded, RunState, one_process_dir, read_agreed, read_latest, write};
 use super::config::TrainerConfig;
 use super::error::TrainerError;
 use crate::sampler::ElasticSampler;
 use burn_freeze::StackOptimizer;
 
-impl<S, O, T> Trainer<S, O, T>
+/// Resuming takes the parts a trainer is made of, as
+/// [`TrainerConfig::init`] does.
+impl<S, O, T> Trainer<TrainerParts<S, O, T>>
 where
     S: StackTypes,
     O: StackOptimizer<S>,
     T: Activation<S::Backend> + Send + 'static,
 {
+    /// Resumes a run from the newest checkpoint in `config.checkpoint`'s
+    /// directory that verifies (a truncated or corrupted one is rejected,
+    /// with the reason logged, and the one before it used). `stack` gives
+    /// the architecture (its weights are replaced by the checkpoint's);
+    /// `devices`, `make_optimizer` and `loss` as for
+    /// [`TrainerConfig::init`]. The run then goes on exactly where the
+    /// checkpoint was taken: the same losses, step for step, as a run never
+    /// stopped (for a model without dropout). Returns the trainer and the
+    /// checkpoint used.
+    pub fn resume(
+        stack: LayerStack<S>,
+        devices: Vec<Device<S::Backend>>,
+        config: TrainerConfig,
+        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
+        loss: impl MicroBatchLoss<S, T> + Send + 'static,
+    ) -> Result<(Self, PathBuf), TrainerError>
+    where
+        O::Record: Clone,
+    {
+        let config = config.for_rank(crate::nodes::job_rank());
+        let Some(checkpoint) = &config.checkpoint else {
+            return Err(TrainerError::InvalidConfig {
+                field: "checkpoint",
+                value: "None".into(),
+                accepted: "a checkpoint directory to resume from",
+            });
+        };
+        let across = config.replicas.nodes.is_some() && crate::nodes::job_size().is_some();
+        let loaded = if across {
+            read_agreed(&checkpoint.dir, &config)?
+        } else {
+            read_latest(&one_process_dir(&checkpoint.dir)?)?
+        };
+        let device = devices.first().cloned().unwrap_or_default();
+        let Loaded {
+            path,
+            state,
+            model,
+            optimizer,
+        } = loaded;
+        let (stack, optimizer) = load_weights::<S, O>(stack, model, optimizer, &path, &device)?;
+        let mut trainer = Self::new(stack, devices, config, make_optimizer, loss, true)?;
+        trainer.restore(state, optimizer)?;
+        tracing::info!(
+            checkpoint = %path.display(),
+            steps = trainer.steps,
+            epoch = trainer.epoch,
+            "run resumed"
+        );
+        Ok((trainer, path))
+    }
+}
+
+impl<TT: TrainerTypes> Trainer<TT> {
     /// Writes a checkpoint of the run into the configured directory (see
     /// [`CheckpointConfig`](crate::CheckpointConfig); the trainer also does so every `every_steps`
     /// steps, after each transition and at each epoch's end): weights,
@@ -91,63 +148,15 @@ where
         Ok(())
     }
 
-    /// Resumes a run from the newest checkpoint in `config.checkpoint`'s
-    /// directory that verifies (a truncated or corrupted one is rejected,
-    /// with the reason logged, and the one before it used). `stack` gives
-    /// the architecture (its weights are replaced by the checkpoint's);
-    /// `devices`, `make_optimizer` and `loss` as for
-    /// [`TrainerConfig::init`]. The run then goes on exactly where the
-    /// checkpoint was taken: the same losses, step for step, as a run never
-    /// stopped (for a model without dropout). Returns the trainer and the
-    /// checkpoint used.
-    pub fn resume(
-        stack: LayerStack<S>,
-        devices: Vec<Device<S::Backend>>,
-        config: TrainerConfig,
-        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
-        loss: impl MicroBatchLoss<S, T> + Send + 'static,
-    ) -> Result<(Self, PathBuf), TrainerError>
-    where
-        O::Record: Clone,
-    {
-        let config = config.for_rank(crate::nodes::job_rank());
-        let Some(checkpoint) = &config.checkpoint else {
-            return Err(TrainerError::InvalidConfig {
-                field: "checkpoint",
-                value: "None".into(),
-                accepted: "a checkpoint directory to resume from",
-            });
-        };
-        let across = config.replicas.nodes.is_some() && crate::nodes::job_size().is_some();
-        let loaded = if across {
-            read_agreed(&checkpoint.dir, &config)?
-        } else {
-            read_latest(&one_process_dir(&checkpoint.dir)?)?
-        };
-        let device = devices.first().cloned().unwrap_or_default();
-        let Loaded {
-            path,
-            state,
-            model,
-            optimizer,
-        } = loaded;
-        let (stack, optimizer) = load_weights::<S, O>(stack, model, optimizer, &path, &device)?;
-        let mut trainer = Self::new(stack, devices, config, make_optimizer, loss, true)?;
-        trainer.restore(state, optimizer)?;
-        tracing::info!(
-            checkpoint = %path.display(),
-            steps = trainer.steps,
-            epoch = trainer.epoch,
-            "run resumed"
-        );
-        Ok((trainer, path))
-    }
-
     /// A trainer just built takes a checkpoint's state: front, shape,
     /// optimizer state, costs, memory, freeze policy, rate, sampler, counts.
-    fn restore(&mut self, state: RunState, optimizer: O::Record) -> Result<(), TrainerError>
+    fn restore(
+        &mut self,
+        state: RunState,
+        optimizer: OptimizerRecord<TT>,
+    ) -> Result<(), TrainerError>
     where
-        O::Record: Clone,
+        OptimizerRecord<TT>: Clone,
     {
         let trainer = self;
         // The saved front and shape, then the saved optimizer state in

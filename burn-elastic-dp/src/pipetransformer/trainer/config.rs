@@ -12,6 +12,7 @@ use burn_freeze::{
 use burn_pipe::MicroBatchLoss;
 
 use super::Trainer;
+use super::bounds::TrainerParts;
 use super::error::{TrainerError, invalid};
 use super::rules::{CostModel, FreezeRule, LayerSpec, Parts};
 use crate::ReplicaConfig;
@@ -305,7 +306,7 @@ impl TrainerConfig {
         devices: Vec<Device<S::Backend>>,
         make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
         loss: impl MicroBatchLoss<S, T> + Send + 'static,
-    ) -> Result<Trainer<S, O, T>, TrainerError>
+    ) -> Result<Trainer<TrainerParts<S, O, T>>, TrainerError>
     where
         S: StackTypes,
         O: StackOptimizer<S>,

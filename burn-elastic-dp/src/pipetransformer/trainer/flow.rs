@@ -4,12 +4,10 @@
 
 use std::ops::ControlFlow;
 
-use burn_freeze::{Activation, StackTypes};
-
 use super::Trainer;
+use super::bounds::TrainerTypes;
 use super::epoch::{EpochEnd, EpochTally};
 use super::log::EpochReport;
-use burn_freeze::StackOptimizer;
 
 /// The result of [`Trainer::fit_epoch_observed`]'s observer: `()` goes on,
 /// a [`ControlFlow`] goes on or stops the epoch after the step.
@@ -46,12 +44,7 @@ impl StepFlow for ControlFlow<()> {
     }
 }
 
-impl<S, O, T> Trainer<S, O, T>
-where
-    S: StackTypes,
-    O: StackOptimizer<S>,
-    T: Activation<S::Backend> + Send + 'static,
-{
+impl<TT: TrainerTypes> Trainer<TT> {
     /// Whether an epoch is under way: started, not finished (it stopped
     /// part-way, by its observer, an error, or a checkpoint taken inside
     /// it); the next [`fit_epoch`](Self::fit_epoch) goes on with it.

@@ -1,18 +1,12 @@
 //! The trainer's learning rate at each step: fixed, scaled with the replicas, or a scheduler's.
 
 use super::Trainer;
+use super::bounds::{TrainerBackend, TrainerTypes};
 use super::error::TrainerError;
 use super::schedule::{Closure, LrSource, Scheduler};
 use burn::lr_scheduler::LrScheduler;
-use burn_freeze::StackOptimizer;
-use burn_freeze::{Activation, StackTypes};
 
-impl<S, O, T> Trainer<S, O, T>
-where
-    S: StackTypes,
-    O: StackOptimizer<S>,
-    T: Activation<S::Backend> + Send + 'static,
-{
+impl<TT: TrainerTypes> Trainer<TT> {
     /// Steps the learning rate with a burn-train scheduler (any
     /// [`LrScheduler`]: `burn::lr_scheduler::cosine`, `linear`, `noam`,
     /// ...), asked once per optimizer step in place of
@@ -64,7 +58,7 @@ where
         scheduler: L,
     ) -> Result<(), TrainerError> {
         self.schedule
-            .set(Box::new(Scheduler::<L, S::Backend>::new(scheduler)))
+            .set(Box::new(Scheduler::<L, TrainerBackend<TT>>::new(scheduler)))
     }
 
     /// Steps the learning rate with a closure of the optimizer step

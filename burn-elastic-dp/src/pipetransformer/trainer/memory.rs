@@ -5,14 +5,14 @@
 //! shape that fits, and the fit every later shape keeps.
 
 use burn::config::Config;
-use burn_freeze::{Activation, Differentiable, LayerStack, StackTypes};
+use burn_freeze::{Differentiable, LayerStack, StackTypes};
 use burn_pipe::{HeapCounter, UnitMemory, measure_unit_memory};
 
 use super::Trainer;
+use super::bounds::{TrainerBackend, TrainerInput, TrainerOutput, TrainerTypes};
 use super::config::TrainerConfig;
 use super::error::{TrainerError, invalid};
 use crate::pipetransformer::shape::{MemoryFit, Shape, starting_shape};
-use burn_freeze::StackOptimizer;
 use burn_pipe::UnitCosts;
 
 /// What one device may hold, for memory-aware AutoPipe.
@@ -157,12 +157,7 @@ pub(super) fn measure_pending(config: &TrainerConfig, memory: &UnitMemory) -> bo
         && HeapCounter::installed()
 }
 
-impl<S, O, T> Trainer<S, O, T>
-where
-    S: StackTypes,
-    O: StackOptimizer<S>,
-    T: Activation<S::Backend> + Send + 'static,
-{
+impl<TT: TrainerTypes> Trainer<TT> {
     /// The units' memory figures: parameter bytes, and the activation bytes
     /// per sample measured on the first batch (0 until then, or where the
     /// heap is not counted).
@@ -201,9 +196,12 @@ where
     /// Before the first step, where pending: the units' activations
     /// measured on `input`, then the starting shape decided again on them
     /// (and on the profiled costs) and the group moved to it.
-    pub(super) fn measure_memory_if_pending(&mut self, input: &S::Input) -> Result<(), TrainerError>
+    pub(super) fn measure_memory_if_pending(
+        &mut self,
+        input: &TrainerInput<TT>,
+    ) -> Result<(), TrainerError>
     where
-        S::Output: Differentiable<S::Backend>,
+        TrainerOutput<TT>: Differentiable<TrainerBackend<TT>>,
     {
         if !self.memory_pending {
             return Ok(());

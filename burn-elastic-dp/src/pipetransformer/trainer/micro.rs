@@ -8,23 +8,18 @@
 //! parameter-count costs without a table given) the paper's rule holds
 //! ([`PipelineConfig::micro_batches`](burn_pipe::PipelineConfig::micro_batches)).
 
-use burn_freeze::{Activation, Differentiable, StackTypes};
+use burn_freeze::{Activation, Differentiable};
 use burn_pipe::{
     MicroBatchChoice, MicroBatchQuery, MicroBatchTimes, UnitState, choose_micro_batches,
     micro_batch_profile_sizes, profile_micro_batches,
 };
 
 use super::Trainer;
+use super::bounds::{TrainerBackend, TrainerInput, TrainerOutput, TrainerTypes};
 use super::error::TrainerError;
 use super::rules::CostModel;
-use burn_freeze::StackOptimizer;
 
-impl<S, O, T> Trainer<S, O, T>
-where
-    S: StackTypes,
-    O: StackOptimizer<S>,
-    T: Activation<S::Backend> + Send + 'static,
-{
+impl<TT: TrainerTypes> Trainer<TT> {
     /// The micro-batch count the group runs with and how it was chosen:
     /// `None` while the paper's rule or a configured count holds (no table
     /// of micro-batch times, or `micro_batches` set in the configuration).
@@ -64,9 +59,12 @@ where
     /// on `input` (a copy of the model on the first device) when the costs
     /// are profiled, no table was given and no count is configured; then M
     /// chosen for the current shape.
-    pub(super) fn micro_batches_if_pending(&mut self, input: &S::Input) -> Result<(), TrainerError>
+    pub(super) fn micro_batches_if_pending(
+        &mut self,
+        input: &TrainerInput<TT>,
+    ) -> Result<(), TrainerError>
     where
-        S::Output: Differentiable<S::Backend>,
+        TrainerOutput<TT>: Differentiable<TrainerBackend<TT>>,
     {
         if !self.micro.pending {
             return Ok(());

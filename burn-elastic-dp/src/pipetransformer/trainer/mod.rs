@@ -38,10 +38,10 @@ use std::sync::Arc;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
 use burn::prelude::*;
-use burn_freeze::{Activation, AutoFreeze, FreezePolicy, StackOptimizer, StackTypes};
+use burn_freeze::{AutoFreeze, FreezePolicy};
 use burn_pipe::MicroBatchLoss;
 
-pub use bounds::CacheableStack;
+pub use bounds::{CacheableStack, TrainerBackend, TrainerInput, TrainerParts, TrainerTypes};
 pub use checkpoint_files::CheckpointConfig;
 pub use config::TrainerConfig;
 pub use epoch::StepProgress;
@@ -71,8 +71,10 @@ pub(crate) type SharedLoss<S, T> = Arc<dyn MicroBatchLoss<S, T> + Send>;
 /// re-plans the active units into the fewest stages that fit, AutoDP runs
 /// `D / K` replicas (copying weights and optimizer state to new ones), and
 /// AutoCache serves the frozen prefix. Each part can be switched off
-/// ([`Parts`]). Built by [`TrainerConfig::init`], which takes the loss, once;
-/// `T` is the type of the targets it scores.
+/// ([`Parts`]). Built by [`TrainerConfig::init`], which takes the loss, once.
+/// `TT` bundles its types ([`TrainerTypes`]): a trainer of a stack of types
+/// `S`, stepped by optimizers `O`, whose loss scores targets `T`, is a
+/// `Trainer<TrainerParts<S, O, T>>`.
 ///
 /// Each epoch ([`fit_epoch`](Self::fit_epoch)) sees every sample of the
 /// dataset exactly once, whatever R does within it. Decision points: after
@@ -133,9 +135,9 @@ pub(crate) type SharedLoss<S, T> = Arc<dyn MicroBatchLoss<S, T> + Send>;
 /// assert_eq!(trainer.front(), 3); // frozen after epoch 0
 /// # Ok::<(), burn_elastic_dp::TrainerError>(())
 /// ```
-pub struct Trainer<S: StackTypes, O, T> {
-    group: ReplicaGroup<S, O>,
-    loss: SharedLoss<S, T>,
+pub struct Trainer<TT: TrainerTypes> {
+    group: ReplicaGroup<TT::Stack, TT::Optimizer>,
+    loss: SharedLoss<TT::Stack, TT::Targets>,
     costs: UnitCosts,
     /// Whether the costs still wait for the first batch's profile.
     profile_pending: bool,
@@ -148,7 +150,7 @@ pub struct Trainer<S: StackTypes, O, T> {
     /// Replicas at the start (the learning rate's reference).
     base_replicas: usize,
     config: TrainerConfig,
-    devices: Vec<Device<S::Backend>>,
+    devices: Vec<Device<TrainerBackend<TT>>>,
     auto: AutoFreeze<Box<dyn FreezePolicy + Send>>,
     sampler: Option<ElasticSampler>,
     epoch: usize,
@@ -181,12 +183,7 @@ enum DecisionPoint {
     EpochEnd,
 }
 
-impl<S, O, T> Trainer<S, O, T>
-where
-    S: StackTypes,
-    O: StackOptimizer<S>,
-    T: Activation<S::Backend> + Send + 'static,
-{
+impl<TT: TrainerTypes> Trainer<TT> {
     /// Trains one epoch over `dataset`: every sample once, in batches that
     /// `batcher` makes on the first device, the global batch following the
     /// configured [`BatchPolicy`](crate::BatchPolicy) and the replica count
@@ -205,9 +202,9 @@ where
         batcher: &Bt,
     ) -> Result<EpochReport, TrainerError>
     where
-        S: CacheableStack,
+        TT::Stack: CacheableStack,
         D: Dataset<I>,
-        Bt: Batcher<S::Backend, I, (S::Input, T)>,
+        Bt: Batcher<TrainerBackend<TT>, I, (TrainerInput<TT>, TT::Targets)>,
     {
         self.fit_epoch_observed(dataset, batcher, |_| {})
     }
@@ -226,9 +223,9 @@ where
         mut on_step: impl FnMut(&StepProgress) -> F,
     ) -> Result<EpochReport, TrainerError>
     where
-        S: CacheableStack,
+        TT::Stack: CacheableStack,
         D: Dataset<I>,
-        Bt: Batcher<S::Backend, I, (S::Input, T)>,
+        Bt: Batcher<TrainerBackend<TT>, I, (TrainerInput<TT>, TT::Targets)>,
     {
         let mut tally = EpochTally::start(
             self.cache_counts(),
@@ -337,9 +334,9 @@ where
         indices: &[usize],
     ) -> Result<GroupReport, TrainerError>
     where
-        S: CacheableStack,
+        TT::Stack: CacheableStack,
         D: Dataset<I>,
-        Bt: Batcher<S::Backend, I, (S::Input, T)>,
+        Bt: Batcher<TrainerBackend<TT>, I, (TrainerInput<TT>, TT::Targets)>,
     {
         let device = self.devices[0].clone();
         let batch = || fetch(dataset, batcher, indices, &device);
@@ -370,11 +367,11 @@ where
     fn forward_backward(
         &mut self,
         indices: &[usize],
-        input: S::Input,
-        targets: T,
+        input: TrainerInput<TT>,
+        targets: TT::Targets,
     ) -> Result<GroupReport, ElasticError>
     where
-        S: CacheableStack,
+        TT::Stack: CacheableStack,
     {
         let loss = Arc::clone(&self.loss);
         let loss = move |output, targets| loss(output, targets);

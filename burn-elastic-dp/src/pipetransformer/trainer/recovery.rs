@@ -4,12 +4,10 @@
 //! optimizer step of some replicas was applied by the others, so the failed
 //! ones leave and the step is not run again.
 
-use burn_freeze::{Activation, StackTypes};
-
 use super::Trainer;
+use super::bounds::TrainerTypes;
 use super::error::TrainerError;
 use crate::error::ElasticError;
-use burn_freeze::StackOptimizer;
 
 /// How a failed pass is recovered from.
 enum Recovery {
@@ -20,12 +18,7 @@ enum Recovery {
     Redo,
 }
 
-impl<S, O, T> Trainer<S, O, T>
-where
-    S: StackTypes,
-    O: StackOptimizer<S>,
-    T: Activation<S::Backend> + Send + 'static,
-{
+impl<TT: TrainerTypes> Trainer<TT> {
     /// After a failed forward and backward pass: `Ok` when the survivors are
     /// to run the same batch again (the failed replica removed), the error
     /// otherwise.

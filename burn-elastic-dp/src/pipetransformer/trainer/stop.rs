@@ -1,17 +1,10 @@
 //! Stopping a run when asked (a SIGTERM): at the next step boundary, after a checkpoint.
 
-use burn_freeze::{Activation, StackTypes};
-
 use super::Trainer;
+use super::bounds::TrainerTypes;
 use super::error::TrainerError;
-use burn_freeze::StackOptimizer;
 
-impl<S, O, T> Trainer<S, O, T>
-where
-    S: StackTypes,
-    O: StackOptimizer<S>,
-    T: Activation<S::Backend> + Send + 'static,
-{
+impl<TT: TrainerTypes> Trainer<TT> {
     /// Watches `signal`: once it is raised (by a SIGTERM handler, say:
     /// [`StopSignal::on_termination`](crate::StopSignal::on_termination)),
     /// the epoch under way stops after its current step, a checkpoint is

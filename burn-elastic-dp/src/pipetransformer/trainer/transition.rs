@@ -5,17 +5,17 @@
 
 use std::time::Instant;
 
-use burn_freeze::{Activation, Differentiable, LayerStack, StackTypes};
+use burn_freeze::{Differentiable, LayerStack, StackTypes};
 use burn_pipe::profile_units;
 
 use super::Trainer;
+use super::bounds::{TrainerBackend, TrainerInput, TrainerOutput, TrainerTypes};
 use super::error::TrainerError;
 use super::log::Transition;
 use super::rules::{CostModel, Parts};
 use crate::error::ElasticError;
 use crate::group::ReplicaGroup;
 use crate::pipetransformer::shape::{MemoryFit, Shape, reshape};
-use burn_freeze::StackOptimizer;
 use burn_pipe::UnitCosts;
 
 /// What the shape rule is asked after the front moved to `front` from
@@ -64,12 +64,7 @@ pub(super) fn device_lists<D: Clone>(devices: &[D], shape: &Shape) -> Vec<Vec<D>
         .collect()
 }
 
-impl<S, O, T> Trainer<S, O, T>
-where
-    S: StackTypes,
-    O: StackOptimizer<S>,
-    T: Activation<S::Backend> + Send + 'static,
-{
+impl<TT: TrainerTypes> Trainer<TT> {
     /// The current shape, as the group runs it: units per stage (replica
     /// 0's; every replica has the same), replicas. A group that lost every
     /// replica has no stage.
@@ -89,9 +84,12 @@ where
     /// activations measured, or none to measure) profiles nothing: one
     /// stage has no balance, and no rule lengthens a pipeline (on MiniLM
     /// the profile cost seconds of every run's first epoch).
-    pub(super) fn profile_if_pending(&mut self, input: &S::Input) -> Result<(), TrainerError>
+    pub(super) fn profile_if_pending(
+        &mut self,
+        input: &TrainerInput<TT>,
+    ) -> Result<(), TrainerError>
     where
-        S::Output: Differentiable<S::Backend>,
+        TrainerOutput<TT>: Differentiable<TrainerBackend<TT>>,
     {
         let CostModel::Profiled { repeats } = self.config.costs else {
             return Ok(());
@@ -125,7 +123,7 @@ where
     pub(super) fn reshape_through_one(
         &mut self,
         after: &Shape,
-        on_one: impl FnOnce(&mut ReplicaGroup<S, O>) -> Result<(), ElasticError>,
+        on_one: impl FnOnce(&mut ReplicaGroup<TT::Stack, TT::Optimizer>) -> Result<(), ElasticError>,
     ) -> Result<(), TrainerError> {
         let current = self.shape();
         if self.group.spans_processes() && after.replicas == current.replicas {

@@ -8,7 +8,7 @@ use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{Adam, AdamConfig};
 use burn::prelude::*;
 use burn_elastic_dp::{
-    BatchPolicy, EpochReport, StepProgress, Trainer, TrainerConfig, TrainerError,
+    BatchPolicy, EpochReport, StepProgress, Trainer, TrainerConfig, TrainerError, TrainerParts,
 };
 use burn_freeze::{
     AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput, LayerStack, StackTypes,
@@ -21,8 +21,9 @@ use crate::backend::{self, Inner, Train};
 use crate::task::accuracy;
 
 /// The trainer of the job: Adam, as plain Burn's.
-type JobTrainer<S> =
-    Trainer<S, OptimizerAdaptor<Adam, TrainableUnits<S>, Train>, Tensor<Train, 1, Int>>;
+type JobTrainer<S> = Trainer<
+    TrainerParts<S, OptimizerAdaptor<Adam, TrainableUnits<S>, Train>, Tensor<Train, 1, Int>>,
+>;
 
 impl JobSpec {
     /// Fine-tunes `stack` on `data` (every sample once per epoch), the
