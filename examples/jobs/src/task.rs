@@ -24,13 +24,17 @@ impl<B: Backend, O, T: Batcher<B, usize, O>> Batcher<B, usize, O> for TaskBatche
 /// Share of `labels` that the arg-max of `logits` gets right.
 pub fn accuracy<B: Backend>(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> f64 {
     let samples = labels.dims()[0];
-    let correct = logits
+    correct(logits, labels) as f64 / samples as f64
+}
+
+/// How many of `labels` the arg-max of `logits` gets right.
+pub fn correct<B: Backend>(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> i64 {
+    logits
         .argmax(1)
         .flatten::<1>(0, 1)
         .equal(labels)
         .int()
         .sum()
         .into_scalar()
-        .elem::<i64>();
-    correct as f64 / samples as f64
+        .elem::<i64>()
 }

@@ -35,6 +35,7 @@ use models::sst::{SstBatch, SstBatcher, SstDataset, SstSplit};
 use models::tokenizer::{Padding, WordPieceTokenizer};
 use pipetransformer_jobs::backend::{self, Inner, Train};
 use pipetransformer_jobs::cli::parse_accepted;
+use pipetransformer_jobs::task::correct;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Pooling {
@@ -416,16 +417,4 @@ fn train_epoch<O: Optimizer<Bert<Train>, Train>>(
         right,
     };
     (model, totals)
-}
-
-/// How many of `logits`' predictions are `labels`.
-fn correct(logits: Tensor<Train, 2>, labels: Tensor<Train, 1, Int>) -> i64 {
-    logits
-        .argmax(1)
-        .flatten::<1>(0, 1)
-        .equal(labels)
-        .int()
-        .sum()
-        .into_scalar()
-        .elem::<i64>()
 }

@@ -15,45 +15,36 @@ use models::vit::VitConfig;
 macro_rules! on_each_batch {
     ($shape:expr, $batches:expr, |$stack:ident, $input:ident, $device:ident, $batch:ident| $body:expr) => {{
         use burn_freeze::IntoLayerStack as _;
+        use pipetransformer_jobs::backend::Train;
         let $device = pipetransformer_jobs::backend::device(0);
         match $shape {
             $crate::plan::presets::Shape::Vit(config) => {
-                let $stack = config
-                    .init::<pipetransformer_jobs::backend::Train>(&$device)
-                    .into_layer_stack();
+                let $stack = config.init::<Train>(&$device).into_layer_stack();
                 let task = models::synthetic::BandImages::new(
                     config.num_classes,
                     config.channels,
                     config.image_size,
                     7,
                 );
-                let input = |b| {
-                    task.batch::<pipetransformer_jobs::backend::Train>(0, b, &$device)
-                        .0
-                };
-                let run = |$batch: usize| {
-                    let $input = input($batch);
-                    $body
-                };
-                $batches.iter().map(|&b| run(b)).collect::<Vec<_>>()
+                on_each_batch!(@each task, $batches, |$input, $device, $batch| $body)
             }
             $crate::plan::presets::Shape::Bert(config, seq) => {
-                let $stack = config
-                    .init::<pipetransformer_jobs::backend::Train>(&$device)
-                    .into_layer_stack();
+                let $stack = config.init::<Train>(&$device).into_layer_stack();
                 let task = models::synthetic::MajorityTokens::new(config.vocab_size, *seq, *seq, 7);
-                let input = |b| {
-                    task.batch::<pipetransformer_jobs::backend::Train>(0, b, &$device)
-                        .0
-                };
-                let run = |$batch: usize| {
-                    let $input = input($batch);
-                    $body
-                };
-                $batches.iter().map(|&b| run(b)).collect::<Vec<_>>()
+                on_each_batch!(@each task, $batches, |$input, $device, $batch| $body)
             }
         }
     }};
+    // `$body` on a batch of `$task` for each of `$batches`.
+    (@each $task:ident, $batches:expr, |$input:ident, $device:ident, $batch:ident| $body:expr) => {
+        $batches
+            .iter()
+            .map(|&$batch: &usize| {
+                let $input = $task.batch::<Train>(0, $batch, &$device).0;
+                $body
+            })
+            .collect::<Vec<_>>()
+    };
 }
 pub(crate) use on_each_batch;
 
