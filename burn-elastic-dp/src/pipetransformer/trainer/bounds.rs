@@ -1,4 +1,5 @@
-//! The bound a [`Trainer`](super::Trainer) puts on its stack, named once (the optimizer's is burn-freeze's `StackOptimizer`).
+//! The bound a [`Trainer`](super::Trainer) puts on its stack, named once (the optimizer's is
+//! burn-freeze's `StackOptimizer`).
 
 use burn_freeze::{AutodiffActivation, Cacheable, Differentiable, InnerBackendOf, StackTypes};
 
