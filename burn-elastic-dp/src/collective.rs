@@ -1,13 +1,5 @@
-//! The burn-collective glue: one group per process, formed by registering
-//! every replica's peer, dissolved by finishing them, reset after a failure;
-//! every blocking call bounded.
-//!
-//! burn-collective 0.21 keeps one local server per backend type per process
-//! and its calls have no timeout: a registration waits for every peer, an
-//! all-reduce for every registered peer. The group therefore registers from
-//! threads that run nothing else (so none can fail half-way), bounds those
-//! waits, and on a failure resets the collective, which drops every pending
-//! operation so that no caller stays blocked.
+//! The burn-collective glue: one group per process, formed by registering every replica's peer,
+//! dissolved by finishing them, reset after a failure; every blocking call bounded.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -101,6 +93,13 @@ pub(crate) fn peer(generation: usize, replica: usize) -> PeerId {
 /// device) with backend `B`, from one thread each, waiting at most
 /// `timeout`, all-reducing with `strategy` between them. On failure the
 /// collective is reset.
+///
+/// burn-collective 0.21 keeps one local server per backend type per process
+/// and its calls have no timeout: a registration waits for every peer, an
+/// all-reduce for every registered peer. The group therefore registers from
+/// threads that run nothing else (so none can fail half-way), bounds those
+/// waits, and on a failure resets the collective, which drops every pending
+/// operation so that no caller stays blocked.
 pub(crate) fn form<B: Backend>(
     generation: usize,
     devices: &[B::Device],

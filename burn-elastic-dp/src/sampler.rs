@@ -1,6 +1,5 @@
-//! Data across replicas: which samples each step trains on, so that every
-//! sample is seen exactly once per epoch whatever the replica count, also
-//! when it changes mid-epoch.
+//! Data across replicas: which samples each step trains on, so that every sample is seen exactly
+//! once per epoch whatever the replica count, also when it changes mid-epoch.
 
 use burn::config::Config;
 use burn::data::dataset::Dataset;

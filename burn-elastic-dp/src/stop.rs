@@ -1,7 +1,5 @@
-//! Stopping a run at a step boundary when asked (a scheduler's preemption:
-//! SIGTERM): a flag the trainer reads after every step; across processes
-//! it travels in the step headers, so that every rank writes its
-//! checkpoint after the same step.
+//! Stopping a run at a step boundary when asked (a scheduler's preemption: SIGTERM): a flag the
+//! trainer reads after every step, carried across processes in the step headers.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,6 +1,5 @@
-//! The AutoCache shared by every replica: attached to the group, it serves
-//! the frozen prefix of stage 0 once per batch, on the calling thread,
-//! before the batch is shared between the replicas.
+//! The AutoCache shared by every replica: attached to the group, it serves stage 0's frozen prefix
+//! once per batch, on the calling thread, before the batch is shared between the replicas.
 
 use std::time::Instant;
 

@@ -1,9 +1,5 @@
-//! The deadline collector: the coordinating thread waits for every
-//! replica's share of a step within the step's bound. On the first failure,
-//! or at the deadline, it resets the collective (and aborts the link to the
-//! other processes) so that replicas blocked in an all-reduce return, then
-//! waits a short grace for them; a replica not back by then is still in its
-//! own computation and is left behind.
+//! The deadline collector: the coordinating thread waits for every replica's share of a step within
+//! the step's bound, and leaves behind a replica still in its own computation.
 
 use std::time::{Duration, Instant};
 
@@ -58,6 +54,11 @@ fn grace(timeout: Duration) -> Duration {
 /// Waits for `count` replicas' shares of a step on `rx`, at most `timeout`
 /// and a short grace; resets the collective of backend `B` (and aborts
 /// `nodes`) on the first failure or at the deadline.
+///
+/// The reset (and the abort of the link to the other processes) makes the
+/// replicas blocked in an all-reduce return; the collector then waits a
+/// short grace for them, and a replica not back by then is still in its own
+/// computation and is left behind.
 pub(super) fn collect<B, S, O>(
     rx: Receiver<Progress<S, O>>,
     count: usize,

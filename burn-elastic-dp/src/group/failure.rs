@@ -1,9 +1,5 @@
-//! The failure precedence: which error a step reports when several
-//! replicas fail, or when the deadline passed. A replica's own failure
-//! (its pipeline's error, or a panic) explains the others' collective
-//! errors and a timeout; a process the exchange waited for at the deadline
-//! explains everything; a replica an error names gets its index among the
-//! survivors.
+//! The failure precedence: which error a step reports when several replicas fail, or when the
+//! deadline passed.
 
 use std::time::Duration;
 
@@ -16,6 +12,11 @@ use crate::error::ElasticError;
 /// `results` as the replicas came back (in replica order), `overdue` whom it
 /// waited for at the deadline, `timeout` the bound, `lost` the replicas left
 /// behind.
+///
+/// The precedence: a replica's own failure (its pipeline's error, or a panic)
+/// explains the others' collective errors and a timeout; a process the
+/// exchange waited for at the deadline explains everything; a replica an
+/// error names gets its index among the survivors.
 pub(super) fn outcome(
     results: Vec<Option<ShareResult>>,
     overdue: Option<Overdue>,

@@ -1,7 +1,5 @@
-//! A group of data-parallel replicas of one pipeline, each driven by its own
-//! thread, whose gradients are all-reduced through burn-collective before
-//! every replica steps. A step never waits past its bound: a replica stuck
-//! in its own computation is left behind and the group goes on without it.
+//! A group of data-parallel replicas of one pipeline ([`ReplicaGroup`]), each driven by its own
+//! thread, whose gradients are all-reduced through burn-collective before every replica steps.
 
 mod build;
 mod cache;
@@ -61,6 +59,9 @@ pub struct GroupReport {
 ///
 /// burn-collective holds one group per process: a second group waits for
 /// the first to be dropped (at most the configured timeout).
+///
+/// A step never waits past its bound: a replica stuck in its own
+/// computation is left behind and the group goes on without it.
 ///
 /// ```
 /// use burn::backend::{Autodiff, Flex};

@@ -1,8 +1,5 @@
-//! The group's other processes, when it spans several: every call of the
-//! group into `crate::nodes` stands here, so that a replica's share of a step and
-//! the deadline collector ask one value whether there are other processes,
-//! how the batch is shared with them, how to sum gradients with them and
-//! how to release their waits.
+//! The group's other processes, when it spans several ([`OtherNodes`]): every call of the group
+//! into `crate::nodes` stands here.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,7 +14,10 @@ use crate::nodes::shards::Shards;
 use crate::nodes::{self, ExchangePhases, NodeLink, StepHeader};
 
 /// This process's link to the group's other processes; none when every
-/// replica is in this process.
+/// replica is in this process. A replica's share of a step and the deadline
+/// collector ask this one value whether there are other processes, how the
+/// batch is shared with them, how to sum gradients with them and how to
+/// release their waits.
 #[derive(Debug, Clone)]
 pub(super) struct OtherNodes(Option<Arc<NodeLink>>);
 

@@ -1,6 +1,5 @@
-//! The group's shape, changed at a step boundary: its replica count
-//! (resizing, removing a replica), its stages (repartitioning every
-//! replica's pipeline alike), its micro-batch count and its freeze front.
+//! The group's shape, changed at a step boundary: its replica count (resizing, removing a replica),
+//! its stages (every replica's pipeline alike), its micro-batch count and its freeze front.
 
 use burn::prelude::*;
 use burn_freeze::{InnerBackendOf, StackOptimizer, StackTypes, check_freeze};

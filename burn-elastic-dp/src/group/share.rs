@@ -1,8 +1,5 @@
-//! A replica's share of a data-parallel step, on the replica's own thread:
-//! the forward and backward pass of its pipeline on its shard of the batch,
-//! then the sum of its gradients with the other replicas' (in this process
-//! through burn-collective, then with the other processes), a panic
-//! anywhere caught and reported as the replica's.
+//! A replica's share of a data-parallel step, on its own thread: its pipeline's pass on its shard,
+//! then the sum of its gradients with the other replicas'; a panic is caught as the replica's.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;

@@ -1,4 +1,5 @@
-//! The group across processes: its ranks, their replicas, the exchange's phases, the stop request and agreement.
+//! The group across processes: its ranks, their replicas, the exchange's phases, the stop request
+//! and agreement.
 
 use burn_freeze::{StackOptimizer, StackTypes};
 
@@ -70,6 +71,11 @@ where
     /// measurements (unit times, activation bytes) are agreed, so that every
     /// process decides on the same figures, those of the slowest. Every
     /// process must call it at the same point with as many values.
+    ///
+    /// The maximum (one small all-reduce) is exact and does not depend on the
+    /// order of the ranks, so every process decides on the same figures (and
+    /// so on the same balance, micro-batch count and start), and it balances
+    /// for the slowest process.
     pub fn agree_max(&self, values: Vec<f64>) -> Result<Vec<f64>, ElasticError> {
         if values.iter().any(|v| !v.is_finite()) {
             return Err(ElasticError::Node {

@@ -1,7 +1,5 @@
-//! A data-parallel step: the batch shared between the replicas, each
-//! replica's share run on a thread of its own, the results collected within
-//! the deadline, and the step's report or the error that explains its
-//! failure.
+//! A data-parallel step: the batch shared between the replicas, each share run on a thread of its
+//! own, the results collected by the deadline, and the step's report or the error explaining it.
 
 use std::sync::Arc;
 use std::thread;

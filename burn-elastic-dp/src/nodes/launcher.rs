@@ -1,9 +1,5 @@
-//! What an MPI launcher (`mpirun`, `mpiexec`, `srun`) tells a process
-//! through its environment: how many processes the job has and which of
-//! them share this machine. Read without MPI, so that a binary built
-//! without the cargo feature `mpi` can refuse to run as one of N
-//! independent copies ([`check_mpi_build`]), and so that ranks on one
-//! machine take disjoint devices ([`local_rank`]).
+//! What an MPI launcher (`mpirun`, `mpiexec`, `srun`) tells a process through its environment, read
+//! without MPI: how many processes the job has and which of them share this machine.
 
 use crate::error::ElasticError;
 
@@ -15,7 +11,9 @@ fn var(name: &str) -> Option<usize> {
 /// environment says: OpenMPI's `OMPI_COMM_WORLD_SIZE`, MPICH's and Intel
 /// MPI's (and `srun --mpi=pmi2`'s) `PMI_SIZE`, or Slurm's
 /// `SLURM_STEP_NUM_TASKS` under `srun --mpi=pmix`. `None` outside a
-/// launcher.
+/// launcher. Read without MPI, so that a binary built without the cargo
+/// feature `mpi` can refuse to run as one of N independent copies
+/// ([`check_mpi_build`]).
 pub fn world_size() -> Option<usize> {
     var("OMPI_COMM_WORLD_SIZE")
         .or_else(|| var("PMI_SIZE"))
@@ -29,9 +27,9 @@ pub fn world_size() -> Option<usize> {
 
 /// This process's rank among the job's processes on this machine, as the
 /// launcher's environment says (`OMPI_COMM_WORLD_LOCAL_RANK`,
-/// `MPI_LOCALRANKID`, `SLURM_LOCALID`); `None` outside a launcher. With
-/// the feature `mpi`, [`Mpi::local_rank`](crate::Mpi::local_rank) asks MPI
-/// itself.
+/// `MPI_LOCALRANKID`, `SLURM_LOCALID`); `None` outside a launcher: ranks
+/// on one machine take disjoint devices by it. With the feature `mpi`,
+/// [`Mpi::local_rank`](crate::Mpi::local_rank) asks MPI itself.
 pub fn local_rank() -> Option<usize> {
     var("OMPI_COMM_WORLD_LOCAL_RANK")
         .or_else(|| var("MPI_LOCALRANKID"))

@@ -1,33 +1,5 @@
-//! Groups across OS processes: one replica group per process (a *node*),
-//! the processes of one MPI job (`mpirun -np N ...`), joined into one
-//! data-parallel group.
-//!
-//! Inside a process the replicas all-reduce through burn-collective as
-//! before; between processes, each process's first replica (its *leader*)
-//! all-reduces the process's summed gradients (every replica's loss is
-//! scaled by its share of the global batch) with the other processes'
-//! through MPI (`mpi/`, the cargo feature `mpi`), so every replica of
-//! every process steps with the same bits. Rank, world size and every
-//! rank's replica count come from the MPI job: there is no address or port
-//! to configure. Without the feature, asking for a group across processes
-//! is an error ([`ElasticError::BadNodeConfig`]).
-//!
-//! Why not burn-collective's own multi-node mode (a global orchestrator and
-//! nodes): in burn-collective 0.21 a node's second global all-reduce never
-//! returns (its sync service never forgets the peers of the first one), and a
-//! lost peer panics inside its runtime instead of returning an error; the
-//! crate was removed from Burn after 0.21.
-//!
-//! Sharding: every process is given the *same global batch*
-//! (a sampler with the same seed gives it everywhere); the batch is split
-//! into one shard per replica of the whole group, and the process of rank
-//! `n` runs the shards of its replicas, after those of ranks `0..n`.
-//!
-//! Every wait is bounded: joining by the join timeout, every exchange of a
-//! step by the step's deadline; a rank that does not arrive in time fails
-//! the step on every rank that did, naming the step and the missing ranks,
-//! and the job then ends (`MPI_Abort`): a link that failed stays failed,
-//! every process starts again (from its checkpoints).
+//! Groups across OS processes: one replica group per process (a *node*) of an MPI job
+//! (`mpirun -np N ...`), joined into one data-parallel group ([`NodeConfig`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,8 +25,31 @@ pub(crate) use crate::nodes::mpi::{NodeLink, StepHeader, all_reduce_gradients};
 /// processes and every rank's replica count come from MPI (see
 /// [`Mpi`](crate::Mpi), cargo feature `mpi`).
 ///
-/// Every process is given the same global batch at every step and runs the
-/// shards of its own replicas (see the module documentation).
+/// Inside a process the replicas all-reduce through burn-collective;
+/// between processes, each process's first replica (its *leader*)
+/// all-reduces the process's summed gradients (every replica's loss is
+/// scaled by its share of the global batch) with the other processes'
+/// through MPI, so every replica of every process steps with the same
+/// bits. There is no address or port to configure. Without the feature,
+/// asking for a group across processes is an error
+/// ([`ElasticError::BadNodeConfig`]).
+///
+/// Sharding: every process is given the *same global batch* at every step
+/// (a sampler with the same seed gives it everywhere); the batch is split
+/// into one shard per replica of the whole group, and the process of rank
+/// `n` runs the shards of its replicas, after those of ranks `0..n`.
+///
+/// Every wait is bounded: joining by the join timeout, every exchange of a
+/// step by the step's deadline; a rank that does not arrive in time fails
+/// the step on every rank that did, naming the step and the missing ranks,
+/// and the job then ends (`MPI_Abort`): a link that failed stays failed,
+/// every process starts again (from its checkpoints).
+///
+/// Why not burn-collective's own multi-node mode (a global orchestrator and
+/// nodes): in burn-collective 0.21 a node's second global all-reduce never
+/// returns (its sync service never forgets the peers of the first one), and a
+/// lost peer panics inside its runtime instead of returning an error; the
+/// crate was removed from Burn after 0.21.
 ///
 /// ```
 /// use burn_elastic_dp::NodeConfig;

@@ -1,7 +1,5 @@
-//! How a global batch is shared among every replica of a group, in this
-//! process and in the others (when the group spans several):
-//! one shard per replica, the replicas of rank 0 first, then rank 1's, and
-//! so on; each process runs the shards of its own replicas.
+//! How a global batch is shared among every replica of a group, in this process and in the others:
+//! one shard per replica, rank 0's replicas first; each process runs its own replicas' shards.
 
 use crate::error::ElasticError;
 

@@ -1,7 +1,5 @@
-//! The benchmark harness of this repository, behind `bench` and `plan`:
-//! the benchmarks and their reports, the (b*) search for the strongest
-//! configuration without freezing, the planner's presets, profiles and
-//! calibration against measured runs, and the PNG plots.
+//! The benchmark harness behind `bench` and `plan`: the workspace's benchmarks, PipeTransformer
+//! against the strongest setup without freezing (b*), and the planner against measured runs.
 
 // Device types are `Copy` on the CPU backend but not on CUDA: keep the clones.
 #![allow(clippy::clone_on_copy)]

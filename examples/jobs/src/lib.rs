@@ -1,7 +1,5 @@
-//! The PipeTransformer jobs that the binaries of `examples` and the
-//! benchmark harness run: the backend chosen by cargo feature, the main job
-//! (a tiny transformer pretrained, then fine-tuned plainly or with
-//! PipeTransformer's trainer), the allocator's and the logging's set-up.
+//! The jobs that the binaries of `examples` and the benchmark harness run, on the backend the cargo
+//! features choose: a tiny transformer pretrained, then fine-tuned plainly or with PipeTransformer.
 
 // Device types are `Copy` on the CPU backend but not on CUDA: keep the clones.
 #![allow(clippy::clone_on_copy)]

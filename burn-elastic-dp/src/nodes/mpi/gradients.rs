@@ -73,9 +73,15 @@ type Parts<B> = Vec<Tensor<B, 1>>;
 /// The group-wide sum of the gradients of `module`'s parameters (this
 /// process's sum in `grads`) on stage `stage`, for local replica
 /// `replica`: the leader exchanges them with the other processes in one
-/// message (buckets of at most [`BUCKET_VALUES`]) through the stage's
+/// message (buckets of at most [`BUCKET_VALUES`](super::BUCKET_VALUES)) through the stage's
 /// buffers kept across steps; the other local replicas drop theirs and take
 /// the leader's result.
+///
+/// Only the leader copies: its gradients (after the sum inside the process,
+/// the same on every local replica) into the send buffer, and the sums
+/// back into one tensor per parameter, which the other local replicas
+/// share (a tensor handle each, moved to their devices); they drop their
+/// own gradients without reading them.
 pub(crate) fn all_reduce_gradients<AB, M>(
     link: &NodeLink,
     replica: usize,

@@ -1,4 +1,5 @@
-//! A process's link to the other processes: joining them, and each exchange's hand-off to the MPI thread.
+//! A process's link to the other processes: joining them, and each exchange's hand-off to the MPI
+//! thread.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -317,7 +318,7 @@ impl NodeLink {
 
     /// Fails the link: whatever waits on it in this process returns with an
     /// error; the other processes see this one miss the exchange. The link
-    /// stays failed and the job ends (see the module documentation).
+    /// stays failed and the job ends (see [`NodeLink::exchange`]).
     pub fn abort(&self) {
         self.fail("the step failed or passed its deadline in this process".into());
         lock(&self.abort_tx).take();
@@ -438,6 +439,14 @@ impl NodeLink {
     }
 
     /// Runs one exchange on the MPI thread, waiting for it until `deadline`.
+    ///
+    /// No hang: MPI calls have no timeout, so the leader waits for the MPI
+    /// thread only until the step's deadline (a watchdog). Past it, the ranks
+    /// whose arrival message has not come are the ones that did not arrive; the
+    /// step fails with [`ElasticError::NodesStalled`] naming them and the step,
+    /// the link stays failed (the MPI thread stays blocked), and the job ends:
+    /// when [`Mpi`](super::Mpi) is dropped, or at the latest one more step
+    /// timeout later, this process calls `MPI_Abort`, which ends every rank.
     fn exchange(&self, payload: Payload, deadline: Instant) -> Result<Done, ElasticError> {
         let round = {
             let state = lock(&self.state);

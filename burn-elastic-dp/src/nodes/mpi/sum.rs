@@ -1,5 +1,4 @@
-//! The MPI thread of a link: each exchange's MPI calls, in order (see the
-//! steps in the documentation of `mpi`).
+//! The MPI thread of a link: each exchange's MPI calls, in order.
 
 use std::time::{Duration, Instant};
 
@@ -88,6 +87,17 @@ pub(super) fn serve(queue: Receiver<Job>) {
 
 /// Runs one exchange: arrival messages, the check that every rank is at
 /// the same exchange of the same kind and length, then the payload.
+///
+/// Each process's leader replica hands its values to the link's MPI thread,
+/// which, in exchange order:
+/// 1. tells every other rank it arrived (an 8-byte message);
+/// 2. checks with one small `MPI_Allreduce` that every rank is at the same
+///    exchange with as many values;
+/// 3. sums the values with one `MPI_Allreduce` (SUM, f32) per bucket of at
+///    most [`BUCKET_VALUES`], in order, from the stage's send buffer into
+///    its receive buffer, both kept across steps (reallocated only when the
+///    stage's gradients change size);
+/// 4. takes the other ranks' arrival messages.
 fn exchange(world: &SimpleCommunicator, round: u64, payload: Payload) -> Result<Done, String> {
     let (rank, size) = (world.rank(), world.size());
     let start = Instant::now();
@@ -166,6 +176,15 @@ fn sum(world: &SimpleCommunicator, buffers: &mut SumBuffers) {
 }
 
 /// Makes every rank hold rank 0's `total` should the ranks' bits differ.
+///
+/// Same bits on every rank: with two ranks each element of the sum is one
+/// f32 addition of the two ranks' values, and addition is commutative, so
+/// both ranks hold the same bits whatever algorithm MPI picks (and `sum`
+/// skips this check). With more ranks the MPI standard does not promise it
+/// (only recommends it), so the ranks then compare a CRC-32 of the result
+/// (one more small all-reduce) and, should they differ, take rank 0's result
+/// (`MPI_Bcast`). Reducing to rank 0 and broadcasting every time would move
+/// twice the bytes of a ring all-reduce on two ranks.
 fn same_bits(world: &SimpleCommunicator, total: &mut [f32]) {
     let mut hasher = crc32fast::Hasher::new();
     for chunk in total.chunks(4096) {

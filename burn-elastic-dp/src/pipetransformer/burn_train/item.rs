@@ -1,6 +1,5 @@
-//! What the strategy tells burn-train after each step: a training item of
-//! the model's own output type, made from the step's figures and the
-//! outputs and targets its micro-batches scored.
+//! What the strategy tells burn-train after each step: a training item of the model's own output
+//! type, from the step's figures and the outputs and targets its micro-batches scored.
 
 use std::sync::{Arc, Mutex};
 

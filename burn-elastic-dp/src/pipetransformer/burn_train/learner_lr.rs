@@ -1,7 +1,4 @@
-//! The learner's LR scheduler as the trainer's learning-rate source: one
-//! `lr_step` per optimizer step, as burn-train's own loop does, so the
-//! learner's scheduler (and burn-train's checkpoint of it) advances with
-//! the run.
+//! The learner's LR scheduler as the trainer's learning-rate source.
 
 use std::sync::{Arc, Mutex};
 
@@ -9,7 +6,10 @@ use burn::train::{Learner, LearningComponentsTypes};
 
 use crate::pipetransformer::trainer::LrSource;
 
-/// The learner, shared with the strategy, stepping its scheduler.
+/// The learner, shared with the strategy, stepping its scheduler: one
+/// `lr_step` per optimizer step, as burn-train's own loop does, so the
+/// learner's scheduler (and burn-train's checkpoint of it) advances with
+/// the run.
 pub(super) struct LearnerLr<LC: LearningComponentsTypes>(pub(super) Arc<Mutex<Learner<LC>>>);
 
 impl<LC: LearningComponentsTypes> LrSource for LearnerLr<LC>

@@ -1,21 +1,5 @@
-//! PipeTransformer as a burn-train training strategy (cargo feature
-//! `burn-train`): a program that trains with burn-train's
-//! `SupervisedTraining` and `Learner` hands [`PipeTransformerStrategy`] to
-//! `with_training_strategy(TrainingStrategy::Custom(..))` and keeps its
-//! metrics, dashboard, checkpointer, early stopping and interrupter.
-//!
-//! The strategy runs the project's [`Trainer`] on the learner's model:
-//! `fit` splits it into its layer stack ([`IntoLayerStack`]), trains each
-//! epoch over the strategy's own `Dataset` and `Batcher` (the sampler's
-//! exactly-once epochs and AutoCache's sample ids need them; burn-train's
-//! training loader is not read), steps the learner's LR scheduler once per
-//! optimizer step, reports each step as a training item
-//! ([`FromTrainStep`]), writes the trained weights back into the learner,
-//! validates with the model's `InferenceStep` over the validation loader,
-//! then runs burn-train's checkpointer and early stopping. Resuming
-//! (`SupervisedTraining::checkpoint(epoch)`) goes through the trainer's own
-//! checkpoints ([`TrainerConfig::checkpoint`]), which hold the freeze
-//! front, the shape and every stage's optimizer state.
+//! PipeTransformer as a burn-train training strategy (cargo feature `burn-train`): a
+//! `SupervisedTraining` program trains through [`PipeTransformerStrategy`] and keeps its `Learner`.
 
 mod item;
 mod learner_lr;
@@ -57,7 +41,23 @@ type Loss<S, T> = crate::pipetransformer::trainer::SharedLoss<S, T>;
 ///
 /// Built with [`new`](Self::new), which checks the configuration for the
 /// devices; plugged in with
-/// `SupervisedTraining::with_training_strategy(TrainingStrategy::Custom(Arc::new(strategy)))`.
+/// `SupervisedTraining::with_training_strategy(TrainingStrategy::Custom(Arc::new(strategy)))`;
+/// the program keeps its `Learner`, metrics, dashboard, checkpointer, early
+/// stopping and interrupter.
+///
+/// The strategy runs the project's [`Trainer`] on the learner's model:
+/// `fit` splits it into its layer stack ([`IntoLayerStack`]), trains each
+/// epoch over the strategy's own `Dataset` and `Batcher` (the sampler's
+/// exactly-once epochs and AutoCache's sample ids need them; burn-train's
+/// training loader is not read), steps the learner's LR scheduler once per
+/// optimizer step, reports each step as a training item
+/// ([`FromTrainStep`]), writes the trained weights back into the learner,
+/// validates with the model's `InferenceStep` over the validation loader,
+/// then runs burn-train's checkpointer and early stopping. Resuming
+/// (`SupervisedTraining::checkpoint(epoch)`) goes through the trainer's own
+/// checkpoints ([`TrainerConfig::checkpoint`]), which hold the freeze
+/// front, the shape and every stage's optimizer state.
+///
 /// A run that fails in mid-training (a step, a transition, a checkpoint)
 /// stops burn-train's run through its interrupter with the error's text,
 /// keeps the weights trained so far, and leaves the error for

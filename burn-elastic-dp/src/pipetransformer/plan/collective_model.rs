@@ -1,9 +1,5 @@
-//! The cost of an all-reduce, modelled on burn-collective 0.21's strategies
-//! (ring, tree, centralized; local within a node, then global across nodes)
-//! and on the replica group's bucketing ([`AllReduce`]).
-//!
-//! Costs follow the alpha-beta model: sending `b` bytes over a link costs
-//! `latency + b / bandwidth`.
+//! The cost of an all-reduce, modelled on burn-collective 0.21's strategies (ring, tree,
+//! centralized; local, then across nodes) and the replica group's bucketing ([`AllReduce`]).
 
 use burn::collective::AllReduceStrategy;
 use burn::config::Config;
@@ -12,6 +8,8 @@ use crate::AllReduce;
 use crate::pipetransformer::plan::error::PlanError;
 
 /// A link between two devices: bytes per second and seconds per message.
+/// Costs follow the alpha-beta model: sending `b` bytes over a link costs
+/// `latency + b / bandwidth`.
 ///
 /// ```
 /// use burn_elastic_dp::plan::Link;

@@ -1,7 +1,5 @@
-//! What the planner is asked: the devices ([`ClusterConfig`]) and how
-//! PipeTransformer runs on them ([`PlanConfig`], in the trainer's
-//! vocabulary: [`FreezeRule`], [`Parts`], [`CostModel`]), checked before
-//! any work.
+//! What the planner is asked: the devices ([`ClusterConfig`]) and how PipeTransformer runs on them
+//! ([`PlanConfig`], in the trainer's vocabulary), checked before any work.
 
 use burn::collective::AllReduceStrategy;
 use burn::config::Config;

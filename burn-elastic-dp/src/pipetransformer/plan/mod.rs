@@ -1,19 +1,5 @@
-//! A planner and simulator for PipeTransformer: before any training, what
-//! it will do each epoch (frozen layers F, stages K, replicas R,
-//! micro-batches M, stage boundaries) and how long each epoch takes, split
-//! into compute, bubble, all-reduce and transitions, against the baseline
-//! (pipeline plus data parallel, nothing frozen).
-//!
-//! It uses the rules the real code uses, in the trainer's vocabulary
-//! ([`FreezeRule`](crate::FreezeRule), [`Parts`](crate::Parts),
-//! [`LayerSpec`](crate::LayerSpec), [`CostModel`](crate::CostModel)):
-//! burn-freeze's freeze schedule and layer map, the trainer's shape rule
-//! ([`crate::pipetransformer::shape`]: [`initial_shape`](crate::pipetransformer::shape::initial_shape),
-//! [`reshape`](crate::pipetransformer::shape::reshape)) on burn-pipe's one cost rule
-//! ([`burn_pipe::UnitCosts`]), burn-pipe's micro-batch count and schedule
-//! (`stage_ops`), and the replica group's all-reduce (per tensor or
-//! bucketed, burn-collective's ring, tree and centralized strategies,
-//! locally then across nodes).
+//! A planner and simulator for PipeTransformer ([`plan`]): before any training, each epoch's F, K,
+//! R, M and stages, and its time (compute, bubble, all-reduce, transitions), against the baseline.
 
 mod collective_model;
 mod config;

@@ -1,8 +1,5 @@
-//! What the planner knows about a model: per-unit pass times (a fixed part
-//! per pass plus a part per sample), activation sizes and gradient tensors,
-//! and how the units make layers ([`LayerSpec`], as the trainer maps
-//! them); profiled on a real backend or measured elsewhere and read from
-//! JSON.
+//! What the planner knows about a model ([`ModelSpec`]): per-unit pass times, activation sizes,
+//! gradient tensors and layers; profiled on a real backend or measured elsewhere, read from JSON.
 
 use burn_freeze::LayerMap;
 use burn_pipe::UnitCosts;

@@ -1,8 +1,5 @@
-//! The per-epoch PipeTransformer schedule and its predicted time: the freeze
-//! front from the freeze rule (AutoFreeze), the stages, boundaries and
-//! replicas from the trainer's own shape rule ([`crate::pipetransformer::shape`]: AutoPipe
-//! and AutoDP), the cache, and each epoch's steps simulated
-//! ([`PipelineSim`](crate::pipetransformer::plan::PipelineSim)) with the all-reduce costed.
+//! The per-epoch PipeTransformer schedule and its predicted time: the freeze front, the shape from
+//! the trainer's shape rule, the cache, and each epoch's steps simulated, the all-reduce costed.
 
 use burn_pipe::default_micro_batches;
 
@@ -17,8 +14,21 @@ use crate::sampler::BatchPolicy;
 
 /// Plans every epoch of `config` on `model`, and the baseline. Each
 /// epoch's shape comes from the trainer's shape rule ([`initial_shape`](crate::shape::initial_shape),
-/// then [`reshape`](crate::shape::reshape) whenever the front moves), on the units' costs under
-/// [`PlanConfig::costs`].
+/// then [`reshape`] whenever the front moves), on the units' costs under
+/// [`PlanConfig::costs`]. The time of each epoch is split into compute,
+/// bubble, all-reduce and transitions; the baseline is pipeline plus data
+/// parallel, nothing frozen.
+///
+/// It uses the rules the real code uses, in the trainer's vocabulary
+/// ([`FreezeRule`](crate::FreezeRule), [`Parts`](crate::Parts),
+/// [`LayerSpec`](crate::LayerSpec), [`CostModel`](crate::CostModel)):
+/// burn-freeze's freeze schedule and layer map, the trainer's shape rule
+/// ([`crate::pipetransformer::shape`]: [`initial_shape`](crate::pipetransformer::shape::initial_shape),
+/// [`reshape`]) on burn-pipe's one cost rule
+/// ([`burn_pipe::UnitCosts`]), burn-pipe's micro-batch count and schedule
+/// (`stage_ops`), and the replica group's all-reduce (per tensor or
+/// bucketed, burn-collective's ring, tree and centralized strategies,
+/// locally then across nodes).
 ///
 /// ```
 /// use burn_elastic_dp::{BatchPolicy, FreezeRule, LayerSpec};

@@ -1,7 +1,5 @@
-//! One step of one replica in an epoch: its stages' work from the units'
-//! costs (training, frozen or cached, by burn-pipe's [`UnitState`]), the
-//! hand-overs between stages, the simulated pipeline, each stage's
-//! all-reduce and optimizer step; and the step's seconds, split.
+//! One step of one replica in an epoch: its stages' work ([`UnitState`]), the hand-overs, the
+//! simulated pipeline, each stage's all-reduce and optimizer step; the step's seconds, split.
 
 use std::ops::Range;
 

@@ -1,6 +1,5 @@
-//! What a transition between two epochs costs: rebuilding pipelines with
-//! new boundaries, re-forming the replica group, copying the model to new
-//! replicas.
+//! What a transition between two epochs costs: rebuilding pipelines with new boundaries, re-forming
+//! the replica group, copying the model to new replicas.
 
 use crate::pipetransformer::plan::config::PlanConfig;
 use crate::pipetransformer::plan::model::ModelSpec;

@@ -1,12 +1,5 @@
-//! The shape rule, AutoPipe's and AutoDP's decision: the starting
-//! pipeline ([`initial_shape`], or memory-aware: [`fitting_start`], the
-//! fewest stages whose every stage fits the per-device memory budget) and,
-//! after the freeze front moved, the pipeline's length and balance and the
-//! number of replicas ([`reshape`]).
-//! The [`Trainer`](crate::Trainer) applies it at every transition, and the
-//! planner ([`plan`](crate::pipetransformer::plan::plan)) calls it for every epoch it
-//! predicts: one rule. Unit costs follow burn-pipe's one cost rule
-//! ([`UnitCosts`](burn_pipe::UnitCosts)).
+//! The shape rule, AutoPipe's and AutoDP's decision: the starting pipeline ([`initial_shape`] or
+//! [`fitting_start`]), then after each move of the front, stages, balance, replicas ([`reshape()`]).
 
 mod form;
 mod memory;

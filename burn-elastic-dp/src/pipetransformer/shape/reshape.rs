@@ -55,6 +55,11 @@ impl Reshaping {
 /// compression, with the exact partitioner), and rebalances; AutoDP then
 /// runs `devices / K` replicas. A part that is off keeps its value.
 ///
+/// The [`Trainer`](crate::Trainer) applies it at every transition, and the
+/// planner ([`plan`](crate::pipetransformer::plan::plan)) calls it for every
+/// epoch it predicts: one rule. Unit costs follow burn-pipe's one cost rule
+/// ([`UnitCosts`]).
+///
 /// ```
 /// use burn_elastic_dp::shape::{Reshaping, Shape, initial_shape, reshape};
 /// use burn_pipe::UnitCosts;

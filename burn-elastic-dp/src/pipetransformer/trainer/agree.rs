@@ -1,11 +1,5 @@
-//! Measurements agreed across the processes of a group: unit times,
-//! micro-batch times and activation bytes are measured by every process,
-//! then replaced by their element-wise maximum over the processes (one
-//! small all-reduce each) before any decision reads them. The maximum is
-//! exact and does not depend on the order of the ranks, so every process
-//! decides on the same figures (and so on the same balance, micro-batch
-//! count and start), and it balances for the slowest process. In a group
-//! of one process nothing changes.
+//! Measurements agreed across the processes of a group: unit times, micro-batch times and
+//! activation bytes replaced by their maximum over the processes before any decision reads them.
 
 use std::time::Duration;
 

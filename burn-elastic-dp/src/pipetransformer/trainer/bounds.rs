@@ -1,4 +1,5 @@
-//! The types a [`Trainer`](super::Trainer) is made of, bundled once, and the bound it puts on its stack (the optimizer's is burn-freeze's `StackOptimizer`).
+//! The types a [`Trainer`](super::Trainer) is made of, bundled once, and the bound it puts on
+//! its stack (the optimizer's is burn-freeze's `StackOptimizer`).
 
 use std::marker::PhantomData;
 

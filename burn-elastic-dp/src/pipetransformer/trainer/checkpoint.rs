@@ -1,8 +1,5 @@
-//! Checkpoints of a PipeTransformer run: a directory per checkpoint, written
-//! under a temporary name and renamed when complete (a crash never leaves a
-//! half-written checkpoint under a real name), every file's CRC-32 in its
-//! `state.json`, and the newest checkpoint that verifies used on resume:
-//! [`Trainer::save_checkpoint`] and [`Trainer::resume`], and the files.
+//! Checkpoints of a PipeTransformer run: [`Trainer::save_checkpoint`] and [`Trainer::resume`] (from
+//! the newest checkpoint that verifies).
 
 use std::path::{Path, PathBuf};
 
@@ -89,6 +86,10 @@ impl<TT: TrainerTypes> Trainer<TT> {
     /// and costs, replica count, the sampler's place in the epoch and the
     /// step and epoch counters. Returns its directory, or `None` without a
     /// checkpoint configuration.
+    ///
+    /// A directory per checkpoint, written under a temporary name and renamed
+    /// when complete (a crash never leaves a half-written checkpoint under a
+    /// real name), every file's CRC-32 in its `state.json`.
     ///
     /// Not saved: the AutoCache's entries (a resumed run recomputes them,
     /// exactly) and the backend's random state (Burn has no API for it: a

@@ -1,4 +1,5 @@
-//! A checkpoint's files: written under a temporary name and renamed when complete, verified by CRC-32 when read back.
+//! A checkpoint's files: written under a temporary name and renamed when complete, verified by
+//! CRC-32 when read back.
 
 use std::fs;
 use std::io::Write;

@@ -1,6 +1,5 @@
-//! What an epoch's observer returns: `()` (go on) or a
-//! [`ControlFlow`] that can stop the epoch after a step, and the report of
-//! an epoch so stopped.
+//! What an epoch's observer returns: `()` (go on) or a [`ControlFlow`] that can stop the epoch
+//! after a step, and the report of an epoch so stopped.
 
 use std::ops::ControlFlow;
 

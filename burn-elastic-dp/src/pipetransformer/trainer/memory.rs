@@ -1,8 +1,5 @@
-//! Memory-aware AutoPipe in the trainer: the per-device budget
-//! ([`MemoryConfig`]), the units' memory (parameters at init, activations
-//! measured on the first batch where a budget is given and the heap is
-//! counted), the starting
-//! shape that fits, and the fit every later shape keeps.
+//! Memory-aware AutoPipe in the trainer: the per-device budget ([`MemoryConfig`]), the units'
+//! memory (parameters, measured activations), the start that fits and the fit later shapes keep.
 
 use burn::config::Config;
 use burn_freeze::{Differentiable, LayerStack, StackTypes};

@@ -1,12 +1,5 @@
-//! The trainer's micro-batch count M: with no count configured and the
-//! costs profiled ([`CostModel::Profiled`]), each unit is timed at a few
-//! micro-batch sizes on the first batch, and M is chosen for every shape
-//! the run takes (at its first step and after each transition) by
-//! burn-pipe's step model ([`choose_micro_batches`]), then set on the
-//! group. A run that starts at one stage measures nothing (K never grows;
-//! one stage has no bubble: M = 1). Otherwise (a fixed `micro_batches`, or
-//! parameter-count costs without a table given) the paper's rule holds
-//! ([`PipelineConfig::micro_batches`](burn_pipe::PipelineConfig::micro_batches)).
+//! The trainer's micro-batch count M: chosen for every shape from unit times measured at a few
+//! micro-batch sizes (profiled costs, no count configured), else the paper's rule.
 
 use burn_freeze::{Activation, Differentiable};
 use burn_pipe::{
@@ -57,8 +50,10 @@ impl<TT: TrainerTypes> Trainer<TT> {
     /// Before the first step (of a new or resumed trainer, after the unit
     /// costs' profile): the unit times measured at a few micro-batch sizes
     /// on `input` (a copy of the model on the first device) when the costs
-    /// are profiled, no table was given and no count is configured; then M
-    /// chosen for the current shape.
+    /// are profiled ([`CostModel::Profiled`]), no table was given and no count
+    /// is configured; then M chosen for the current shape. A run that starts
+    /// at one stage measures nothing (K never grows; one stage has no bubble:
+    /// M = 1).
     pub(super) fn micro_batches_if_pending(
         &mut self,
         input: &TrainerInput<TT>,
@@ -96,7 +91,12 @@ impl<TT: TrainerTypes> Trainer<TT> {
 
     /// M for the current shape from the table, set on the group and
     /// logged; the choice, or `None` when the paper's rule or a configured
-    /// count holds (then the group keeps its configured count).
+    /// count holds (then the group keeps its configured count). Asked for
+    /// every shape the run takes (at its first step and after each
+    /// transition), by burn-pipe's step model ([`choose_micro_batches`]).
+    /// Without a table (a fixed `micro_batches`, or parameter-count costs and
+    /// no table given) the paper's rule holds
+    /// ([`PipelineConfig::micro_batches`](burn_pipe::PipelineConfig::micro_batches)).
     pub(super) fn choose_micro_batches(&mut self) -> Option<MicroBatchChoice> {
         let configured = self.config.replicas.pipeline.micro_batches;
         let times = self.micro.times.as_ref().filter(|_| configured.is_none())?;

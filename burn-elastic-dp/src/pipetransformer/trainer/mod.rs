@@ -1,16 +1,5 @@
-//! The PipeTransformer loop: AutoFreeze, AutoPipe, AutoDP and AutoCache
-//! driving one training run of a user's layer stack, dataset and optimizer.
-//!
-//! The loop is here, top-down: an epoch takes the next batch, trains it
-//! (the step, with its retry), then acts after the step (AutoFreeze's
-//! decision, and the transition it makes), and ends with the epoch's
-//! report.
-//!
-//! Across the ranks of an MPI job every rank runs this loop on its own
-//! devices, in lockstep: the same batches, the same all-reduced gradients,
-//! hence the same decisions at the same step; each step's header checks it
-//! (see `ReplicaGroup::resize`), and R in the maths (the sampler's draw,
-//! the learning-rate scaling, the checks) is the whole group's.
+//! The PipeTransformer loop: AutoFreeze, AutoPipe, AutoDP and AutoCache driving one training run of
+//! a user's layer stack, dataset and optimizer.
 
 mod access;
 mod agree;
@@ -81,6 +70,13 @@ pub(crate) type SharedLoss<S, T> = Arc<dyn MicroBatchLoss<S, T> + Send>;
 /// every step (the policy reads that step's gradient norms) and at the end
 /// of every epoch; when the front moves, the shape follows at once, and one
 /// [`Transition`] is logged.
+///
+/// Across the ranks of an MPI job every rank runs this loop on its own
+/// devices, in lockstep: the same batches, the same all-reduced gradients,
+/// hence the same decisions at the same step; each step's header checks it
+/// (see [`ReplicaGroup::resize`](crate::ReplicaGroup::resize)), and R in the
+/// maths (the sampler's draw, the learning-rate scaling, the checks) is the
+/// whole group's.
 ///
 /// ```
 /// use burn::backend::{Autodiff, Flex};
@@ -216,6 +212,10 @@ impl<TT: TrainerTypes> Trainer<TT> {
     /// decision), the report covering the steps this call ran, and the next
     /// call goes on where it stopped ([`epoch`](Self::epoch) counts the
     /// epoch only once it is finished).
+    ///
+    /// The loop: the epoch takes the next batch, trains it (the step, with
+    /// its retry), then acts after the step (AutoFreeze's decision, and the
+    /// transition it makes), and ends with the epoch's report.
     pub fn fit_epoch_observed<I, D, Bt, F: StepFlow>(
         &mut self,
         dataset: &D,
@@ -263,6 +263,9 @@ impl<TT: TrainerTypes> Trainer<TT> {
         self.decide(DecisionPoint::EpochEnd, &mut tally)?;
         self.end_epoch(tally)
     }
+
+    // The loop's parts follow, top-down: the epoch's start and batches, the
+    // step, the decision after it, the epoch's report.
 
     /// Checks the group and the dataset and starts the sampler's epoch,
     /// unless one is under way (it stopped part-way: an error, or a

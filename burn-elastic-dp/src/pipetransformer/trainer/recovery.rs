@@ -1,8 +1,5 @@
-//! The trainer's recovery policy (with `recover_replicas` on): which failed
-//! steps it goes on from, and how. A failed forward and backward pass
-//! changed nothing, so the survivors run the same batch again; a failed
-//! optimizer step of some replicas was applied by the others, so the failed
-//! ones leave and the step is not run again.
+//! The trainer's recovery policy (with `recover_replicas` on): which failed steps it goes on from,
+//! and how.
 
 use super::Trainer;
 use super::bounds::TrainerTypes;
@@ -21,7 +18,8 @@ enum Recovery {
 impl<TT: TrainerTypes> Trainer<TT> {
     /// After a failed forward and backward pass: `Ok` when the survivors are
     /// to run the same batch again (the failed replica removed), the error
-    /// otherwise.
+    /// otherwise. A failed pass changed nothing, so the same batch can run
+    /// again.
     pub(super) fn recover_pass(&mut self, error: ElasticError) -> Result<(), TrainerError> {
         match self.recoverable(&error) {
             Some(Recovery::Remove(replica)) => {
@@ -39,7 +37,8 @@ impl<TT: TrainerTypes> Trainer<TT> {
 
     /// Applies the step's gradients with learning rate `lr`. Replicas whose
     /// optimizer step failed while the others' succeeded leave the group,
-    /// when recovery is on: the step counts, and is not run again.
+    /// when recovery is on: the others applied it, so the step counts, and is
+    /// not run again.
     pub(super) fn optimizer_step(&mut self, lr: f64) -> Result<(), TrainerError> {
         match self.group.step(lr) {
             Ok(()) => Ok(()),

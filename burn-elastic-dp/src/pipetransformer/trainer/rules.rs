@@ -1,4 +1,5 @@
-//! The run's rules: which parts run, the freeze rule, the layer map and the cost model, each checking its own values.
+//! The run's rules: which parts run, the freeze rule, the layer map and the cost model, each
+//! checking its own values.
 
 use burn::config::Config;
 use burn_freeze::ArgminStatistic;

@@ -1,12 +1,5 @@
-//! The learning rate of each optimizer step: [`TrainerConfig::lr`], or a
-//! schedule (any `burn::lr_scheduler::LrScheduler`, or a closure of the
-//! step) asked once per optimizer step, in order, and saved in the
-//! checkpoints.
-//!
-//! A step that fails is taken again with the rate it was given: the
-//! schedule is asked once per step index, however many times the step runs.
-//!
-//! [`TrainerConfig::lr`]: super::TrainerConfig::lr
+//! The learning rate of each optimizer step: [`TrainerConfig::lr`](super::TrainerConfig::lr), or a
+//! schedule (a burn-train `LrScheduler`, a closure) asked once per step, checkpointed.
 
 use std::marker::PhantomData;
 
@@ -88,7 +81,7 @@ impl<F: FnMut(usize) -> f64 + Send> LrSource for Closure<F> {
 
 /// A trainer's schedule: its source, the rate last given, and a saved
 /// state that waits for its source (a resumed run sets the schedule after
-/// [`Trainer::resume`]).
+/// [`Trainer::resume`](super::Trainer::resume)).
 #[derive(Default)]
 pub(super) struct Schedule {
     source: Option<Box<dyn LrSource>>,
@@ -99,7 +92,10 @@ pub(super) struct Schedule {
 }
 
 impl Schedule {
-    /// The rate of step `step`: the source's, else `fixed`.
+    /// The rate of step `step`: the source's, else `fixed`. The source is
+    /// asked once per optimizer step, in order; a step that fails is taken
+    /// again with the rate it was given: the source is asked once per step
+    /// index, however many times the step runs.
     pub(super) fn rate(&mut self, step: usize, fixed: f64) -> Result<f64, TrainerError> {
         let Some(source) = self.source.as_mut() else {
             if self.waiting.take().is_some() {

@@ -1,7 +1,5 @@
-//! AutoPipe and AutoDP applied to the group: the shape rule asked for the
-//! shape (in one function, [`shape_rule`]), then the group repartitioned and
-//! resized to it; the unit costs the rule reads, profiled on the first batch
-//! when so configured. The shape is always read from the group itself.
+//! AutoPipe and AutoDP applied to the group: the shape rule asked ([`shape_rule`]), the group
+//! repartitioned and resized to it; the unit costs it reads, profiled on the first batch if set.
 
 use std::time::Instant;
 

@@ -1,18 +1,5 @@
-//! `train` under `mpirun` (cargo feature `mpi`): one process per node, each
-//! running its share of the PipeTransformer replicas on its own `--devices`;
-//! rank and world size come from MPI. Without the feature, or run without
-//! a launcher, or in a job of one process, `train` runs as always.
-//!
-//! Across processes every part runs: AutoDP in lockstep (every rank adds
-//! replicas on its freed devices at the same step, by the same rule), and
-//! profiled costs and measured memory agreed across the ranks (the
-//! slowest's times, the largest activations). Ranks on one machine take
-//! disjoint devices (rank `l` of them on devices `l*d..(l+1)*d`). Plain
-//! Burn and (b*) are not run. A binary built without the feature refuses
-//! to run under a launcher as one of several processes. Rank 0 prints and saves what a one-process run does; the other
-//! ranks print nothing on stdout (errors still go to stderr) and save
-//! their model in `OUTPUT_DIR/rank-<r>`; every rank's trainer logs and
-//! checkpoints are in `OUTPUT_DIR/rank-<r>` and `OUTPUT_DIR/checkpoints/rank-<r>`.
+//! `train` under `mpirun` (cargo feature `mpi`): one process per node, each running its share of
+//! the replicas on its own `--devices`; without the feature or a launcher, or alone, as always.
 
 use std::path::Path;
 
@@ -23,7 +10,19 @@ use crate::Failure;
 use crate::cli::Args;
 
 /// This process's place in the job: the MPI environment (kept until the
-/// run ends), its rank and the number of processes.
+/// run ends), its rank and the number of processes, which come from MPI.
+///
+/// Across processes every part runs: AutoDP in lockstep (every rank adds
+/// replicas on its freed devices at the same step, by the same rule), and
+/// profiled costs and measured memory agreed across the ranks (the
+/// slowest's times, the largest activations). Ranks on one machine take
+/// disjoint devices (rank `l` of them on devices `l*d..(l+1)*d`). Plain
+/// Burn and (b*) are not run. A binary built without the feature refuses
+/// to run under a launcher as one of several processes. Rank 0 prints and
+/// saves what a one-process run does; the other ranks print nothing on
+/// stdout (errors still go to stderr) and save their model in
+/// `OUTPUT_DIR/rank-<r>`; every rank's trainer logs and checkpoints are in
+/// `OUTPUT_DIR/rank-<r>` and `OUTPUT_DIR/checkpoints/rank-<r>`.
 pub(crate) struct MpiJob {
     #[cfg(feature = "mpi")]
     _mpi: Option<burn_elastic_dp::Mpi>,

@@ -1,8 +1,4 @@
-//! A discrete-event simulation of one training step of one pipeline replica:
-//! every stage runs the passes [`burn_pipe::stage_ops`] gives it, in that
-//! order, each pass waiting for its neighbour's message (an activation
-//! forward, a gradient back) and for its device; stages that share a device
-//! share its throughput. Then the gradients are all-reduced.
+//! A discrete-event simulation of one training step of one pipeline replica ([`PipelineSim`]).
 
 use burn_pipe::{Op, Schedule};
 
@@ -24,7 +20,12 @@ pub struct StageWork {
     pub device: usize,
 }
 
-/// One step of one pipeline, to simulate.
+/// One step of one pipeline, to simulate: every stage runs the passes
+/// [`burn_pipe::stage_ops`] gives it, in that order, each pass waiting for its
+/// neighbour's message (an activation forward, a gradient back) and for its
+/// device; stages that share a device share its throughput. The all-reduce
+/// of the gradients that follows is costed by
+/// [`step_time`](crate::pipetransformer::plan::step_time).
 ///
 /// ```
 /// use burn_elastic_dp::plan::{PipelineSim, StageWork};
