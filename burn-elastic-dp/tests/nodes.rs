@@ -14,8 +14,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use burn::backend::Autodiff;
-use burn::module::{Module, Param};
+use burn::module::Module;
 use burn::nn::Linear;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, SgdConfig};
@@ -26,26 +25,9 @@ use burn_pipe::{Pipeline, PipelineConfig};
 
 mod common;
 
-use common::{finish, flat_weights, mpirun, numbers};
+use common::{Block, block, finish, flat_weights, linear, mpirun, numbers};
 
-/// The backend the tests run on: Flex, or LibTorch on the CPU with the
-/// `test-tch` feature (`.ci/tch`).
-#[cfg(not(feature = "test-tch"))]
-type Inner = burn::backend::Flex;
-#[cfg(feature = "test-tch")]
-type Inner = burn::backend::LibTorch;
-type B = Autodiff<Inner>;
-
-#[derive(Module, Debug)]
-pub struct Dense<B: Backend> {
-    linear: Linear<B>,
-}
-
-impl<B: Backend> Dense<B> {
-    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        x.clone() + self.linear.forward(x).tanh()
-    }
-}
+use common::B;
 
 #[derive(Module, Debug)]
 pub struct Head<B: Backend> {
@@ -58,10 +40,9 @@ impl<B: Backend> Head<B> {
     }
 }
 
-burn_freeze::unit!(Dense<B>: Tensor<B, 2> => Tensor<B, 2>);
 burn_freeze::unit!(Head<B>: Tensor<B, 2> => Tensor<B, 2>);
 
-type Types = StackMarker<B, Dense<B>, Dense<B>, Head<B>>;
+type Types = StackMarker<B, Block<B>, Block<B>, Head<B>>;
 
 const WIDTH: usize = 8;
 const CLASSES: usize = 3;
@@ -70,33 +51,11 @@ const CLASSES: usize = 3;
 const BATCH: usize = 9;
 const STEPS: u64 = 4;
 
-fn linear(seed: u64, inputs: usize, outputs: usize) -> Linear<B> {
-    let device = Default::default();
-    let scale = 1.0 / (inputs as f32).sqrt();
-    let weight: Vec<f32> = numbers(seed, inputs * outputs)
-        .into_iter()
-        .map(|v| v * scale)
-        .collect();
-    Linear {
-        weight: Param::from_tensor(Tensor::from_data(
-            TensorData::new(weight, [inputs, outputs]),
-            &device,
-        )),
-        bias: Some(Param::from_tensor(Tensor::from_data(
-            TensorData::new(numbers(seed + 1000, outputs), [outputs]),
-            &device,
-        ))),
-    }
-}
-
 /// 6 units (5 residual blocks and a head) with the same weights in every process.
 fn stack() -> LayerStack<Types> {
-    let dense = |seed| Dense {
-        linear: linear(seed, WIDTH, WIDTH),
-    };
     LayerStack::new(
-        dense(1),
-        (2..6).map(dense).collect(),
+        block(1, WIDTH),
+        (2..6).map(|seed| block(seed, WIDTH)).collect(),
         Head {
             linear: linear(6, WIDTH, CLASSES),
         },

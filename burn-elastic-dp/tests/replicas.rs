@@ -3,7 +3,6 @@
 //! them all, and a failing replica ends the step with an error naming it,
 //! changing nothing.
 
-use burn::backend::Autodiff;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig};
@@ -13,13 +12,7 @@ use burn_elastic_dp::{AllReduce, ElasticError, ReplicaConfig};
 use burn_freeze::{AutoFreeze, FixedSchedule, LayerMap, LayerStack, StackMarker};
 use burn_pipe::{PipeError, Pipeline, PipelineConfig};
 
-/// The backend the tests run on: Flex, or LibTorch on the CPU with the
-/// `test-tch` feature (`.ci/tch`).
-#[cfg(not(feature = "test-tch"))]
-type Inner = burn::backend::Flex;
-#[cfg(feature = "test-tch")]
-type Inner = burn::backend::LibTorch;
-type B = Autodiff<Inner>;
+burn_freeze::test_backend!();
 
 #[derive(Module, Debug)]
 pub struct Dense<B: Backend> {

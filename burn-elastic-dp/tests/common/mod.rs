@@ -25,25 +25,31 @@ pub fn loss(logits: Tensor<B, 2>, labels: Tensor<B, 1, Int>) -> Tensor<B, 1> {
         .forward(logits, labels)
 }
 
-/// A block of width `width` whose weights depend only on `seed`.
-pub fn block(seed: u64, width: usize) -> Block<B> {
+/// A `Linear` of `inputs` by `outputs` whose weights depend only on `seed`
+/// (the bias on `seed + 1000`), scaled to +-1/sqrt(inputs).
+pub fn linear(seed: u64, inputs: usize, outputs: usize) -> Linear<B> {
     let device = Default::default();
-    let scale = 1.0 / (width as f32).sqrt();
-    let weight: Vec<f32> = numbers(seed, width * width)
+    let scale = 1.0 / (inputs as f32).sqrt();
+    let weight: Vec<f32> = numbers(seed, inputs * outputs)
         .into_iter()
         .map(|v| v * scale)
         .collect();
+    Linear {
+        weight: burn::module::Param::from_tensor(Tensor::from_data(
+            TensorData::new(weight, [inputs, outputs]),
+            &device,
+        )),
+        bias: Some(burn::module::Param::from_tensor(Tensor::from_data(
+            TensorData::new(numbers(seed + 1000, outputs), [outputs]),
+            &device,
+        ))),
+    }
+}
+
+/// A block of width `width` whose weights depend only on `seed`.
+pub fn block(seed: u64, width: usize) -> Block<B> {
     Block {
-        linear: Linear {
-            weight: burn::module::Param::from_tensor(Tensor::from_data(
-                TensorData::new(weight, [width, width]),
-                &device,
-            )),
-            bias: Some(burn::module::Param::from_tensor(Tensor::from_data(
-                TensorData::new(numbers(seed + 1000, width), [width]),
-                &device,
-            ))),
-        },
+        linear: linear(seed, width, width),
     }
 }
 

@@ -98,8 +98,7 @@ where
         let first = &self.stages[0];
         let cached = first.units().frozen().units().end.min(self.num_units() - 1);
         let Some(cache) = self.cache.as_mut().filter(|_| cached > 0) else {
-            let flows = flow_batch::<S>(Flow::Input(input.inner()));
-            return self.run(flows, 0, targets, loss);
+            return self.forward_backward(input, targets, loss);
         };
         let input = input.inner().to_device(&first.device);
         let hidden = serve_prefix(cache, first.units().frozen(), ids, input, cached)?;

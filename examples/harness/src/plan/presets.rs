@@ -209,17 +209,30 @@ impl Shape {
     }
 }
 
-/// Element counts of a multi-head attention's tensors (query, key, value,
-/// output: weight and bias each).
-fn attention_tensors(h: usize) -> Vec<usize> {
-    [h * h, h].repeat(4)
+/// Where an attention unit's layer norm sits: before the attention (ViT's
+/// pre-norm blocks) or after the residual sum (BERT's post-norm blocks).
+#[derive(Clone, Copy)]
+enum Norm {
+    Before,
+    After,
 }
 
-/// FLOPs of attention over `t` tokens of width `h`: four projections, the
-/// scores and their weighted sum.
-fn attention_flops(t: usize, h: usize) -> f64 {
-    let (t, h) = (t as f64, h as f64);
-    2.0 * t * 4.0 * h * h + 2.0 * 2.0 * t * t * h
+/// Attention unit `layer` over `t` tokens of width `h`: its layer norm and
+/// the query, key, value and output projections (weight and bias each);
+/// FLOPs of the four projections, the scores and their weighted sum.
+fn attention_unit(layer: usize, t: usize, h: usize, norm: Norm) -> UnitShape {
+    let projections = [h * h, h].repeat(4);
+    let tensors = match norm {
+        Norm::Before => [vec![h, h], projections].concat(),
+        Norm::After => [projections, vec![h, h]].concat(),
+    };
+    let (tf, hf) = (t as f64, h as f64);
+    UnitShape {
+        name: format!("attention {layer}"),
+        tensors,
+        forward_flops: 2.0 * tf * 4.0 * hf * hf + 2.0 * 2.0 * tf * tf * hf,
+        output_elems: t * h,
+    }
 }
 
 fn vit_units(c: &VitConfig) -> Vec<UnitShape> {
@@ -232,14 +245,7 @@ fn vit_units(c: &VitConfig) -> Vec<UnitShape> {
         output_elems: t * h,
     }];
     for l in 0..c.layers {
-        let mut tensors = vec![h, h];
-        tensors.extend(attention_tensors(h));
-        units.push(UnitShape {
-            name: format!("attention {l}"),
-            tensors,
-            forward_flops: attention_flops(t, h),
-            output_elems: t * h,
-        });
+        units.push(attention_unit(l, t, h, Norm::Before));
         units.push(UnitShape {
             name: format!("mlp {l}"),
             tensors: vec![h, h, h * c.mlp_dim, c.mlp_dim, c.mlp_dim * h, h],
@@ -277,14 +283,7 @@ fn bert_units(c: &BertConfig, s: usize) -> Vec<UnitShape> {
         output_elems: s * h,
     }];
     for l in 0..c.layers {
-        let mut tensors = attention_tensors(h);
-        tensors.extend([h, h]);
-        units.push(UnitShape {
-            name: format!("attention {l}"),
-            tensors,
-            forward_flops: attention_flops(s, h),
-            output_elems: s * h,
-        });
+        units.push(attention_unit(l, s, h, Norm::After));
         units.push(UnitShape {
             name: format!("feed-forward {l}"),
             tensors: vec![

@@ -236,32 +236,25 @@ fn exchange_summary(
 
 /// The table of the exchange's phases and the target's verdict.
 fn print_exchange(exchange: &PhaseSummary, steps: usize) {
-    let PhaseSummary {
-        copy_out_ms,
-        check_ms,
-        mpi_all_reduce_ms,
-        copy_back_ms,
-        exchange_ms,
-        bare_all_reduce_ms: bare_ms,
-        ring_bound_ms,
-        buckets,
-        ..
-    } = *exchange;
+    let e = exchange;
     println!(
-        "  the exchange's phases per step ({buckets} buckets; the rank that arrived last, median of {steps} steps):"
+        "  the exchange's phases per step ({} buckets; the rank that arrived last, median of {steps} steps):",
+        e.buckets
     );
+    let hand_offs =
+        e.exchange_ms - e.copy_out_ms - e.check_ms - e.mpi_all_reduce_ms - e.copy_back_ms;
     for (phase, ms) in [
-        ("copy out (gradients into the send buffer)", copy_out_ms),
-        ("consistency check (kind, round, length)", check_ms),
-        ("MPI_Allreduce of the buckets", mpi_all_reduce_ms),
-        ("copy back (into the gradient tensors)", copy_back_ms),
+        ("copy out (gradients into the send buffer)", e.copy_out_ms),
+        ("consistency check (kind, round, length)", e.check_ms),
+        ("MPI_Allreduce of the buckets", e.mpi_all_reduce_ms),
+        ("copy back (into the gradient tensors)", e.copy_back_ms),
+        ("hand-offs (the rest)", hand_offs),
+        ("the group's exchange", e.exchange_ms),
         (
-            "hand-offs (the rest)",
-            exchange_ms - copy_out_ms - check_ms - mpi_all_reduce_ms - copy_back_ms,
+            "bare MPI_Allreduce, same buckets, this run",
+            e.bare_all_reduce_ms,
         ),
-        ("the group's exchange", exchange_ms),
-        ("bare MPI_Allreduce, same buckets, this run", bare_ms),
-        ("ring bound", ring_bound_ms),
+        ("ring bound", e.ring_bound_ms),
     ] {
         println!("    {phase:<44} {ms:>9.1} ms");
     }
