@@ -5,8 +5,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Instant;
 
-use burn::optim::Optimizer;
-use burn_freeze::{Activation, InnerHidden, StackTypes, TrainableUnits};
+use burn_freeze::{Activation, InnerHidden, StackOptimizer, StackTypes, TrainableUnits};
 use burn_pipe::{MicroBatchLoss, Pipeline, panic_message};
 use crossbeam_channel::Sender;
 
@@ -87,7 +86,7 @@ pub(super) fn replica_share<S, O, T, L>(
     tx: Sender<Progress<S, O>>,
 ) where
     S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend>,
+    O: StackOptimizer<S>,
     T: Activation<S::Backend>,
     L: MicroBatchLoss<S, T> + Send + 'static,
 {
@@ -126,7 +125,7 @@ fn sum_gradients<S, O, L>(
 ) -> Result<(), ElasticError>
 where
     S: StackTypes,
-    O: Optimizer<TrainableUnits<S>, S::Backend>,
+    O: StackOptimizer<S>,
 {
     let replica = share.replica;
     let modules: Vec<TrainableUnits<S>> = (0..pipeline.num_stages())

@@ -16,22 +16,19 @@ use burn::train::{
     SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader, TrainStep,
     TrainingComponents, TrainingItem, TrainingModel, ValidLoader,
 };
-use burn_freeze::{Activation, IntoLayerStack, LayerStack, StackTypes};
+use burn_freeze::{Activation, IntoLayerStack, LayerStack, StackOptimizer, StackTypes};
 use burn_pipe::MicroBatchLoss;
 
 pub use item::{FromTrainStep, StepInfo};
 
 use crate::pipetransformer::trainer::{
-    CacheableStack, Trainer, TrainerConfig, TrainerError, TrainerParts,
+    CacheableStack, SharedLoss, Trainer, TrainerConfig, TrainerError, TrainerParts,
 };
-use burn_freeze::StackOptimizer;
 use item::Scored;
 use learner_lr::LearnerLr;
 
 /// The backend of a stack's types.
 type BackendOf<S> = <S as StackTypes>::Backend;
-/// A user's loss: a micro-batch's output and targets to its mean loss.
-type Loss<S, T> = crate::pipetransformer::trainer::SharedLoss<S, T>;
 
 /// PipeTransformer as a burn-train strategy for learners whose model splits
 /// into a layer stack of types `S` ([`IntoLayerStack`] with `Types = S`;
@@ -69,7 +66,7 @@ pub struct PipeTransformerStrategy<S: StackTypes, I, O, T> {
     dataset: Arc<dyn Dataset<I>>,
     batcher: Arc<dyn Batcher<BackendOf<S>, I, (<S as StackTypes>::Input, T)>>,
     make_optimizer: Arc<dyn Fn() -> O + Send + Sync>,
-    loss: Loss<S, T>,
+    loss: SharedLoss<S, T>,
     error: Mutex<Option<TrainerError>>,
 }
 
