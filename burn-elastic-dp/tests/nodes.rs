@@ -25,9 +25,7 @@ use burn_pipe::{Pipeline, PipelineConfig};
 
 mod common;
 
-use common::{Block, block, finish, flat_weights, linear, mpirun, numbers};
-
-use common::B;
+use common::{B, Block, block, finish, flat_weights, linear, mpirun, numbers};
 
 #[derive(Module, Debug)]
 pub struct Head<B: Backend> {

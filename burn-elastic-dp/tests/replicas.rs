@@ -528,12 +528,7 @@ fn a_replica_left_behind_cannot_join_the_survivors_all_reduce() {
 
 #[test]
 fn tests_run_on_the_selected_backend() {
-    let expected = if cfg!(feature = "test-tch") {
-        "autodiff<libtorch<cpu>>"
-    } else {
-        "autodiff<flex>"
-    };
-    assert_eq!(B::name(&Default::default()), expected);
+    assert_eq!(B::name(&Default::default()), BACKEND_NAME);
 }
 
 #[test]
