@@ -66,7 +66,14 @@ pub struct ElasticSampler {
     epoch: usize,
     order: Vec<usize>,
     cursor: usize,
+    /// Samples never handed out (sorted), carved out by
+    /// [`with_held_out`](Self::with_held_out).
+    held_out: Vec<usize>,
 }
+
+/// Mixed into the seed of the held-out draw, so that it differs from every
+/// epoch's order.
+const HELD_OUT_SALT: u64 = 0x4845_4C44_4F55_5421;
 
 impl ElasticSampler {
     /// A sampler over `len` samples, at epoch 0.
@@ -88,13 +95,67 @@ impl ElasticSampler {
             epoch: 0,
             order: Vec::new(),
             cursor: 0,
+            held_out: Vec::new(),
         };
         sampler.shuffle();
         Ok(sampler)
     }
 
+    /// The same sampler with `samples` samples carved out, drawn once from
+    /// the seed: they are never handed out, and every other sample still
+    /// comes exactly once per epoch. A loss on them measures the model on
+    /// data it never trained on (the default freeze rule's guard reads one).
+    /// Restarts the current epoch.
+    ///
+    /// Fails when fewer than one sample would be left to train on.
+    ///
+    /// ```
+    /// use burn_elastic_dp::{BatchPolicy, ElasticSampler};
+    ///
+    /// let mut sampler = ElasticSampler::new(10, BatchPolicy::FixedGlobal { batch: 4 }, 3)
+    ///     .unwrap()
+    ///     .with_held_out(2)
+    ///     .unwrap();
+    /// let held = sampler.held_out().to_vec();
+    /// assert_eq!(held.len(), 2);
+    /// let mut seen = Vec::new();
+    /// while let Some(batch) = sampler.next_batch(1) {
+    ///     seen.extend(batch);
+    /// }
+    /// assert_eq!(seen.len(), 8);
+    /// assert!(seen.iter().all(|i| !held.contains(i)));
+    /// ```
+    pub fn with_held_out(mut self, samples: usize) -> Result<Self, ElasticError> {
+        if samples >= self.len {
+            return Err(ElasticError::Sampler(format!(
+                "{samples} held-out samples leave none of the dataset's {} to train on",
+                self.len
+            )));
+        }
+        let mut all: Vec<usize> = (0..self.len).collect();
+        all.shuffle(&mut StdRng::seed_from_u64(self.seed ^ HELD_OUT_SALT));
+        all.truncate(samples);
+        all.sort_unstable();
+        self.held_out = all;
+        self.shuffle();
+        Ok(self)
+    }
+
+    /// The samples never handed out (sorted; empty unless
+    /// [`with_held_out`](Self::with_held_out) carved some).
+    pub fn held_out(&self) -> &[usize] {
+        &self.held_out
+    }
+
+    /// Samples handed out per epoch: the dataset's less the held-out ones.
+    pub fn trained_per_epoch(&self) -> usize {
+        self.len - self.held_out.len()
+    }
+
     fn shuffle(&mut self) {
-        self.order = (0..self.len).collect();
+        self.order = (0..self.len)
+            .filter(|i| self.held_out.binary_search(i).is_err())
+            .collect();
         let mut rng = StdRng::seed_from_u64(
             self.seed ^ (self.epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
         );
@@ -119,7 +180,7 @@ impl ElasticSampler {
 
     /// Samples of this epoch not handed out yet.
     pub fn remaining(&self) -> usize {
-        self.len - self.cursor
+        self.order.len() - self.cursor
     }
 
     /// The batch policy.
@@ -134,13 +195,13 @@ impl ElasticSampler {
     /// When `replicas` is 0.
     pub fn next_batch(&mut self, replicas: usize) -> Option<Vec<usize>> {
         assert!(replicas > 0, "a step needs at least one replica");
-        if self.cursor == self.len {
+        if self.cursor == self.order.len() {
             return None;
         }
         let size = self
             .policy
             .global_batch(replicas)
-            .min(self.len - self.cursor);
+            .min(self.order.len() - self.cursor);
         let batch = self.order[self.cursor..self.cursor + size].to_vec();
         self.cursor += size;
         Some(batch)
@@ -165,15 +226,13 @@ impl ElasticSampler {
     /// When `replicas` is 0.
     pub fn next_batch_min(&mut self, replicas: usize, min_batch: usize) -> Option<Vec<usize>> {
         assert!(replicas > 0, "a step needs at least one replica");
-        if self.cursor == self.len {
+        if self.cursor == self.order.len() {
             return None;
         }
-        let mut size = self
-            .policy
-            .global_batch(replicas)
-            .min(self.len - self.cursor);
-        if self.len - self.cursor - size < min_batch {
-            size = self.len - self.cursor;
+        let left = self.order.len() - self.cursor;
+        let mut size = self.policy.global_batch(replicas).min(left);
+        if left - size < min_batch {
+            size = left;
         }
         let batch = self.order[self.cursor..self.cursor + size].to_vec();
         self.cursor += size;
@@ -215,10 +274,10 @@ impl ElasticSampler {
     /// assert_eq!(a.next_batch(1), b.next_batch(1));
     /// ```
     pub fn seek(&mut self, epoch: usize, cursor: usize) -> Result<(), ElasticError> {
-        if cursor > self.len {
+        if cursor > self.trained_per_epoch() {
             return Err(ElasticError::Sampler(format!(
                 "position {cursor} is beyond the epoch's {} samples",
-                self.len
+                self.trained_per_epoch()
             )));
         }
         self.epoch = epoch;

@@ -76,8 +76,8 @@ pub use frozen::FrozenUnits;
 pub use optim_state::{ParamStates, StackOptimizer};
 pub use policy::{
     AlphaArgmin, AlphaArgminConfig, ArgminStatistic, AutoFreeze, ChangeRate, ChangeRateConfig,
-    ChangeRateReading, FixedSchedule, FreezePolicy, FreezeState, GradNorm, LayerMap, PolicyState,
-    alpha_front,
+    ChangeRateReading, Evidence, EvidenceConfig, FixedSchedule, FreezePolicy, FreezeState, GradNorm, LayerMap, PolicyState,
+    alpha_front, signal_share,
 };
 pub use range::{UnitRange, check_freeze};
 pub use stack::{IntoLayerStack, LayerStack, StackOf, TypesOf};

@@ -225,9 +225,9 @@ impl PlanConfig {
     /// ([`FreezeRule::check`]), fronts within the model, and a rule that can
     /// be planned.
     fn validate_freeze(&self, layers: usize) -> Result<(), PlanError> {
-        if let FreezeRule::ChangeRate { .. } = self.freeze {
+        if let FreezeRule::ChangeRate { .. } | FreezeRule::Evidence { .. } = self.freeze {
             return Err(PlanError::Invalid(
-                "the freeze rule must be AlphaSchedule, AlphaArgmin or Fronts (ChangeRate decides from the run's gradients and cannot be planned)".into(),
+                "the freeze rule must be AlphaSchedule, AlphaArgmin or Fronts (ChangeRate and Evidence decide from the run's gradients and cannot be planned)".into(),
             ));
         }
         self.freeze.check().map_err(refused)?;
@@ -307,7 +307,7 @@ impl PlanConfig {
                 FixedSchedule::alpha(layers, *alpha)
             }
             FreezeRule::Fronts { layers } => FixedSchedule::Fronts(layers.clone()),
-            FreezeRule::ChangeRate { .. } => return 0,
+            FreezeRule::ChangeRate { .. } | FreezeRule::Evidence { .. } => return 0,
         };
         schedule.front(epoch).min(layers)
     }

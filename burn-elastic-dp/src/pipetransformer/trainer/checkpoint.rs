@@ -14,7 +14,6 @@ use super::bounds::{OptimizerRecord, TrainerParts, TrainerTypes};
 use super::checkpoint_files::{Loaded, RunState, one_process_dir, read_agreed, read_latest, write};
 use super::config::TrainerConfig;
 use super::error::TrainerError;
-use crate::sampler::ElasticSampler;
 use burn_freeze::StackOptimizer;
 
 /// Resuming takes the parts a trainer is made of, as
@@ -196,7 +195,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
         trainer.auto.load_state(state.freeze, state.policy);
         trainer.schedule.restore(state.lr_schedule);
         if let Some((epoch, cursor, len)) = state.sampler {
-            let mut sampler = ElasticSampler::new(len, trainer.config.batch, trainer.config.seed)?;
+            let mut sampler = trainer.make_sampler(len)?;
             sampler.seek(epoch, cursor)?;
             trainer.sampler = Some(sampler);
         }

@@ -7,7 +7,7 @@ use burn::config::Config;
 use burn::tensor::Device;
 use burn_freeze::{
     Activation, AlphaArgmin, AlphaArgminConfig, ArgminStatistic, CacheConfig, ChangeRate,
-    ChangeRateConfig, FixedSchedule, FreezePolicy, LayerMap, LayerStack, StackTypes,
+    ChangeRateConfig, Evidence, EvidenceConfig, FixedSchedule, FreezePolicy, LayerMap, LayerStack, StackTypes,
 };
 use burn_pipe::MicroBatchLoss;
 
@@ -38,8 +38,15 @@ pub struct TrainerConfig {
     #[config(default = "Parts::new()")]
     pub parts: Parts,
     /// The freeze policy.
-    #[config(default = "FreezeRule::AlphaArgmin { alpha: 1.0 / 3.0, statistic: None }")]
+    #[config(default = "FreezeRule::Evidence { rule: EvidenceConfig::new() }")]
     pub freeze: FreezeRule,
+    /// Samples of the training data never trained on, carved out once (by
+    /// the seed) when the freeze rule reads a held-out loss
+    /// ([`FreezeRule::Evidence`]'s guard): `None` takes a sixteenth of the
+    /// data, at most 256 samples; `Some(0)` turns the guard off. The rest is
+    /// trained on, each sample exactly once per epoch.
+    #[config(default = "None")]
+    pub held_out: Option<usize>,
     /// The policy's layers in units.
     #[config(default = "LayerSpec::PerUnit")]
     pub layers: LayerSpec,
@@ -282,6 +289,7 @@ impl TrainerConfig {
                     .with_every_steps(*every_steps)
                     .with_percentile(*percentile),
             )),
+            FreezeRule::Evidence { rule } => Box::new(Evidence::new(rule.clone())),
             FreezeRule::Fronts { layers } => Box::new(FixedSchedule::Fronts(layers.clone())),
         }
     }

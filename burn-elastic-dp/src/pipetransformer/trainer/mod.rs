@@ -11,6 +11,7 @@ mod config;
 mod epoch;
 mod error;
 mod flow;
+mod held_out;
 mod learning_rate;
 mod log;
 mod memory;
@@ -254,7 +255,8 @@ impl<TT: TrainerTypes> Trainer<TT> {
             );
             let flow = on_step(&progress);
             let moved = self.decide(DecisionPoint::AfterStep, &mut tally)?;
-            self.checkpoint_after_step(moved)?;
+            let thawed = self.guard_after_step(dataset, batcher, &mut tally)?;
+            self.checkpoint_after_step(moved || thawed)?;
             self.stop_if_requested()?;
             if flow.into_flow().is_break() && self.epoch_left() {
                 return Ok(self.stopped_report(tally));
@@ -272,17 +274,13 @@ impl<TT: TrainerTypes> Trainer<TT> {
     /// checkpoint taken inside it), which goes on where it stopped.
     fn begin_epoch(&mut self, len: usize) -> Result<(), TrainerError> {
         if self.sampler.is_none() {
-            let (batch, seed) = (self.config.batch, self.config.seed);
-            self.sampler = Some(ElasticSampler::new(len, batch, seed)?);
+            self.sampler = Some(self.make_sampler(len)?);
         }
         let shape = self.shape();
         if shape.replicas == 0 {
             return Err(ElasticError::GroupLost.into());
         }
         let needed = self.group.total_replicas() * self.micro_batches(shape.stages());
-        if len < needed {
-            return Err(TrainerError::DatasetTooSmall { len, needed });
-        }
         let sampler = self.sampler.as_mut().expect("made above");
         if sampler.len() != len {
             return Err(TrainerError::DatasetChanged {
@@ -290,7 +288,11 @@ impl<TT: TrainerTypes> Trainer<TT> {
                 now: len,
             });
         }
-        if !self.mid_epoch && (self.epoch > 0 || sampler.remaining() != len) {
+        let trained = sampler.trained_per_epoch();
+        if trained < needed {
+            return Err(TrainerError::DatasetTooSmall { len: trained, needed });
+        }
+        if !self.mid_epoch && (self.epoch > 0 || sampler.remaining() != trained) {
             sampler.start_epoch();
         }
         self.mid_epoch = true;

@@ -2,7 +2,7 @@
 //! checking its own values.
 
 use burn::config::Config;
-use burn_freeze::ArgminStatistic;
+use burn_freeze::{ArgminStatistic, EvidenceConfig};
 
 use super::error::{TrainerError, invalid};
 use crate::pipetransformer::shape::Reshaping;
@@ -58,7 +58,7 @@ pub enum FreezeRule {
     ///
     /// ```
     /// use burn_elastic_dp::{FreezeRule, TrainerConfig};
-    /// use burn_freeze::ArgminStatistic;
+    /// use burn_freeze::{ArgminStatistic, EvidenceConfig};
     ///
     /// // The paper's code: the norm of each layer's epoch-accumulated gradient.
     /// let paper = FreezeRule::AlphaArgmin { alpha: 1.0 / 3.0, statistic: None };
@@ -87,6 +87,27 @@ pub enum FreezeRule {
         /// Percentile of the active layers' change rates used as the
         /// threshold, in [0, 100].
         percentile: f64,
+    },
+    /// The default: a prefix freezes only on evidence that it has stopped
+    /// learning (its gradients turned to noise), checked every
+    /// `every_steps` steps, and a freeze after which a held-out loss rises
+    /// is thawed (burn-freeze's [`Evidence`](burn_freeze::Evidence)). The
+    /// held-out loss is measured on
+    /// [`TrainerConfig::held_out`](crate::TrainerConfig::held_out) samples
+    /// carved out of the training data.
+    ///
+    /// ```
+    /// use burn_elastic_dp::{FreezeRule, TrainerConfig};
+    /// use burn_freeze::EvidenceConfig;
+    ///
+    /// let default = TrainerConfig::new();
+    /// assert_eq!(default.freeze, FreezeRule::Evidence { rule: EvidenceConfig::new() });
+    /// let strict = FreezeRule::Evidence { rule: EvidenceConfig::new().with_signal_below(0.02) };
+    /// assert!(default.with_freeze(strict).check(4).is_ok());
+    /// ```
+    Evidence {
+        /// The rule's settings.
+        rule: EvidenceConfig,
     },
     /// A fixed number of frozen layers per epoch (the last entry holds
     /// afterwards).
@@ -163,6 +184,9 @@ impl FreezeRule {
                 }
                 Ok(())
             }
+            FreezeRule::Evidence { rule } => rule
+                .check()
+                .map_err(|message| invalid("freeze.rule", message, "the ranges named")),
             FreezeRule::Fronts { layers } => {
                 if layers.windows(2).any(|w| w[1] < w[0]) {
                     return Err(invalid(

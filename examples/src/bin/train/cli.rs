@@ -7,7 +7,7 @@ use burn_elastic_dp::{
     BatchPolicy, CheckpointConfig, CostModel, FreezeRule, LayerSpec, MemoryConfig, Parts,
     ReplicaConfig, TrainerConfig,
 };
-use burn_freeze::ArgminStatistic;
+use burn_freeze::{ArgminStatistic, EvidenceConfig};
 use burn_pipe::PipelineConfig;
 use clap::{Parser, ValueEnum};
 use pipetransformer_jobs::backend;
@@ -42,7 +42,12 @@ struct Preset {
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub(crate) enum Rule {
-    /// The alpha closed form, once per epoch (needs no gradient statistics).
+    /// The default: a prefix freezes once its gradients have turned to noise
+    /// (checked every few steps), at most alpha of the active layers at
+    /// once; a held-out loss that rises after a freeze thaws it.
+    Evidence,
+    /// The paper's alpha closed form, once per epoch (needs no gradient
+    /// statistics).
     Schedule,
     /// The paper's AutoFreeze: the alpha bound and the argmin of the
     /// per-layer norms of the epoch's accumulated gradient, once per epoch
@@ -147,7 +152,7 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 1.0 / 3.0, value_parser = alpha)]
     pub(crate) freeze_alpha: f64,
     /// How the front moves.
-    #[arg(long, value_enum, default_value = "schedule")]
+    #[arg(long, value_enum, default_value = "evidence")]
     pub(crate) freeze_rule: Rule,
     /// AutoPipe's unit costs (default: params on generated data, which
     /// keeps the shapes the same from run to run; profiled with --weights,
@@ -420,6 +425,9 @@ impl Args {
     pub(crate) fn trainer_config(&self, spec: &JobSpec) -> TrainerConfig {
         let layers = spec.layers;
         let freeze = match self.freeze_rule {
+            Rule::Evidence => FreezeRule::Evidence {
+                rule: EvidenceConfig::new().with_alpha(self.freeze_alpha),
+            },
             Rule::Schedule => FreezeRule::AlphaSchedule {
                 alpha: self.freeze_alpha,
             },
