@@ -77,7 +77,7 @@ pub use optim_state::{ParamStates, StackOptimizer};
 pub use policy::{
     AlphaArgmin, AlphaArgminConfig, ArgminStatistic, AutoFreeze, ChangeRate, ChangeRateConfig,
     ChangeRateReading, Evidence, EvidenceConfig, FixedSchedule, FreezePolicy, FreezeState, GradNorm, LayerMap, PolicyState,
-    alpha_front, signal_share,
+    alpha_front,
 };
 pub use range::{UnitRange, check_freeze};
 pub use stack::{IntoLayerStack, LayerStack, StackOf, TypesOf};

@@ -23,7 +23,7 @@ use burn::train::metric::{AccuracyMetric, LearningRateMetric, LossMetric};
 use burn::train::{Learner, SupervisedTraining, TrainingStrategy};
 use burn_elastic_dp::burn_train::PipeTransformerStrategy;
 use burn_elastic_dp::{BatchPolicy, FreezeRule, LayerSpec, TrainerConfig};
-use burn_freeze::TypesOf;
+use burn_freeze::{EvidenceConfig, TypesOf};
 use clap::{Parser, ValueEnum};
 use models::synthetic::BandImages;
 use models::vit::{Vit, VitConfig};
@@ -50,7 +50,9 @@ struct Args {
     /// Logical devices, in 1..=64.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     devices: u32,
-    /// Share of the remaining blocks frozen per epoch, in (0, 1).
+    /// The most of the active blocks one freeze decision takes, in (0, 1)
+    /// (the default rule freezes on evidence: a held-out loss that has
+    /// learned and stopped improving).
     #[arg(long, default_value_t = 0.5, value_parser = |t: &str| parse_accepted(t, |a: f64| a > 0.0 && a < 1.0, "a number in (0, 1)"))]
     freeze_alpha: f64,
     /// Peak learning rate (cosine-annealed over the run), in (0, 1].
@@ -120,8 +122,8 @@ fn run(args: &Args) -> Result<f64, Box<dyn std::error::Error>> {
     let strategy = Arc::new(
         PipeTransformerStrategy::<TypesOf<Vit<Train>>, usize, _, _>::new(
             TrainerConfig::new()
-                .with_freeze(FreezeRule::AlphaSchedule {
-                    alpha: args.freeze_alpha,
+                .with_freeze(FreezeRule::Evidence {
+                    rule: EvidenceConfig::new().with_alpha(args.freeze_alpha),
                 })
                 .with_layers(LayerSpec::Uniform {
                     offset: 1,

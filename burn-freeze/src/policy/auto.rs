@@ -95,25 +95,18 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         self.prepare(target);
         self.state.step += 1;
         let norms = self.map.layer_norms(&target.last_gradient_norms());
-        let mut decision = self.policy.after_step(self.state, &norms);
-        if let Some(window) = self.policy.gradient_sum_window()
-            && self.state.step.is_multiple_of(window.max(1))
-        {
-            let sums = self.map.layer_norms(&target.gradient_sum_norms());
-            target.reset_gradient_sums();
-            let windowed = self.policy.window_gradient_sums(self.state, &sums);
-            decision = decision.max(windowed);
-        }
+        let decision = self.policy.after_step(self.state, &norms);
         self.apply(target, decision)
     }
 
     /// Whether the policy wants a held-out loss after the step just taken
-    /// (see [`FreezePolicy::held_out_every`]); ask after
-    /// [`after_step`](Self::after_step).
+    /// ([`FreezePolicy::held_out_every`]); ask after
+    /// [`after_step`](Self::after_step), then give it to
+    /// [`held_out_loss`](Self::held_out_loss).
     pub fn wants_held_out_loss(&self) -> bool {
-        self.policy
-            .held_out_every()
-            .is_some_and(|every| self.state.step > 0 && self.state.step.is_multiple_of(every.max(1)))
+        self.policy.held_out_every().is_some_and(|every| {
+            self.state.step > 0 && self.state.step.is_multiple_of(every.max(1))
+        })
     }
 
     /// Feeds the policy a held-out loss measured after the last step and
@@ -141,9 +134,7 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         target: &mut T,
     ) -> Result<Option<usize>, T::Error> {
         self.check(target.num_units())?;
-        // A policy with a window reads its sums per window, across epochs.
-        let sums =
-            self.policy.needs_gradient_sums() && self.policy.gradient_sum_window().is_none();
+        let sums = self.policy.needs_gradient_sums();
         if sums {
             let norms = self.map.layer_norms(&target.gradient_sum_norms());
             self.policy.epoch_gradient_sums(self.state, &norms);

@@ -1,25 +1,30 @@
-//! Freezing on evidence: a prefix freezes once its gradients have turned to
-//! noise, and a held-out loss that rises after a freeze thaws it again.
+//! Freezing on evidence: a prefix freezes once the held-out loss has learned and stopped
+//! improving, and a freeze after which that loss rises is thawed.
 
 use burn::config::Config;
 
-use super::{FreezePolicy, FreezeState, GradNorm, PolicyState, ceil_tolerant};
+use super::{FreezePolicy, FreezeState, PolicyState, ceil_tolerant};
 
 /// Settings of [`Evidence`].
 #[derive(Config, Debug, PartialEq)]
 pub struct EvidenceConfig {
-    /// Steps per window: the gradient statistics are read, and the rule
-    /// decides, every `every_steps` steps (at least 2).
-    #[config(default = 16)]
+    /// Steps between held-out losses (at least 1).
+    #[config(default = 8)]
     pub every_steps: usize,
-    /// A layer is quiet in a window when the share of its gradient that is
-    /// signal ([`signal_share`]) is below this, in [0, 1).
-    #[config(default = 0.1)]
-    pub signal_below: f64,
-    /// Windows in a row a layer must be quiet before it may freeze (at
-    /// least 1).
+    /// Held-out losses per block (at least 1): the rule compares the mean
+    /// of the last block with the mean of the block before it.
     #[config(default = 3)]
     pub patience: usize,
+    /// Nothing freezes until the held-out loss has fallen below its first
+    /// value by at least this share of it, in [0, 1): a model that has not
+    /// learned yet (a plateau at the start) has not converged.
+    #[config(default = 0.1)]
+    pub learned_drop: f64,
+    /// The loss has stopped improving when the last block improved on the
+    /// one before by less than this share of all the improvement so far,
+    /// in [0, 1).
+    #[config(default = 0.05)]
+    pub plateau_below: f64,
     /// The most one decision freezes: this share of the active layers
     /// (rounded up), in (0, 1]: the paper's alpha bound.
     #[config(default = 0.5)]
@@ -28,156 +33,144 @@ pub struct EvidenceConfig {
     /// noise above its level before a freeze thaws that freeze (at least 0).
     #[config(default = 3.0)]
     pub rise_tolerance: f64,
-    /// Held-out losses after a freeze that the guard watches (at least 1).
-    #[config(default = 3)]
-    pub watch: usize,
 }
 
 impl EvidenceConfig {
     /// Checks the values; the message names the field and its range.
     pub fn check(&self) -> Result<(), String> {
-        let fail = |field: &str, value: String, range: &str| {
+        let fail = |field: &str, value: &dyn std::fmt::Display, range: &str| {
             Err(format!("{field} must be {range}, got {value}"))
         };
-        if self.every_steps < 2 {
-            return fail("every_steps", self.every_steps.to_string(), "at least 2");
-        }
-        if !(0.0..1.0).contains(&self.signal_below) {
-            return fail("signal_below", self.signal_below.to_string(), "in [0, 1)");
+        if self.every_steps == 0 {
+            return fail("every_steps", &0, "at least 1");
         }
         if self.patience == 0 {
-            return fail("patience", "0".into(), "at least 1");
+            return fail("patience", &0, "at least 1");
+        }
+        if !(0.0..1.0).contains(&self.learned_drop) {
+            return fail("learned_drop", &self.learned_drop, "in [0, 1)");
+        }
+        if !(0.0..1.0).contains(&self.plateau_below) {
+            return fail("plateau_below", &self.plateau_below, "in [0, 1)");
         }
         if !(self.alpha > 0.0 && self.alpha <= 1.0) {
-            return fail("alpha", self.alpha.to_string(), "in (0, 1]");
+            return fail("alpha", &self.alpha, "in (0, 1]");
         }
         if !(self.rise_tolerance.is_finite() && self.rise_tolerance >= 0.0) {
-            return fail(
-                "rise_tolerance",
-                self.rise_tolerance.to_string(),
-                "a number >= 0",
-            );
-        }
-        if self.watch == 0 {
-            return fail("watch", "0".into(), "at least 1");
+            return fail("rise_tolerance", &self.rise_tolerance, "a number >= 0");
         }
         Ok(())
     }
 }
 
-/// The share of a layer's gradient that is signal over a window of `steps`
-/// steps, from the norm of the window's summed gradient and the sum of the
-/// steps' squared norms: with gradients `g_t = mu + noise_t`,
-/// `||sum g||^2 / sum ||g||^2 = (steps mu^2 + sigma^2) / (mu^2 + sigma^2)`,
-/// so `(ratio - 1) / (steps - 1)` estimates `mu^2 / (mu^2 + sigma^2)`: 1 for
-/// a gradient that points the same way at every step, 0 for pure noise. It
-/// is scale-free (the learning rate, the loss's scale and the layer's size
-/// cancel) and absolute (no comparison with other layers). Clamped to
-/// [0, 1]; `None` without a gradient or for fewer than 2 steps.
-///
-/// ```
-/// use burn_freeze::signal_share;
-///
-/// // The same gradient every step: all signal.
-/// assert_eq!(signal_share(4.0 * 2.0, 4.0 * 4.0, 4), Some(1.0));
-/// // Orthogonal gradients of norm 2: the sum's norm is 2 * sqrt(4) = 4.
-/// assert_eq!(signal_share(4.0, 4.0 * 4.0, 4), Some(0.0));
-/// ```
-pub fn signal_share(summed_norm: f64, squared_norms: f64, steps: usize) -> Option<f64> {
-    if steps < 2 || !(squared_norms > 0.0) || !summed_norm.is_finite() {
-        return None;
-    }
-    let ratio = summed_norm * summed_norm / squared_norms;
-    Some(((ratio - 1.0) / (steps - 1) as f64).clamp(0.0, 1.0))
-}
-
-/// The held-out losses the guard reads, and the freeze it watches.
-#[derive(Debug, Clone, Default, PartialEq)]
-struct Guard {
-    /// Held-out losses since the start, in order.
-    losses: Vec<f64>,
-    /// The freeze under watch: the layer front before it, the loss level
-    /// before it, the noise then, and the held-out losses seen since.
-    watching: Option<Watch>,
-}
-
+/// A freeze the guard watches: the fronts, and the loss's level and noise
+/// before it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Watch {
     from: usize,
     to: usize,
     level: f64,
+    /// The loss's rise per held-out loss before the freeze (0 if falling).
+    rise: f64,
     noise: f64,
+    /// Held-out losses seen since the freeze.
     seen: usize,
 }
 
-/// The default freeze rule: freezes a prefix of layers only on evidence
-/// that it has stopped learning, and thaws a freeze that the held-out loss
-/// says was too early.
+/// The least noise the guard assumes, as a share of the loss's level: a
+/// loss flat to a few digits (a task solved, a loss near zero) is not
+/// thawed for a wobble of a percent.
+const NOISE_FLOOR: f64 = 0.01;
+
+/// Blocks of held-out losses the guard watches after a freeze.
+const WATCH_BLOCKS: usize = 4;
+
+/// What the held-out losses say, at one evaluation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Reading {
+    /// Fewer losses than two blocks since the start or the last move.
+    Gathering,
+    /// The loss has not fallen enough below its first value.
+    NotLearned,
+    /// The last block improved on the one before by this share of all
+    /// the improvement so far.
+    Improving(f64),
+    /// The same, under the threshold: a plateau.
+    Plateau(f64),
+}
+
+/// The default freeze rule: a prefix freezes only on evidence that training
+/// has stopped gaining from it, and a freeze that the held-out loss says
+/// was too early is thawed.
 ///
-/// - **Evidence.** Every [`every_steps`](EvidenceConfig::every_steps)
-///   steps each active layer's [`signal_share`] is read from the window's
-///   summed gradient and its steps' norms (the gradients the optimizer saw:
-///   all-reduced, so every replica and rank reads the same). A layer whose
-///   share stayed below [`signal_below`](EvidenceConfig::signal_below) for
-///   [`patience`](EvidenceConfig::patience) windows in a row has stopped
-///   learning: its gradient is noise around a point it no longer leaves.
-///   The longest prefix of such layers freezes, at most
-///   [`alpha`](EvidenceConfig::alpha) of the active layers at once. A layer
-///   still pushed one way, on a task whose lower layers must learn, keeps
-///   training however long it takes; the rule never freezes on a clock.
-/// - **Guard.** When the trainer feeds it held-out losses
-///   ([`FreezePolicy::held_out_loss`]), each freeze is watched for
-///   [`watch`](EvidenceConfig::watch) losses: one above the level before the
-///   freeze by more than [`rise_tolerance`](EvidenceConfig::rise_tolerance)
-///   times the loss's measured noise (the spread of its steps before the
-///   freeze) thaws the freeze, and the layers it had frozen wait twice as
-///   many quiet windows before they may freeze again.
+/// The evidence is a loss on samples never trained on, measured every
+/// [`every_steps`](EvidenceConfig::every_steps) steps (the trainer carves
+/// them out of the training data, and every rank reads the same value):
+///
+/// - **Learned.** Nothing freezes until the loss has fallen below its first
+///   value by [`learned_drop`](EvidenceConfig::learned_drop) of it. On a
+///   task whose lower layers must learn first, the loss sits at its start
+///   for a while: no rule that reads the gradients or a clock can tell that
+///   plateau from convergence, this one does not try.
+/// - **Stopped improving.** The mean of the last
+///   [`patience`](EvidenceConfig::patience) losses is compared with the mean
+///   of the ones before: an improvement under
+///   [`plateau_below`](EvidenceConfig::plateau_below) of all the improvement
+///   so far (scale-free: the loss's units, the learning rate and the task's
+///   difficulty cancel) is a plateau, and the lowest
+///   [`alpha`](EvidenceConfig::alpha) of the active layers freeze (the
+///   paper's bound, at least one layer). The next decision waits for two
+///   fresh blocks.
+/// - **Guard.** For four blocks after a freeze, a loss above its trend
+///   before the freeze (the last block's level, rising as it rose, never
+///   falling) by more than [`rise_tolerance`](EvidenceConfig::rise_tolerance)
+///   times the loss's noise (the spread of its steps over the two blocks
+///   before, at least 1% of the level) thaws the freeze, and the rule then
+///   waits blocks twice as long before it freezes again.
 ///
 /// ```
-/// use burn_freeze::{Evidence, EvidenceConfig, FreezePolicy, FreezeState, GradNorm};
+/// use burn_freeze::{Evidence, EvidenceConfig, FreezePolicy, FreezeState};
 ///
-/// let config = EvidenceConfig::new().with_every_steps(4).with_patience(1);
-/// let mut rule = Evidence::new(config);
-/// let state = FreezeState { frozen_layers: 0, num_layers: 2, epoch: 0, step: 4 };
-/// let step = [Some(GradNorm { l1: 1.0, l2: 1.0 }); 2];
-/// for _ in 0..4 {
-///     rule.after_step(state, &step);
+/// let mut rule = Evidence::new(EvidenceConfig::new().with_every_steps(1).with_patience(2));
+/// let mut state = FreezeState { frozen_layers: 0, num_layers: 4, epoch: 0, step: 0 };
+/// let mut fronts = Vec::new();
+/// // Learning fast, then flat.
+/// for loss in [1.0, 0.8, 0.6, 0.4, 0.3, 0.3, 0.3, 0.3] {
+///     state.step += 1;
+///     if let Some(front) = rule.held_out_loss(state, loss) {
+///         state.frozen_layers = front;
+///         fronts.push((state.step, front));
+///     }
 /// }
-/// // Layer 0's four gradients cancelled out (noise), layer 1's added up.
-/// let summed = [Some(GradNorm { l1: 2.0, l2: 1.0 }), Some(GradNorm { l1: 8.0, l2: 4.0 })];
-/// assert_eq!(rule.window_gradient_sums(state, &summed), Some(1));
+/// assert_eq!(fronts, [(8, 2)]);
 /// ```
 #[derive(Debug, Clone)]
 pub struct Evidence {
     config: EvidenceConfig,
-    /// Per layer, the window's sum of squared step norms.
-    squared: Vec<f64>,
-    /// Steps in the window so far.
-    steps: usize,
-    /// Per layer, quiet windows in a row.
-    quiet: Vec<usize>,
-    /// Per layer, the quiet windows it needs (patience, doubled by thaws).
-    needed: Vec<usize>,
-    guard: Guard,
+    /// Held-out losses since the start, in order.
+    losses: Vec<f64>,
+    /// Index in `losses` of the first loss after the last move of the front.
+    since_move: usize,
+    /// Losses per block now (patience, doubled by each thaw).
+    block: usize,
+    watching: Option<Watch>,
 }
 
 impl Evidence {
-    /// The rule with `config` (see [`EvidenceConfig::check`]; values out of
-    /// range are clamped into it).
+    /// The rule with `config` (see [`EvidenceConfig::check`]; a count of 0
+    /// is taken as 1).
     pub fn new(config: EvidenceConfig) -> Self {
         let config = EvidenceConfig {
-            every_steps: config.every_steps.max(2),
+            every_steps: config.every_steps.max(1),
             patience: config.patience.max(1),
-            watch: config.watch.max(1),
             ..config
         };
         Self {
+            block: config.patience,
             config,
-            squared: Vec::new(),
-            steps: 0,
-            quiet: Vec::new(),
-            needed: Vec::new(),
-            guard: Guard::default(),
+            losses: Vec::new(),
+            since_move: 0,
+            watching: None,
         }
     }
 
@@ -186,107 +179,95 @@ impl Evidence {
         &self.config
     }
 
-    fn grow(&mut self, layers: usize) {
-        if self.quiet.len() < layers {
-            self.squared.resize(layers, 0.0);
-            self.quiet.resize(layers, 0);
-            self.needed.resize(layers, self.config.patience);
+    /// What the losses so far say.
+    fn reading(&self) -> Reading {
+        let block = self.block;
+        let fresh = &self.losses[self.since_move..];
+        if fresh.len() < 2 * block {
+            return Reading::Gathering;
+        }
+        let first = self.losses[0];
+        let best = self.losses.iter().copied().fold(f64::INFINITY, f64::min);
+        let gained = first - best;
+        if !(gained > self.config.learned_drop * first.abs()) {
+            return Reading::NotLearned;
+        }
+        let last = mean(&fresh[fresh.len() - block..]);
+        let before = mean(&fresh[fresh.len() - 2 * block..fresh.len() - block]);
+        let progress = (before - last) / gained;
+        if progress < self.config.plateau_below {
+            Reading::Plateau(progress)
+        } else {
+            Reading::Improving(progress)
         }
     }
 
-    /// The front the evidence allows from `state`: the longest prefix of
-    /// active layers quiet long enough, within the alpha bound.
-    fn evidence_front(&self, state: FreezeState) -> usize {
-        let frozen = state.frozen_layers;
-        let active = state.num_layers.saturating_sub(frozen);
-        let most = ceil_tolerant(self.config.alpha * active as f64).max(1);
-        let settled = (frozen..state.num_layers)
-            .take_while(|&l| self.quiet.get(l).copied().unwrap_or(0) >= self.needed[l])
-            .count();
-        frozen + settled.min(most)
+    /// Where the guard expects the loss after a freeze: the last block's
+    /// mean, rising as fast as it rose from the block before (a loss that
+    /// was falling is expected to stay level); and the loss's noise, the
+    /// spread of its steps over both blocks, at least
+    /// [`NOISE_FLOOR`] of the level.
+    fn expectation(&self) -> (f64, f64, f64) {
+        let block = self.block;
+        let n = self.losses.len();
+        let last = &self.losses[n.saturating_sub(block)..];
+        let before = &self.losses[n.saturating_sub(2 * block)..n.saturating_sub(block)];
+        let level = mean(last);
+        let rise = if before.is_empty() {
+            0.0
+        } else {
+            ((level - mean(before)) / block as f64).max(0.0)
+        };
+        let both = &self.losses[n.saturating_sub(2 * block)..];
+        let steps: Vec<f64> = both.windows(2).map(|w| w[1] - w[0]).collect();
+        let spread = if steps.is_empty() {
+            0.0
+        } else {
+            let m = mean(&steps);
+            (steps.iter().map(|d| (d - m).powi(2)).sum::<f64>() / steps.len() as f64).sqrt()
+                / std::f64::consts::SQRT_2
+        };
+        (level, rise, spread.max(level.abs() * NOISE_FLOOR))
     }
 
-    /// The loss's level (mean of the last `watch` losses) and noise (the
-    /// spread of its steps, at least a thousandth of the level).
-    fn level_and_noise(&self) -> Option<(f64, f64)> {
-        let n = self.config.watch.max(2);
-        let losses = &self.guard.losses;
-        if losses.len() < 2 {
+    /// The guard's verdict on `loss` for the freeze it watches: the front
+    /// to thaw to, when the loss rose too far.
+    fn guard(&mut self, state: FreezeState, loss: f64) -> Option<usize> {
+        let watch = self.watching?;
+        if state.frozen_layers != watch.to {
+            // The front moved otherwise: nothing of this freeze to thaw.
+            self.watching = None;
             return None;
         }
-        let recent = &losses[losses.len().saturating_sub(n + 1)..];
-        let level = recent.iter().sum::<f64>() / recent.len() as f64;
-        let steps: Vec<f64> = recent.windows(2).map(|w| w[1] - w[0]).collect();
-        let mean = steps.iter().sum::<f64>() / steps.len() as f64;
-        let var = steps.iter().map(|d| (d - mean).powi(2)).sum::<f64>() / steps.len() as f64;
-        Some((level, var.sqrt().max(level.abs() * 1e-3)))
-    }
-}
-
-impl FreezePolicy for Evidence {
-    fn after_step(&mut self, state: FreezeState, norms: &[Option<GradNorm>]) -> Option<usize> {
-        self.grow(norms.len().max(state.num_layers));
-        for (squared, norm) in self.squared.iter_mut().zip(norms) {
-            *squared += norm.map_or(0.0, |n| n.l2 * n.l2);
-        }
-        self.steps += 1;
-        None
-    }
-
-    fn needs_gradient_sums(&self) -> bool {
-        true
-    }
-
-    fn gradient_sum_window(&self) -> Option<usize> {
-        Some(self.config.every_steps)
-    }
-
-    fn window_gradient_sums(
-        &mut self,
-        state: FreezeState,
-        norms: &[Option<GradNorm>],
-    ) -> Option<usize> {
-        self.grow(norms.len().max(state.num_layers));
-        let steps = std::mem::take(&mut self.steps);
-        let squared = std::mem::replace(&mut self.squared, vec![0.0; self.quiet.len()]);
-        let shares: Vec<Option<f64>> = (0..state.num_layers)
-            .map(|l| {
-                let summed = norms.get(l).copied().flatten()?;
-                signal_share(summed.l2, squared[l], steps)
-            })
-            .collect();
-        for (l, share) in shares.iter().enumerate() {
-            self.quiet[l] = match share {
-                Some(s) if *s < self.config.signal_below => self.quiet[l] + 1,
-                Some(_) => 0,
-                None => self.quiet[l],
-            };
+        let seen = watch.seen + 1;
+        // Watched for four blocks: later changes are training's, not the
+        // freeze's.
+        self.watching = (seen < WATCH_BLOCKS * self.block).then_some(Watch { seen, ..watch });
+        let expected = watch.level + watch.rise * (seen as f64 + (self.block as f64 - 1.0) / 2.0);
+        let limit = expected + self.config.rise_tolerance * watch.noise;
+        if loss <= limit {
+            return None;
         }
         tracing::info!(
             step = state.step,
-            frozen = state.frozen_layers,
-            shares = ?shares.iter().map(|s| s.map(|v| (v * 1000.0).round() / 1000.0)).collect::<Vec<_>>(),
-            "Evidence: signal share per layer"
+            loss,
+            limit,
+            from = watch.to,
+            to = watch.from,
+            "Evidence: the held-out loss rose after a freeze; thawed"
         );
-        if self.guard.watching.is_some() {
-            return None;
-        }
-        let front = self.evidence_front(state);
-        if front > state.frozen_layers {
-            if let Some((level, noise)) = self.level_and_noise() {
-                self.guard.watching = Some(Watch {
-                    from: state.frozen_layers,
-                    to: front,
-                    level,
-                    noise,
-                    seen: 0,
-                });
-            }
-            return Some(front);
-        }
-        None
+        self.watching = None;
+        self.block = self.block.saturating_mul(2);
+        self.since_move = self.losses.len();
+        Some(watch.from)
     }
+}
 
+fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len().max(1) as f64
+}
+
+impl FreezePolicy for Evidence {
     fn held_out_every(&self) -> Option<usize> {
         Some(self.config.every_steps)
     }
@@ -295,82 +276,174 @@ impl FreezePolicy for Evidence {
         if !loss.is_finite() {
             return None;
         }
-        self.guard.losses.push(loss);
-        let watch = self.guard.watching.as_mut()?;
-        watch.seen += 1;
-        let limit = watch.level + self.config.rise_tolerance * watch.noise;
-        tracing::info!(
-            step = state.step,
-            loss,
-            level = watch.level,
-            limit,
-            "Evidence guard: held-out loss after a freeze"
-        );
-        if loss > limit && state.frozen_layers == watch.to {
-            let from = watch.from;
-            let to = watch.to;
-            self.guard.watching = None;
-            for l in from..to.min(self.needed.len()) {
-                self.needed[l] = self.needed[l].saturating_mul(2);
-                self.quiet[l] = 0;
-            }
-            tracing::info!(from = to, to = from, loss, limit, "Evidence guard: thaw");
-            return Some(from);
+        self.losses.push(loss);
+        if let Some(front) = self.guard(state, loss) {
+            return Some(front);
         }
-        if watch.seen >= self.config.watch || state.frozen_layers != watch.to {
-            self.guard.watching = None;
+        let reading = self.reading();
+        tracing::debug!(step = state.step, loss, ?reading, frozen = state.frozen_layers, "Evidence");
+        let Reading::Plateau(progress) = reading else {
+            return None;
+        };
+        let frozen = state.frozen_layers;
+        let active = state.num_layers.saturating_sub(frozen);
+        if active == 0 {
+            return None;
         }
-        None
+        let front = frozen + ceil_tolerant(self.config.alpha * active as f64).clamp(1, active);
+        let (level, rise, noise) = self.expectation();
+        tracing::info!(step = state.step, loss, progress, from = frozen, to = front, "Evidence: plateau; froze");
+        self.watching = Some(Watch {
+            from: frozen,
+            to: front,
+            level,
+            rise,
+            noise,
+            seen: 0,
+        });
+        self.since_move = self.losses.len();
+        Some(front)
     }
 
     fn save_state(&self) -> Option<PolicyState> {
-        let floats = |v: &[f64]| v.iter().copied().map(Some).collect::<Vec<_>>();
-        let counts = |v: &[usize]| v.iter().map(|&c| Some(c as f64)).collect::<Vec<_>>();
-        let watch = self.guard.watching.map_or(Vec::new(), |w| {
-            vec![
-                Some(w.from as f64),
-                Some(w.to as f64),
-                Some(w.level),
-                Some(w.noise),
-                Some(w.seen as f64),
-            ]
+        let watch = self.watching.map_or(Vec::new(), |w| {
+            [w.from as f64, w.to as f64, w.level, w.rise, w.noise, w.seen as f64]
+                .map(Some)
+                .to_vec()
         });
         Some(PolicyState {
             series: vec![
-                floats(&self.squared),
-                counts(&self.quiet),
-                counts(&self.needed),
-                floats(&self.guard.losses),
+                self.losses.iter().copied().map(Some).collect(),
                 watch,
+                vec![Some(self.since_move as f64), Some(self.block as f64)],
             ],
-            counter: self.steps,
+            counter: self.losses.len(),
         })
     }
 
     fn load_state(&mut self, state: PolicyState) {
         let mut series = state.series.into_iter();
-        let mut next = || series.next().unwrap_or_default();
-        let floats = |v: Vec<Option<f64>>| v.into_iter().map(|x| x.unwrap_or(0.0)).collect();
-        let counts = |v: Vec<Option<f64>>| {
-            v.into_iter()
-                .map(|x| x.unwrap_or(0.0).max(0.0) as usize)
+        let mut next = || -> Vec<f64> {
+            series
+                .next()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|x| x.unwrap_or(0.0))
                 .collect()
         };
-        self.squared = floats(next());
-        self.quiet = counts(next());
-        self.needed = counts(next());
-        self.guard.losses = floats(next());
-        let watch: Vec<f64> = floats(next());
-        self.guard.watching = (watch.len() == 5).then(|| Watch {
+        self.losses = next();
+        let watch = next();
+        self.watching = (watch.len() == 6).then(|| Watch {
             from: watch[0] as usize,
             to: watch[1] as usize,
             level: watch[2],
-            noise: watch[3],
-            seen: watch[4] as usize,
+            rise: watch[3],
+            noise: watch[4],
+            seen: watch[5] as usize,
         });
-        self.steps = state.counter;
-        let layers = self.quiet.len();
-        self.squared.resize(layers, 0.0);
-        self.needed.resize(layers, self.config.patience);
+        let counts = next();
+        self.since_move = counts.first().map_or(0, |&c| c as usize).min(self.losses.len());
+        self.block = counts.get(1).map_or(self.config.patience, |&c| (c as usize).max(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(frozen: usize, step: usize) -> FreezeState {
+        FreezeState {
+            frozen_layers: frozen,
+            num_layers: 12,
+            epoch: 0,
+            step,
+        }
+    }
+
+    /// Feeds `losses` one per step, applying every decision; the fronts.
+    fn run(rule: &mut Evidence, losses: &[f64]) -> Vec<usize> {
+        let mut frozen = 0;
+        let mut fronts = Vec::new();
+        for (step, &loss) in losses.iter().enumerate() {
+            if let Some(front) = rule.held_out_loss(state(frozen, step + 1), loss) {
+                frozen = front;
+            }
+            fronts.push(frozen);
+        }
+        fronts
+    }
+
+    fn rule() -> Evidence {
+        Evidence::new(EvidenceConfig::new().with_every_steps(1).with_patience(2))
+    }
+
+    #[test]
+    fn a_plateau_before_learning_freezes_nothing() {
+        // Flat at the start for long (a task whose lower layers must learn).
+        let losses = [0.70, 0.69, 0.70, 0.69, 0.70, 0.69, 0.70, 0.70, 0.69, 0.70];
+        assert!(run(&mut rule(), &losses).iter().all(|&f| f == 0));
+    }
+
+    #[test]
+    fn steady_learning_freezes_nothing() {
+        let losses: Vec<f64> = (0..20).map(|i| 0.7 * 0.93f64.powi(i)).collect();
+        assert!(run(&mut rule(), &losses).iter().all(|&f| f == 0));
+    }
+
+    #[test]
+    fn a_plateau_after_learning_freezes_half_the_active_layers_at_a_time() {
+        let mut losses = vec![1.0, 0.5, 0.3, 0.2];
+        losses.extend([0.2; 12]);
+        let fronts = run(&mut rule(), &losses);
+        // Two blocks of two after each move: 6 (half of 12), 9, 11.
+        assert_eq!(fronts[..6].iter().max(), Some(&0));
+        assert_eq!(fronts[6], 6);
+        assert_eq!(fronts[10], 9);
+        assert_eq!(fronts[14], 11);
+        assert_eq!(fronts.last(), Some(&11));
+    }
+
+    #[test]
+    fn a_rise_after_a_freeze_thaws_it_and_the_rule_waits_longer() {
+        let mut rule = rule();
+        let mut losses = vec![1.0, 0.5, 0.3, 0.2, 0.2, 0.21, 0.2, 0.2];
+        let fronts = run(&mut rule, &losses);
+        assert_eq!(fronts.last(), Some(&6));
+        // The loss jumps: thawed back to 0, then blocks of 4.
+        losses = vec![0.5];
+        let mut frozen = 6;
+        let front = rule.held_out_loss(state(frozen, 9), losses[0]);
+        assert_eq!(front, Some(0));
+        frozen = 0;
+        let mut moved = Vec::new();
+        for step in 10..26 {
+            if let Some(front) = rule.held_out_loss(state(frozen, step), 0.2) {
+                frozen = front;
+                moved.push(step);
+            }
+        }
+        // Eight fresh losses (two blocks of four) before the next freeze.
+        assert_eq!(moved.first(), Some(&17));
+    }
+
+    #[test]
+    fn the_state_survives_a_checkpoint() {
+        let mut a = rule();
+        let losses = [1.0, 0.5, 0.3, 0.2, 0.2, 0.2];
+        run(&mut a, &losses);
+        let mut b = rule();
+        b.load_state(a.save_state().unwrap());
+        let (x, y) = (a.held_out_loss(state(0, 7), 0.2), b.held_out_loss(state(0, 7), 0.2));
+        assert_eq!(x, y);
+        assert_eq!(x, Some(6));
+        assert_eq!(a.save_state(), b.save_state());
+    }
+
+    #[test]
+    fn the_checks_name_the_field() {
+        let bad = EvidenceConfig::new().with_plateau_below(1.5);
+        assert!(bad.check().unwrap_err().contains("plateau_below"));
+        assert!(EvidenceConfig::new().with_alpha(0.0).check().is_err());
+        assert!(EvidenceConfig::new().check().is_ok());
     }
 }

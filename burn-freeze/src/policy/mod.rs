@@ -9,7 +9,7 @@ pub(crate) mod stats;
 
 pub use auto::AutoFreeze;
 pub use change_rate::{ChangeRate, ChangeRateConfig, ChangeRateReading};
-pub use evidence::{Evidence, EvidenceConfig, signal_share};
+pub use evidence::{Evidence, EvidenceConfig};
 pub use paper::{AlphaArgmin, AlphaArgminConfig, ArgminStatistic};
 pub use schedule::{FixedSchedule, alpha_front};
 pub use stats::{GradNorm, LayerMap};
@@ -70,29 +70,6 @@ pub trait FreezePolicy {
         None
     }
 
-    /// Every how many steps the policy reads the norms of the gradients
-    /// summed over those steps ([`window_gradient_sums`](Self::window_gradient_sums));
-    /// `None` (the default): it reads them per epoch, if at all. A policy
-    /// with a window also [needs gradient sums](Self::needs_gradient_sums),
-    /// and its sums are reset after each window, not at epoch ends.
-    fn gradient_sum_window(&self) -> Option<usize> {
-        None
-    }
-
-    /// Every [`gradient_sum_window`](Self::gradient_sum_window) steps, right
-    /// after [`after_step`](Self::after_step): per layer, the norms of the
-    /// sum of the layer's gradients over the window's steps (`None` for
-    /// frozen layers and layers without a gradient). Returns a front, as
-    /// `after_step` does.
-    fn window_gradient_sums(
-        &mut self,
-        state: FreezeState,
-        norms: &[Option<GradNorm>],
-    ) -> Option<usize> {
-        let _ = (state, norms);
-        None
-    }
-
     /// Every how many steps the policy wants a held-out loss
     /// ([`held_out_loss`](Self::held_out_loss)); `None` (the default): never.
     fn held_out_every(&self) -> Option<usize> {
@@ -100,9 +77,9 @@ pub trait FreezePolicy {
     }
 
     /// A loss on samples that are never trained on, measured after step
-    /// `state.step` with the weights of that step (every rank of a job
-    /// reads the same). Returns a front, as `after_step` does; one below
-    /// the current front thaws.
+    /// `state.step` with that step's weights (every rank of a job reads the
+    /// same). Returns a front, as [`after_step`](Self::after_step) does;
+    /// one below the current front thaws.
     fn held_out_loss(&mut self, state: FreezeState, loss: f64) -> Option<usize> {
         let _ = (state, loss);
         None
@@ -154,18 +131,6 @@ impl<P: FreezePolicy + ?Sized> FreezePolicy for Box<P> {
 
     fn after_epoch(&mut self, state: FreezeState) -> Option<usize> {
         (**self).after_epoch(state)
-    }
-
-    fn gradient_sum_window(&self) -> Option<usize> {
-        (**self).gradient_sum_window()
-    }
-
-    fn window_gradient_sums(
-        &mut self,
-        state: FreezeState,
-        norms: &[Option<GradNorm>],
-    ) -> Option<usize> {
-        (**self).window_gradient_sums(state, norms)
     }
 
     fn held_out_every(&self) -> Option<usize> {

@@ -34,7 +34,7 @@ use pipetransformer_jobs::job::{
 };
 use serde::Serialize;
 
-use cli::Args;
+use cli::{Args, Rule};
 use console::{Console, Pretraining, print_summary};
 use mpi_job::MpiJob;
 
@@ -264,10 +264,13 @@ fn strongest_run(
 }
 
 fn print_pipetransformer_start(args: &Args, model: &Pretrained) {
-    let alpha = if args.no_freeze {
-        "nothing frozen".to_string()
-    } else {
-        format!("alpha {:.2}", args.freeze_alpha)
+    let alpha = match (args.no_freeze, args.freeze_rule) {
+        (true, _) => "nothing frozen".to_string(),
+        (false, Rule::Evidence) => format!(
+            "freezing on evidence, at most {:.2} of the active layers at once",
+            args.alpha()
+        ),
+        (false, _) => format!("alpha {:.2}", args.alpha()),
     };
     println!(
         "fine-tuning with PipeTransformer on {} devices ({alpha}; {} units, {} parameters)",
@@ -347,7 +350,7 @@ fn save_results(
             .first()
             .and_then(|run| run.epochs.first())
             .map_or(args.stages.unwrap_or(1), |epoch| epoch.report.stages as u32),
-        freeze_alpha: args.freeze_alpha,
+        freeze_alpha: args.alpha(),
         parts: args.parts(),
         units: prepared.model.num_units(),
         parameters: prepared.model.num_params(),

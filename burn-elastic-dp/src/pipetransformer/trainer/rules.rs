@@ -88,10 +88,10 @@ pub enum FreezeRule {
         /// threshold, in [0, 100].
         percentile: f64,
     },
-    /// The default: a prefix freezes only on evidence that it has stopped
-    /// learning (its gradients turned to noise), checked every
-    /// `every_steps` steps, and a freeze after which a held-out loss rises
-    /// is thawed (burn-freeze's [`Evidence`](burn_freeze::Evidence)). The
+    /// The default: a prefix freezes only on evidence that training has
+    /// stopped gaining from it (a held-out loss that has learned and
+    /// stopped improving), and a freeze after which that loss rises is
+    /// thawed (burn-freeze's [`Evidence`](burn_freeze::Evidence)). The
     /// held-out loss is measured on
     /// [`TrainerConfig::held_out`](crate::TrainerConfig::held_out) samples
     /// carved out of the training data.
@@ -102,8 +102,10 @@ pub enum FreezeRule {
     ///
     /// let default = TrainerConfig::new();
     /// assert_eq!(default.freeze, FreezeRule::Evidence { rule: EvidenceConfig::new() });
-    /// let strict = FreezeRule::Evidence { rule: EvidenceConfig::new().with_signal_below(0.02) };
-    /// assert!(default.with_freeze(strict).check(4).is_ok());
+    /// let patient = FreezeRule::Evidence { rule: EvidenceConfig::new().with_patience(5) };
+    /// assert!(default.with_freeze(patient).check(4).is_ok());
+    /// let bad = FreezeRule::Evidence { rule: EvidenceConfig::new().with_alpha(2.0) };
+    /// assert!(TrainerConfig::new().with_freeze(bad).check(4).is_err());
     /// ```
     Evidence {
         /// The rule's settings.

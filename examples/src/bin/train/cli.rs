@@ -148,9 +148,11 @@ pub(crate) struct Args {
     /// Micro-batches per step and replica, 1 to 4096 (default: the paper's choice for K).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub(crate) micro_batches: Option<u32>,
-    /// AutoFreeze's alpha, in (0, 1): the most of the remaining layers frozen per epoch.
-    #[arg(long, default_value_t = 1.0 / 3.0, value_parser = alpha)]
-    pub(crate) freeze_alpha: f64,
+    /// AutoFreeze's alpha, in (0, 1): the most of the remaining layers one
+    /// decision freezes (default: 1/2 for the evidence rule, 1/3, the
+    /// paper's headline value, for the others).
+    #[arg(long, value_parser = alpha)]
+    pub(crate) freeze_alpha: Option<f64>,
     /// How the front moves.
     #[arg(long, value_enum, default_value = "evidence")]
     pub(crate) freeze_rule: Rule,
@@ -411,6 +413,14 @@ impl Args {
         }
     }
 
+    /// AutoFreeze's alpha: `--freeze-alpha`, else the rule's default.
+    pub(crate) fn alpha(&self) -> f64 {
+        self.freeze_alpha.unwrap_or(match self.freeze_rule {
+            Rule::Evidence => EvidenceConfig::new().alpha,
+            _ => 1.0 / 3.0,
+        })
+    }
+
     /// The parts the `--no-*` flags leave on.
     pub(crate) fn parts(&self) -> Parts {
         Parts::new()
@@ -426,17 +436,17 @@ impl Args {
         let layers = spec.layers;
         let freeze = match self.freeze_rule {
             Rule::Evidence => FreezeRule::Evidence {
-                rule: EvidenceConfig::new().with_alpha(self.freeze_alpha),
+                rule: EvidenceConfig::new().with_alpha(self.alpha()),
             },
             Rule::Schedule => FreezeRule::AlphaSchedule {
-                alpha: self.freeze_alpha,
+                alpha: self.alpha(),
             },
             Rule::Argmin => FreezeRule::AlphaArgmin {
-                alpha: self.freeze_alpha,
+                alpha: self.alpha(),
                 statistic: Some(ArgminStatistic::AccumulatedGradient),
             },
             Rule::ArgminSteps => FreezeRule::AlphaArgmin {
-                alpha: self.freeze_alpha,
+                alpha: self.alpha(),
                 statistic: Some(ArgminStatistic::SummedStepNorms),
             },
         };
