@@ -6,13 +6,15 @@
 
 mod common;
 
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, Optimizer};
+use burn::prelude::*;
 use burn_freeze::plumbing::retain_optimizer_state;
 use burn_freeze::testing::PlainFronts;
 use burn_freeze::{
     AutoFreeze, FixedSchedule, FreezableStack, FreezeError, FreezeFront, FreezePolicy, FreezeState,
-    LayerMap, TrainableUnits,
+    LayerMap, TrainableUnits, UnitRange,
 };
 use common::*;
 
@@ -178,4 +180,28 @@ fn the_alpha_schedule_never_returns_a_front_below_the_current_one() {
     // A list of fronts may go down.
     let mut fronts = FixedSchedule::Fronts(vec![0, 3, 1]);
     assert_eq!(fronts.after_epoch(state(3, 1)), Some(1));
+}
+
+/// Whether each float parameter requires gradients.
+struct RequireGrad(Vec<bool>);
+
+impl ModuleVisitor<B> for RequireGrad {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.0.push(param.val().is_require_grad());
+    }
+}
+
+#[test]
+fn units_moved_to_a_device_while_frozen_train_again_when_thawed() {
+    // A pipeline moves frozen units (a new replica, a repartition): Burn's
+    // `to_device` on the inner backend drops the `require_grad` flag, and a
+    // thawed unit would then never get a gradient.
+    let mut range = UnitRange::whole(stack(3, 0.0, 35));
+    range.freeze_to(4);
+    let mut range = range.fork(&Default::default());
+    assert_eq!(range.unfreeze_to(0), 4);
+    let mut flags = RequireGrad(Vec::new());
+    range.trainable().visit(&mut flags);
+    assert_eq!(flags.0.len(), 10, "5 units of weight and bias");
+    assert!(flags.0.iter().all(|&g| g), "{:?}", flags.0);
 }
