@@ -56,7 +56,7 @@ pub enum FreezeError {
         len: usize,
     },
     /// [`freeze_to`](crate::FreezableStack::freeze_to) was asked to move the
-    /// front down; only [`unfreeze_to`](crate::FreezableStack::unfreeze_to) does that.
+    /// front down; only [`unfreeze_to`](crate::FreezeFront::unfreeze_to) does that.
     #[error(
         "the freeze front only moves up: {frozen} units are frozen, asked for {requested}; \
          call unfreeze_to to move it down"
@@ -67,7 +67,7 @@ pub enum FreezeError {
         /// Units asked to be frozen.
         requested: usize,
     },
-    /// [`unfreeze_to`](crate::FreezableStack::unfreeze_to) was asked to move the front up.
+    /// [`unfreeze_to`](crate::FreezeFront::unfreeze_to) was asked to move the front up.
     #[error(
         "unfreeze_to({requested}) would freeze more units ({frozen} are frozen); call freeze_to"
     )]

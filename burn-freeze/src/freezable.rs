@@ -12,7 +12,7 @@ use crate::freeze_front::FreezeFront;
 use crate::frozen::FrozenUnits;
 use crate::grad_sums::GradientSums;
 use crate::policy::GradNorm;
-use crate::range::{UnitRange, check_freeze};
+use crate::range::{UnitRange, check_freeze, check_unfreeze};
 use crate::stack::LayerStack;
 use crate::types::{
     InnerBackendOf, InnerHidden, InnerInput, InnerOutput, StackTypes, TrainableUnits,
@@ -22,9 +22,9 @@ use crate::types::{
 /// the inner backend with no autodiff graph, the rest train.
 ///
 /// It works on any stack that follows the contract, a user's own as well as the
-/// models of this workspace. The front only moves up through
-/// [`freeze_to`](Self::freeze_to); [`unfreeze_to`](Self::unfreeze_to) moves it
-/// down on explicit request. The optimizer is built for
+/// models of this workspace. The front moves up through
+/// [`freeze_to`](Self::freeze_to) and down through
+/// [`unfreeze_to`](Self::unfreeze_to). The optimizer is built for
 /// [`TrainableUnits`] and stepped through [`map_trainable`](Self::map_trainable).
 ///
 /// ```
@@ -158,16 +158,45 @@ impl<S: StackTypes> FreezableStack<S> {
         Ok(())
     }
 
-    /// Unfreezes units `front..`: they train again. Cached activations that
-    /// passed through any of them are dropped. On error nothing changes.
+    /// Thaws units `front..front()`: they move back to the autodiff backend
+    /// and train again. Cached activations that passed through any of them
+    /// (entries above `front`) are dropped; the thawed units have no
+    /// gradient sum and no gradient norm until their next step. The front
+    /// only moves down ([`check_unfreeze`]); on error nothing changes.
+    ///
+    /// The optimizer is the caller's, so this stack cannot drop its state:
+    /// to give the thawed units a fresh state, as `burn_pipe::Pipeline`
+    /// does (see [`FreezeFront::unfreeze_to`]), remove their parameters
+    /// from the optimizer's record when they freeze or thaw
+    /// (`to_record`, remove the ids, `load_record`).
+    ///
+    /// ```
+    /// use burn::backend::{Autodiff, Flex};
+    /// use burn::nn::{Linear, LinearConfig};
+    /// use burn::prelude::*;
+    /// use burn_freeze::{FreezableStack, FreezeError, LayerStack};
+    ///
+    /// #[derive(Module, Debug)]
+    /// pub struct Dense<B: Backend> { linear: Linear<B> }
+    /// impl<B: Backend> Dense<B> {
+    ///     fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> { self.linear.forward(x) }
+    /// }
+    /// burn_freeze::unit!(Dense<B>: Tensor<B, 2> => Tensor<B, 2>);
+    ///
+    /// let device = Default::default();
+    /// let dense = |i, o| Dense::<Autodiff<Flex>> { linear: LinearConfig::new(i, o).init(&device) };
+    /// let stack = LayerStack::new(dense(3, 4), vec![dense(4, 4)], dense(4, 2));
+    /// let mut stack = FreezableStack::new(stack);
+    /// stack.freeze_to(2).unwrap();
+    /// stack.unfreeze_to(1).unwrap(); // unit 1 trains again
+    /// assert_eq!(stack.front(), 1);
+    /// let refused = stack.unfreeze_to(2); // above the front: nothing changes
+    /// assert_eq!(refused, Err(FreezeError::WouldFreeze { frozen: 1, requested: 2 }));
+    /// assert_eq!(stack.front(), 1);
+    /// ```
     pub fn unfreeze_to(&mut self, front: usize) -> Result<(), FreezeError> {
         let frozen = self.front();
-        if front > frozen {
-            return Err(FreezeError::WouldFreeze {
-                frozen,
-                requested: front,
-            });
-        }
+        check_unfreeze(front, frozen)?;
         if front == frozen {
             return Ok(());
         }
@@ -175,11 +204,13 @@ impl<S: StackTypes> FreezableStack<S> {
         if let Some(cache) = self.cache.as_mut() {
             cache.invalidate_above(front);
         }
-        tracing::debug!(
-            from = frozen,
-            to = front,
-            "freeze front moved down (explicit unfreeze)"
-        );
+        if let Some(sums) = self.sums.as_mut() {
+            sums.retain(self.units.trainable());
+        }
+        for norm in self.norms.iter_mut().take(frozen).skip(front) {
+            *norm = None;
+        }
+        tracing::debug!(from = frozen, to = front, "freeze front moved down (thaw)");
         Ok(())
     }
 
@@ -292,6 +323,10 @@ impl<S: StackTypes> FreezeFront for FreezableStack<S> {
 
     fn freeze_to(&mut self, front: usize) -> Result<(), FreezeError> {
         FreezableStack::freeze_to(self, front)
+    }
+
+    fn unfreeze_to(&mut self, front: usize) -> Result<(), FreezeError> {
+        FreezableStack::unfreeze_to(self, front)
     }
 
     fn last_gradient_norms(&self) -> Vec<Option<GradNorm>> {

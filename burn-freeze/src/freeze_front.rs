@@ -4,8 +4,9 @@
 use crate::error::FreezeError;
 use crate::policy::GradNorm;
 
-/// A model whose units `0..front()` are frozen, and which remembers the
-/// per-unit gradient norms of its last training step.
+/// A model whose units `0..front()` are frozen, whose front moves up
+/// ([`freeze_to`](Self::freeze_to)) and down ([`unfreeze_to`](Self::unfreeze_to)),
+/// and which remembers the per-unit gradient norms of its last training step.
 ///
 /// [`AutoFreeze`](crate::AutoFreeze) drives any implementation with any
 /// [`FreezePolicy`](crate::FreezePolicy): [`FreezableStack`](crate::FreezableStack)
@@ -26,15 +27,25 @@ use crate::policy::GradNorm;
 ///         self.front = front;
 ///         Ok(())
 ///     }
+///     fn unfreeze_to(&mut self, front: usize) -> Result<(), FreezeError> {
+///         burn_freeze::check_unfreeze(front, self.front)?;
+///         self.front = front;
+///         Ok(())
+///     }
 ///     fn last_gradient_norms(&self) -> Vec<Option<GradNorm>> { vec![None; 4] }
 /// }
 ///
 /// let mut toy = Toy { front: 0 };
 /// toy.freeze_to(2).unwrap();
-/// assert!(toy.freeze_to(1).is_err());
+/// assert!(toy.freeze_to(1).is_err()); // freeze_to only moves up
+/// toy.unfreeze_to(1).unwrap(); // unit 1 trains again
+/// assert_eq!(toy.front(), 1);
+/// assert!(toy.unfreeze_to(3).is_err()); // unfreeze_to only moves down
+/// assert_eq!(toy.front(), 1);
 /// ```
 pub trait FreezeFront {
-    /// What a refused [`freeze_to`](Self::freeze_to) returns.
+    /// What a refused [`freeze_to`](Self::freeze_to) or
+    /// [`unfreeze_to`](Self::unfreeze_to) returns.
     type Error: std::error::Error + From<FreezeError>;
 
     /// Number of units, frozen or not.
@@ -47,6 +58,21 @@ pub trait FreezeFront {
     /// [`num_units`](Self::num_units) ([`check_freeze`](crate::check_freeze)
     /// is the rule); on error nothing changes.
     fn freeze_to(&mut self, front: usize) -> Result<(), Self::Error>;
+
+    /// Thaws units `front..front()`: they train again. The front only moves
+    /// down ([`check_unfreeze`](crate::check_unfreeze) is the rule: a
+    /// `front` above the current one is
+    /// [`FreezeError::WouldFreeze`]); on error nothing changes.
+    ///
+    /// A thawed unit starts with a *fresh* optimizer state (where the
+    /// target holds the optimizer, as a pipeline and a replica group do)
+    /// and no gradient sum. Frozen units hold no optimizer state: dropping it is what
+    /// freezing frees, and what memory-aware AutoPipe counts; and moments
+    /// from before the freeze describe a model whose upper layers have
+    /// moved since. Cached activations that passed through a thawed unit
+    /// (entries above `front`) are dropped, so a cached prefix longer than
+    /// the front is never served again.
+    fn unfreeze_to(&mut self, front: usize) -> Result<(), Self::Error>;
 
     /// Per-unit gradient norms of the last training step, one entry per
     /// unit; `None` for frozen units, for units that got no gradient, and

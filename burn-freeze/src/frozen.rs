@@ -112,17 +112,25 @@ impl<S: StackTypes> FrozenUnits<S> {
         flow
     }
 
-    /// Moves every frozen unit to `device`.
+    /// Moves every frozen unit to `device`, keeping each parameter's
+    /// `require_grad` flag, so that a unit moved while frozen trains again
+    /// when it thaws. (Burn's `to_device` on an inner-backend module resets
+    /// the flag: its tensors never require gradients; so each unit goes
+    /// through the autodiff backend, forked there, and back.)
     pub fn to_device(self, device: &burn::tensor::Device<S::Backend>) -> Self {
         Self {
             start: self.start,
-            first: self.first.map(|u| u.to_device(device)),
+            first: self
+                .first
+                .map(|u| S::First::from_inner(u).fork(device).valid()),
             middle: self
                 .middle
                 .into_iter()
-                .map(|u| u.to_device(device))
+                .map(|u| S::Middle::from_inner(u).fork(device).valid())
                 .collect(),
-            last: self.last.map(|u| u.to_device(device)),
+            last: self
+                .last
+                .map(|u| S::Last::from_inner(u).fork(device).valid()),
         }
     }
 

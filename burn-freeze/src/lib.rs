@@ -21,8 +21,9 @@
 //!   rest as one module for one optimizer ([`TrainableUnits`]). It is the one
 //!   implementation: [`FreezableStack`] holds one range, every `burn-pipe`
 //!   stage holds one. [`check_freeze`] is the one rule for what may be
-//!   frozen and [`plumbing::optimizer_for`] the one helper that keeps the
-//!   optimizer state of the units that still train.
+//!   frozen ([`check_unfreeze`] for what may thaw) and
+//!   [`plumbing::optimizer_for`] the one helper that keeps the optimizer
+//!   state of the units that still train.
 //! - **The freeze front** ([`FreezeFront`]): implemented by
 //!   [`FreezableStack`] here and by `burn_pipe::Pipeline`, so one policy
 //!   drives either.
@@ -79,7 +80,7 @@ pub use policy::{
     ChangeRateReading, Evidence, EvidenceConfig, FixedSchedule, FreezePolicy, FreezeState, GradNorm, LayerMap, PolicyState,
     alpha_front,
 };
-pub use range::{UnitRange, check_freeze};
+pub use range::{UnitRange, check_freeze, check_unfreeze};
 pub use stack::{IntoLayerStack, LayerStack, StackOf, TypesOf};
 pub use types::{
     InnerBackendOf, InnerFirst, InnerHidden, InnerInput, InnerLast, InnerMiddle, InnerOutput,

@@ -29,6 +29,25 @@ pub fn check_freeze(requested: usize, frozen: usize, len: usize) -> Result<(), F
     Ok(())
 }
 
+/// The rule for thawing, the other half of [`check_freeze`]: with `frozen`
+/// units frozen, an unfreeze may ask for any front up to `frozen` (units
+/// `requested..frozen` train again); asking for more is
+/// [`FreezeError::WouldFreeze`].
+///
+/// ```
+/// use burn_freeze::{FreezeError, check_unfreeze};
+///
+/// assert!(check_unfreeze(1, 3).is_ok());
+/// assert!(check_unfreeze(3, 3).is_ok()); // nothing to thaw
+/// assert_eq!(check_unfreeze(4, 3), Err(FreezeError::WouldFreeze { frozen: 3, requested: 4 }));
+/// ```
+pub fn check_unfreeze(requested: usize, frozen: usize) -> Result<(), FreezeError> {
+    if requested > frozen {
+        return Err(FreezeError::WouldFreeze { frozen, requested });
+    }
+    Ok(())
+}
+
 /// Units `range` of a stack of `stack_len` units: frozen ones (a prefix) on
 /// the inner backend, the others trainable in one module.
 ///

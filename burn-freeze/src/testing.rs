@@ -1,9 +1,13 @@
 //! What the workspace's integration tests share (the `testing` cargo feature):
-//! the test backend, a residual unit, seeded numbers and weight comparisons.
+//! the test backend, a residual unit, seeded numbers, weight comparisons and
+//! plain Burn training with a freeze front applied by hand ([`PlainFronts`]).
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
+
+mod plain;
+pub use plain::{PlainFronts, StackParts};
 
 /// Declares the tests' backend in the calling module: `Inner` (Flex, or
 /// LibTorch on the CPU with the caller's `test-tch` feature), `B`

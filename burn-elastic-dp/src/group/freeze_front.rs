@@ -24,6 +24,10 @@ where
         ReplicaGroup::freeze_to(self, front)
     }
 
+    fn unfreeze_to(&mut self, front: usize) -> Result<(), ElasticError> {
+        ReplicaGroup::unfreeze_to(self, front)
+    }
+
     /// Replica 0's: after the all-reduce every replica stepped with the same
     /// gradients.
     fn last_gradient_norms(&self) -> Vec<Option<GradNorm>> {

@@ -9,6 +9,8 @@ use burn::prelude::*;
 use burn_freeze::testing::weights;
 use burn_freeze::{LayerStack, StackMarker, StackTypes};
 
+pub mod thaw;
+
 burn_freeze::test_backend!();
 
 /// A user's own unit: a residual block (the last one is the classifier, as

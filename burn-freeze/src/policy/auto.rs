@@ -85,8 +85,8 @@ impl<P: FreezePolicy> AutoFreeze<P> {
     }
 
     /// Feeds the policy the per-layer gradient norms of the step `target`
-    /// just took and applies its decision. Returns the new layer front when
-    /// it moved.
+    /// just took and applies its decision (a front below the current one
+    /// thaws). Returns the new layer front when it moved.
     pub fn after_step<T: FreezeFront>(
         &mut self,
         target: &mut T,
@@ -157,6 +157,10 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         Ok(())
     }
 
+    /// Applies a decision: a layer front above the current one freezes, one
+    /// below thaws ([`FreezeFront::unfreeze_to`]), each moving the target's
+    /// unit front to [`LayerMap::unit_front`]; a front beyond the model is
+    /// clamped to it. On error neither the target nor the state changes.
     fn apply<T: FreezeFront>(
         &mut self,
         target: &mut T,
@@ -166,12 +170,14 @@ impl<P: FreezePolicy> AutoFreeze<P> {
             return Ok(None);
         };
         let layers = layers.min(self.state.num_layers);
-        if layers <= self.state.frozen_layers {
+        if layers == self.state.frozen_layers {
             return Ok(None);
         }
         let units = self.map.unit_front(layers);
-        if units > target.front() {
+        if layers > self.state.frozen_layers && units > target.front() {
             target.freeze_to(units)?;
+        } else if layers < self.state.frozen_layers && units < target.front() {
+            target.unfreeze_to(units)?;
         }
         tracing::debug!(
             from = self.state.frozen_layers,

@@ -30,8 +30,12 @@ pub struct FreezeState {
 /// A rule that decides how many layers are frozen.
 ///
 /// A policy returns a new layer front, or `None` to keep the current one. A
-/// front below the current one is ignored (the front only moves up) and one
-/// beyond the model is clamped to it.
+/// front below the current one thaws: [`AutoFreeze`] moves the target's
+/// front down ([`FreezeFront::unfreeze_to`](crate::FreezeFront::unfreeze_to));
+/// one beyond the model is clamped to it. The paper's rules
+/// ([`AlphaArgmin`], [`ChangeRate`], [`FixedSchedule::Alpha`]) never
+/// return a front below the current one; a [`FixedSchedule::Fronts`] list
+/// that goes down thaws.
 ///
 /// Every policy decides in *layers* (see [`LayerMap`]); [`AutoFreeze`] feeds
 /// a policy the per-layer gradient norms of each step and moves a

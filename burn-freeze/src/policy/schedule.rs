@@ -33,7 +33,8 @@ pub fn alpha_front(layers: usize, alpha: f64, epoch: usize) -> usize {
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub enum FixedSchedule {
-    /// `fronts[T]` layers frozen in epoch `T`; the last entry holds afterwards.
+    /// `fronts[T]` layers frozen in epoch `T`; the last entry holds
+    /// afterwards. An entry below the one before thaws layers.
     Fronts(Vec<usize>),
     /// The alpha closed form ([`alpha_front`]) for a model of `layers` layers.
     Alpha {
@@ -60,7 +61,14 @@ impl FixedSchedule {
 }
 
 impl FreezePolicy for FixedSchedule {
+    /// The next epoch's entry. [`Fronts`](Self::Fronts) may go down (the
+    /// front thaws); [`Alpha`](Self::Alpha) never returns a front below the
+    /// current one (an alpha outside (0, 1) could), so it only freezes.
     fn after_epoch(&mut self, state: FreezeState) -> Option<usize> {
-        Some(self.front(state.epoch + 1))
+        let front = self.front(state.epoch + 1);
+        match self {
+            Self::Fronts(_) => Some(front),
+            Self::Alpha { .. } => Some(front.max(state.frozen_layers)),
+        }
     }
 }

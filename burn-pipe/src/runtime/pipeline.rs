@@ -367,6 +367,10 @@ where
         Pipeline::freeze_to(self, front)
     }
 
+    fn unfreeze_to(&mut self, front: usize) -> Result<(), PipeError> {
+        Pipeline::unfreeze_to(self, front)
+    }
+
     fn last_gradient_norms(&self) -> Vec<Option<GradNorm>> {
         let front = self.front;
         self.norms

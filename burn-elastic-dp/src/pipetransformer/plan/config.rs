@@ -222,8 +222,8 @@ impl PlanConfig {
     }
 
     /// The freeze rule, on a model of `layers` layers: the trainer's check
-    /// ([`FreezeRule::check`]), fronts within the model, and a rule that can
-    /// be planned.
+    /// ([`FreezeRule::check`]), fronts within the model and non-decreasing,
+    /// and a rule that can be planned.
     fn validate_freeze(&self, layers: usize) -> Result<(), PlanError> {
         if let FreezeRule::ChangeRate { .. } | FreezeRule::Evidence { .. } = self.freeze {
             return Err(PlanError::Invalid(
@@ -234,6 +234,11 @@ impl PlanConfig {
         if let FreezeRule::Fronts { layers: fronts } = &self.freeze {
             check(fronts.iter().all(|&f| f <= layers), || {
                 format!("fronts must be in 0..={layers} layers, got {fronts:?}")
+            })?;
+            // The planner models fronts that only move up; the trainer
+            // also thaws (a list that goes down), which is not planned.
+            check(fronts.windows(2).all(|w| w[0] <= w[1]), || {
+                format!("the planner models non-decreasing fronts only, got {fronts:?}")
             })?;
         }
         Ok(())

@@ -231,3 +231,27 @@ fn bad_values_name_their_range() {
     .unwrap_err();
     assert!(err.to_string().contains("fewer than the 16 micro-batches"));
 }
+
+#[test]
+fn fronts_that_go_down_are_not_planned() {
+    // The trainer thaws on such a list; the planner models fronts that only
+    // move up, and says so rather than predicting the wrong shapes.
+    let thawing = PlanConfig {
+        freeze: FreezeRule::Fronts {
+            layers: vec![0, 4, 2],
+        },
+        ..paper(3)
+    };
+    let err = plan(&thawing, &vit_b16()).unwrap_err();
+    assert!(
+        err.to_string().contains("non-decreasing fronts only"),
+        "{err}"
+    );
+    let rising = PlanConfig {
+        freeze: FreezeRule::Fronts {
+            layers: vec![0, 2, 4],
+        },
+        ..paper(3)
+    };
+    assert!(plan(&rising, &vit_b16()).is_ok());
+}

@@ -45,6 +45,22 @@ pub struct Transition {
 }
 
 impl Transition {
+    /// Whether the front moved down (a thaw): `front.1 < front.0`. The
+    /// shape after a thaw is derived again from the start's, so K may grow
+    /// and R fall.
+    ///
+    /// ```
+    /// use burn_elastic_dp::Transition;
+    ///
+    /// let line = r#"{"epoch":3,"step":12,"frozen_layers":1,"front":[3,1],"stages":[1,2],
+    ///     "replicas":[4,2],"micro_batches":2,"balance":[3,2],"millis":0.5}"#;
+    /// let thaw: Transition = serde_json::from_str(line).unwrap();
+    /// assert!(thaw.is_thaw());
+    /// ```
+    pub fn is_thaw(&self) -> bool {
+        self.front.1 < self.front.0
+    }
+
     /// Logs it (one line, through `tracing`).
     pub(crate) fn log(&self) {
         tracing::info!(
@@ -52,6 +68,7 @@ impl Transition {
             step = self.step,
             F = self.frozen_layers,
             front = format!("{} -> {}", self.front.0, self.front.1),
+            thaw = self.is_thaw(),
             K = format!("{} -> {}", self.stages.0, self.stages.1),
             R = format!("{} -> {}", self.replicas.0, self.replicas.1),
             R_total = format!("{} -> {}", self.total_replicas.0, self.total_replicas.1),

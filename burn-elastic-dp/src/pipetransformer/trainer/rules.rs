@@ -112,7 +112,16 @@ pub enum FreezeRule {
         rule: EvidenceConfig,
     },
     /// A fixed number of frozen layers per epoch (the last entry holds
-    /// afterwards).
+    /// afterwards). The list may go down: an entry below the one before
+    /// thaws layers ([`FreezeFront::unfreeze_to`](burn_freeze::FreezeFront::unfreeze_to)),
+    /// and the shape rule derives K and R again from the start.
+    ///
+    /// ```
+    /// use burn_elastic_dp::{FreezeRule, TrainerConfig};
+    ///
+    /// let up_and_down = FreezeRule::Fronts { layers: vec![0, 2, 3, 1, 2] };
+    /// assert!(TrainerConfig::new().with_freeze(up_and_down).check(4).is_ok());
+    /// ```
     Fronts {
         /// `layers[T]` layers frozen in epoch `T`.
         layers: Vec<usize>,
@@ -189,16 +198,9 @@ impl FreezeRule {
             FreezeRule::Evidence { rule } => rule
                 .check()
                 .map_err(|message| invalid("freeze.rule", message, "the ranges named")),
-            FreezeRule::Fronts { layers } => {
-                if layers.windows(2).any(|w| w[1] < w[0]) {
-                    return Err(invalid(
-                        "freeze.layers",
-                        format!("{layers:?}"),
-                        "a non-decreasing list of layer counts",
-                    ));
-                }
-                Ok(())
-            }
+            // Any list: an entry below the one before thaws layers, and
+            // one beyond the model is clamped to it (AutoFreeze).
+            FreezeRule::Fronts { .. } => Ok(()),
         }
     }
 }

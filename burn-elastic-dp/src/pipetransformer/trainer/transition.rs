@@ -163,24 +163,54 @@ impl<TT: TrainerTypes> Trainer<TT> {
         Ok(target.replicas != current.replicas)
     }
 
-    /// AutoPipe and AutoDP after the front moved from `front_before`: the
-    /// new shape, applied, logged and returned as a [`Transition`].
-    pub(super) fn transition(&mut self, front_before: usize) -> Result<Transition, TrainerError> {
-        let start = Instant::now();
-        let front = self.group.front();
-        let before = self.shape();
-        let total_before = self.group.total_replicas();
-        let after = shape_rule(
+    /// The shape for the front `front`, reached from `front_before` with
+    /// the group in `before`. Up (or staying), the shape rule compresses
+    /// from `before`. Down (a thaw), it cannot lengthen a pipeline, so the
+    /// shape is derived from the start: the start shape (front 0), then
+    /// the shape rule to `front`, so that AutoPipe lengthens the pipeline
+    /// when the memory budget (or the paper's `initial_largest`) needs it
+    /// and AutoDP runs fewer replicas.
+    fn shape_after(
+        &self,
+        front_before: usize,
+        front: usize,
+        before: &Shape,
+    ) -> Result<Shape, TrainerError> {
+        let thawed = front < front_before;
+        let start = if thawed {
+            let devices = self.devices.len();
+            let (start, _) = self
+                .config
+                .start_shape(&self.costs, &self.memory, devices)?;
+            if front == 0 {
+                return Ok(start);
+            }
+            Some(start)
+        } else {
+            None
+        };
+        Ok(shape_rule(
             &self.costs,
             ShapeQuery {
                 front,
-                current: &before,
+                current: start.as_ref().unwrap_or(before),
                 parts: self.config.parts,
                 devices: self.devices.len(),
                 initial_largest: self.initial_largest,
                 memory: self.memory_fit(),
             },
-        );
+        ))
+    }
+
+    /// AutoPipe and AutoDP after the front moved from `front_before` (up,
+    /// or down: see [`shape_after`](Self::shape_after)): the new shape,
+    /// applied, logged and returned as a [`Transition`].
+    pub(super) fn transition(&mut self, front_before: usize) -> Result<Transition, TrainerError> {
+        let start = Instant::now();
+        let front = self.group.front();
+        let before = self.shape();
+        let total_before = self.group.total_replicas();
+        let after = self.shape_after(front_before, front, &before)?;
         self.move_to(&before, &after)?;
         let micro_batch_choice = self.choose_micro_batches();
         let record = Transition {
