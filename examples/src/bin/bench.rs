@@ -40,7 +40,7 @@ struct Args {
     #[command(subcommand)]
     bench: Bench,
     /// Smaller sizes and fewer repetitions: finishes in under two minutes
-    /// (headline: under five).
+    /// (headline and tasks: under five).
     #[arg(long, global = true)]
     quick: bool,
 }
