@@ -32,6 +32,9 @@ pub fn default_seeds(quick: bool) -> Vec<u64> {
     if quick { vec![1] } else { vec![1, 2, 3] }
 }
 
+/// Tasks not run, each with why.
+type Skipped = Vec<(SuiteTask, String)>;
+
 /// What `target/bench/tasks.json` holds.
 #[derive(Debug, Serialize)]
 struct Report {
@@ -43,7 +46,7 @@ struct Report {
     devices: usize,
     tasks: Vec<TaskReport>,
     /// Tasks not run, and why (`--quick` without MiniLM or SST).
-    skipped: Vec<(SuiteTask, String)>,
+    skipped: Skipped,
     total_seconds: f64,
 }
 
@@ -189,7 +192,7 @@ fn runnable(
     quick: bool,
     tasks: &[SuiteTask],
     paths: &Result<RealPaths, String>,
-) -> Result<(Vec<SuiteTask>, Vec<(SuiteTask, String)>), BenchError> {
+) -> Result<(Vec<SuiteTask>, Skipped), BenchError> {
     check_tasks(tasks).map_err(BenchError::Run)?;
     let mut run = Vec::new();
     let mut skipped = Vec::new();
