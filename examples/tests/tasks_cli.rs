@@ -47,7 +47,10 @@ fn bad_seeds_and_tasks_are_refused_on_one_line_with_exit_2() {
     let target = scratch("flags");
     for (args, fragment) in [
         (&["tasks", "--seeds", "0,0"][..], "seed 0 twice"),
-        (&["tasks", "--quick", "--seeds", "1,2,1"][..], "seed 1 twice"),
+        (
+            &["tasks", "--quick", "--seeds", "1,2,1"][..],
+            "seed 1 twice",
+        ),
         (
             &["tasks", "--seeds", "1,2,3,4,5,6,7,8,9,10,11"][..],
             "1 to 10",
@@ -101,7 +104,11 @@ fn the_full_run_without_minilm_refuses_its_sst_tasks_naming_the_files() {
         true,
     );
     let stderr = String::from_utf8_lossy(&output.stderr);
-    for fragment in ["/nonexistent/sst/train.txt", "the SST tasks need", "--tasks"] {
+    for fragment in [
+        "/nonexistent/sst/train.txt",
+        "the SST tasks need",
+        "--tasks",
+    ] {
         assert!(stderr.contains(fragment), "`{fragment}` not in: {stderr}");
     }
     let _ = std::fs::remove_dir_all(target);
