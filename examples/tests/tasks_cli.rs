@@ -113,3 +113,34 @@ fn the_full_run_without_minilm_refuses_its_sst_tasks_naming_the_files() {
     }
     let _ = std::fs::remove_dir_all(target);
 }
+
+#[test]
+fn the_quick_run_without_minilm_skips_its_sst_tasks_and_says_why() {
+    let target = scratch("skip");
+    let output = bench(
+        &[
+            "tasks",
+            "--quick",
+            "--tasks",
+            "sst2,sst5",
+            "--weights",
+            "/nonexistent/minilm",
+        ],
+        &target,
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for fragment in ["skipping sst2", "skipping sst5", "/nonexistent/minilm"] {
+        assert!(stdout.contains(fragment), "`{fragment}` not in: {stdout}");
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(target.join("bench/tasks.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["tasks"].as_array().unwrap().len(), 0);
+    assert_eq!(json["skipped"].as_array().unwrap().len(), 2);
+    let _ = std::fs::remove_dir_all(target);
+}
