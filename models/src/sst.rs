@@ -1,5 +1,5 @@
-//! The Stanford Sentiment Treebank (Socher et al., 2013) as SST-2: a reader for its PTB-tree
-//! files, a Burn [`Dataset`], and a [`Batcher`] that tokenizes for BERT.
+//! The Stanford Sentiment Treebank (Socher et al., 2013) as SST-2 or SST-5: a reader for its
+//! PTB-tree files, a Burn [`Dataset`], and a [`Batcher`] that tokenizes for BERT.
 
 use std::path::{Path, PathBuf};
 
@@ -33,13 +33,63 @@ pub enum SstError {
     },
 }
 
-/// One SST-2 sentence.
+/// One SST sentence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SstItem {
     /// The sentence, leaves joined by spaces, PTB escapes undone.
     pub text: String,
-    /// 0 negative, 1 positive.
+    /// SST-2: 0 negative, 1 positive; SST-5: the root's label, 0 (very
+    /// negative) to 4 (very positive).
     pub label: usize,
+}
+
+/// Which labels a sentence gets from its tree's root.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum SstLabels {
+    /// SST-2: neutral sentences (root 2) dropped, 0-1 negative (0), 3-4
+    /// positive (1).
+    #[default]
+    Binary,
+    /// SST-5: every sentence, the root's label 0-4 as its class.
+    FineGrained,
+}
+
+impl SstLabels {
+    /// The classes a classifier of these labels needs: 2 or 5.
+    pub fn classes(self) -> usize {
+        match self {
+            Self::Binary => 2,
+            Self::FineGrained => 5,
+        }
+    }
+
+    /// The label of a sentence whose root is `root` (0-4); `None` where the
+    /// sentence is dropped (SST-2's neutral ones).
+    ///
+    /// ```
+    /// use pipetransformer_models::sst::SstLabels;
+    ///
+    /// assert_eq!(SstLabels::Binary.label(1), Some(0));
+    /// assert_eq!(SstLabels::Binary.label(2), None);
+    /// assert_eq!(SstLabels::Binary.label(4), Some(1));
+    /// assert_eq!(SstLabels::FineGrained.label(2), Some(2));
+    /// ```
+    pub fn label(self, root: u8) -> Option<usize> {
+        match (self, root) {
+            (Self::FineGrained, 0..=4) => Some(root as usize),
+            (Self::Binary, 0 | 1) => Some(0),
+            (Self::Binary, 3 | 4) => Some(1),
+            _ => None,
+        }
+    }
+
+    /// Its name in messages: `SST-2` or `SST-5`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Binary => "SST-2",
+            Self::FineGrained => "SST-5",
+        }
+    }
 }
 
 /// The splits shipped in PTB-tree format.
@@ -61,7 +111,7 @@ impl SstSplit {
     }
 }
 
-/// SST-2: the binary, neutral-free sentences of a split.
+/// The sentences of a split: SST-2's binary, neutral-free ones, or SST-5's.
 ///
 /// Each line of `train.txt` / `dev.txt` is a tree such as
 /// `(3 (2 It) (4 (4 (2 's) (4 great)) (2 .)))`; every node carries a
@@ -70,11 +120,14 @@ impl SstSplit {
 /// 3-4 positive, and takes the text as the leaves joined by spaces, with the
 /// PTB escapes (`-LRB-`, `` `` ``, `\/`, ...) undone.
 ///
+/// SST-5 ([`SstLabels::FineGrained`], the `*_labelled` constructors) keeps
+/// every sentence, the root's label 0-4 as its class.
+///
 /// The data is not part of this repository; see the README for where to get it.
 ///
 /// ```
 /// use burn::data::dataset::Dataset;
-/// use pipetransformer_models::sst::{SstDataset, SstItem};
+/// use pipetransformer_models::sst::{SstDataset, SstItem, SstLabels};
 ///
 /// let trees = "(4 (2 -LRB-) (4 (4 Great) (2 fun)) (2 -RRB-))\n\
 ///              (2 (2 It) (2 exists))\n\
@@ -83,6 +136,8 @@ impl SstSplit {
 /// assert_eq!(sst.len(), 2); // the neutral sentence is dropped
 /// assert_eq!(sst.get(0), Some(SstItem { text: "( Great fun )".into(), label: 1 }));
 /// assert_eq!(sst.get(1).unwrap().label, 0);
+/// let sst5 = SstDataset::parse_labelled(trees, "inline", SstLabels::FineGrained)?;
+/// assert_eq!(sst5.items().iter().map(|i| i.label).collect::<Vec<_>>(), [4, 2, 1]);
 /// # Ok::<(), pipetransformer_models::sst::SstError>(())
 /// ```
 #[derive(Debug, Clone, Default)]
@@ -91,24 +146,49 @@ pub struct SstDataset {
 }
 
 impl SstDataset {
-    /// Reads a split from the directory holding `train.txt` and `dev.txt`.
+    /// Reads a split of SST-2 from the directory holding `train.txt` and
+    /// `dev.txt`.
     pub fn split(dir: impl AsRef<Path>, split: SstSplit) -> Result<Self, SstError> {
-        Self::from_file(dir.as_ref().join(split.file_name()))
+        Self::split_labelled(dir, split, SstLabels::Binary)
     }
 
-    /// Reads one PTB-tree file.
+    /// [`split`](Self::split) with `labels` (SST-2 or SST-5).
+    pub fn split_labelled(
+        dir: impl AsRef<Path>,
+        split: SstSplit,
+        labels: SstLabels,
+    ) -> Result<Self, SstError> {
+        Self::from_file_labelled(dir.as_ref().join(split.file_name()), labels)
+    }
+
+    /// Reads one PTB-tree file as SST-2.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, SstError> {
+        Self::from_file_labelled(path, SstLabels::Binary)
+    }
+
+    /// [`from_file`](Self::from_file) with `labels` (SST-2 or SST-5).
+    pub fn from_file_labelled(path: impl AsRef<Path>, labels: SstLabels) -> Result<Self, SstError> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|source| SstError::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::parse(&text, &path.display().to_string())
+        Self::parse_labelled(&text, &path.display().to_string(), labels)
     }
 
-    /// Parses PTB trees, one per line (blank lines are skipped);
+    /// Parses PTB trees as SST-2, one per line (blank lines are skipped);
     /// `source_name` names the text in errors.
     pub fn parse(text: &str, source_name: &str) -> Result<Self, SstError> {
+        Self::parse_labelled(text, source_name, SstLabels::Binary)
+    }
+
+    /// [`parse`](Self::parse) with `labels`: SST-2 drops the neutral
+    /// sentences, SST-5 keeps every one.
+    pub fn parse_labelled(
+        text: &str,
+        source_name: &str,
+        labels: SstLabels,
+    ) -> Result<Self, SstError> {
         let mut items = Vec::new();
         for (index, line) in text.lines().enumerate() {
             if line.trim().is_empty() {
@@ -119,10 +199,8 @@ impl SstDataset {
                 line: index + 1,
                 message,
             })?;
-            let label = match root {
-                0 | 1 => 0,
-                3 | 4 => 1,
-                _ => continue,
+            let Some(label) = labels.label(root) else {
+                continue;
             };
             let text = leaves
                 .iter()
@@ -284,12 +362,12 @@ pub fn unescape_ptb(token: &str) -> String {
     }
 }
 
-/// A tokenized SST-2 batch.
+/// A tokenized SST batch.
 #[derive(Debug, Clone)]
 pub struct SstBatch<B: Backend> {
     /// The sentences as BERT input.
     pub input: BertInput<B>,
-    /// 0 negative, 1 positive, `[batch]`.
+    /// The items' labels, `[batch]`.
     pub labels: Tensor<B, 1, Int>,
 }
 

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::data::dataset::Dataset;
-use pipetransformer_models::sst::{SstDataset, SstError, SstSplit};
+use pipetransformer_models::sst::{SstDataset, SstError, SstLabels, SstSplit};
 
 /// `SST_DIR`, or `../shared/data/sst` beside the repository; the test that
 /// calls this is `#[ignore]`d unless run with `--ignored`, and then the files
@@ -19,6 +19,21 @@ fn sst_dir() -> PathBuf {
         dir.display()
     );
     dir
+}
+
+#[test]
+#[ignore = "needs the SST trees (../shared/data/sst or SST_DIR); run with --ignored"]
+fn sst5_keeps_every_sentence_with_its_root_label() {
+    let dir = sst_dir();
+    let train = SstDataset::split_labelled(&dir, SstSplit::Train, SstLabels::FineGrained).unwrap();
+    let mut counts = [0usize; 5];
+    for item in train.iter() {
+        counts[item.label] += 1;
+    }
+    // The data's README: 1092, 2218, 1624, 2322, 1288 of labels 0..4.
+    assert_eq!(counts, [1092, 2218, 1624, 2322, 1288]);
+    let dev = SstDataset::split_labelled(&dir, SstSplit::Dev, SstLabels::FineGrained).unwrap();
+    assert_eq!(dev.len(), 1101);
 }
 
 #[test]

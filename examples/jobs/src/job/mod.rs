@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 pub use model::Pretrained;
 pub use model::{JobModel, with_model};
+pub use models::sst::SstLabels;
 pub use record::{EpochRecord, Observer, RunRecord, Silent};
 pub use sst::{SstJob, SstPairs, sst_accuracy};
 

@@ -1,5 +1,5 @@
 //! The real path: a pretrained Hugging Face BERT checkpoint fine-tuned on
-//! SST-2.
+//! SST-2 (or SST-5).
 
 use std::path::Path;
 
@@ -10,16 +10,19 @@ use burn_elastic_dp::{BatchPolicy, ElasticSampler};
 use burn_freeze::{AutodiffActivation, IntoLayerStack};
 use models::bert::{BertInput, BertPooling};
 use models::pretrained::BertCheckpoint;
-use models::sst::{SstBatch, SstBatcher, SstDataset, SstItem, SstSplit};
+use models::sst::{SstBatch, SstBatcher, SstDataset, SstItem, SstLabels, SstSplit};
 use models::tokenizer::{Padding, WordPieceTokenizer};
 
 use super::{JobError, JobSpec, Method, Observer, Pretrained, RunRecord};
 use crate::backend::{self, Inner, Train};
 use crate::task::accuracy;
 
-/// The real path: a pretrained BERT checkpoint fine-tuned on SST-2.
+/// The real path: a pretrained BERT checkpoint fine-tuned on SST-2 (or
+/// SST-5: [`JobSpec::load_sst_labelled`]).
 #[derive(Debug, Clone)]
 pub struct SstJob {
+    /// SST-2 or SST-5: the classifier has [`SstLabels::classes`] outputs.
+    pub labels: SstLabels,
     /// Training sentences (a seeded subset when the spec asks for fewer).
     pub train: SstDataset,
     /// Held-out sentences (the dev split, or its first `eval_samples`).
@@ -40,19 +43,21 @@ impl<B: Backend> Batcher<B, SstItem, (BertInput<B>, Tensor<B, 1, Int>)> for SstP
     }
 }
 
-/// Accuracy of `model` on an SST-format file (PTB trees), in batches of 64.
+/// Accuracy of `model` on an SST-format file (PTB trees) read with the
+/// job's labels, in batches of 64.
 pub fn sst_accuracy(model: &Pretrained, file: &Path, job: &SstJob) -> Result<f64, JobError> {
     let Pretrained::Bert(stack) = model else {
         return Err(JobError::Spec(
             "--eval-file needs a BERT fine-tuned on SST".into(),
         ));
     };
-    let data = SstDataset::from_file(file)
+    let data = SstDataset::from_file_labelled(file, job.labels)
         .map_err(|e| JobError::Data(format!("--eval-file {}: {e}", file.display())))?;
     if data.is_empty() {
         return Err(JobError::Data(format!(
-            "--eval-file {}: no positive or negative sentence",
-            file.display()
+            "--eval-file {}: no {} sentence",
+            file.display(),
+            job.labels.name()
         )));
     }
     let device = backend::device(0);
@@ -86,12 +91,27 @@ impl JobSpec {
         data: &Path,
         max_length: usize,
     ) -> Result<(Pretrained, SstJob), JobError> {
-        let (train, dev) = self.sst_splits(data)?;
+        self.load_sst_labelled(weights, data, max_length, SstLabels::Binary)
+    }
+
+    /// [`load_sst`](Self::load_sst) with `labels`: SST-5
+    /// ([`SstLabels::FineGrained`]) keeps the neutral sentences and gives
+    /// the classifier 5 outputs, one per root label.
+    pub fn load_sst_labelled(
+        &self,
+        weights: &Path,
+        data: &Path,
+        max_length: usize,
+        labels: SstLabels,
+    ) -> Result<(Pretrained, SstJob), JobError> {
+        let (train, dev) = self.sst_splits(data, labels)?;
         let checkpoint =
             BertCheckpoint::open(weights).map_err(|e| unreadable("--weights", weights, &e))?;
         let device = backend::device(0);
         <Inner as Backend>::seed(&device, self.seed);
-        let config = checkpoint.config(2).with_pooling(BertPooling::Mean);
+        let config = checkpoint
+            .config(labels.classes())
+            .with_pooling(BertPooling::Mean);
         if max_length > config.max_position {
             return Err(JobError::Spec(format!(
                 "--max-length {max_length} exceeds the {} positions of {}",
@@ -108,6 +128,7 @@ impl JobSpec {
             .with_max_length(max_length)
             .with_padding(Padding::Fixed(max_length));
         let job = SstJob {
+            labels,
             train,
             dev,
             batcher: SstPairs(SstBatcher::new(tokenizer)),
@@ -120,17 +141,23 @@ impl JobSpec {
         ))
     }
 
-    /// SST-2's training sentences (a seeded subset of `samples` when fewer
-    /// are asked for) and its first `eval_samples` dev sentences.
-    fn sst_splits(&self, data: &Path) -> Result<(SstDataset, SstDataset), JobError> {
-        let train =
-            SstDataset::split(data, SstSplit::Train).map_err(|e| unreadable("--data", data, &e))?;
-        let dev =
-            SstDataset::split(data, SstSplit::Dev).map_err(|e| unreadable("--data", data, &e))?;
+    /// The training sentences of `labels` (a seeded subset of `samples`
+    /// when fewer are asked for) and the first `eval_samples` dev sentences.
+    fn sst_splits(
+        &self,
+        data: &Path,
+        labels: SstLabels,
+    ) -> Result<(SstDataset, SstDataset), JobError> {
+        let read = |split| {
+            SstDataset::split_labelled(data, split, labels)
+                .map_err(|e| unreadable("--data", data, &e))
+        };
+        let (train, dev) = (read(SstSplit::Train)?, read(SstSplit::Dev)?);
         if train.is_empty() || dev.is_empty() {
             return Err(JobError::Data(format!(
-                "--data {}: train.txt or dev.txt holds no positive or negative sentence",
-                data.display()
+                "--data {}: train.txt or dev.txt holds no {} sentence",
+                data.display(),
+                labels.name()
             )));
         }
         let train = if self.samples < train.len() {
@@ -156,9 +183,6 @@ impl JobSpec {
         Ok((train, dev.take(self.eval_samples)))
     }
 
-    /// [`finetune`](Self::finetune) on SST-2 ([`load_sst`](Self::load_sst)),
-    /// on the first `samples` training sentences where the spec asks for
-    /// fewer than the job holds.
     /// The units' memory ([`burn_pipe::measure_unit_memory`]) of
     /// `pretrained` on the first global batch of `job`'s training sentences,
     /// as memory-aware AutoPipe measures it on its first batch.
@@ -177,6 +201,9 @@ impl JobSpec {
         Ok(burn_pipe::measure_unit_memory(stack, input, &device))
     }
 
+    /// [`finetune`](Self::finetune) on SST ([`load_sst`](Self::load_sst)),
+    /// on the first `samples` training sentences where the spec asks for
+    /// fewer than the job holds.
     pub fn finetune_sst(
         &self,
         pretrained: &Pretrained,

@@ -52,7 +52,7 @@ pub(super) fn pretraining(spec: &JobSpec) -> PretrainSettings {
 
 /// The fine-tuning task the headline takes for `model` when none is
 /// given: for BERT the majority of the middle half of the ids, which the
-/// frozen encoder does not solve (`bench tasks`); the ViT has one.
+/// frozen encoder does not solve (`bench select-task`); the ViT has one.
 pub fn default_task(model: ModelKind) -> FinetuneTask {
     match model {
         ModelKind::Bert => FinetuneTask::MiddleMajority,

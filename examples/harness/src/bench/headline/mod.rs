@@ -11,12 +11,13 @@ mod real_rows;
 mod rows;
 mod seeds;
 mod shared;
+pub mod suite;
 mod tasks;
 
 pub use configs::default_task;
 pub use nodes::run_mpi;
 pub use seeds::{MAX_SEEDS, check_seeds, default_seeds};
-pub use tasks::{DEFAULT_TASKS, run_tasks};
+pub use tasks::{DEFAULT_TASKS, run_select_task};
 
 use std::path::PathBuf;
 

@@ -48,6 +48,16 @@ impl RealPaths {
     /// `data` on [`DEFAULT_DATA`]), or a one-line message naming every
     /// missing file and where to get it.
     pub fn resolve(weights: Option<PathBuf>, data: Option<PathBuf>) -> Result<Self, String> {
+        Self::resolve_for("--real needs", weights, data)
+    }
+
+    /// [`resolve`](Self::resolve), the message starting with `needs`
+    /// (`--real needs`, `the SST tasks need`) before what is missing.
+    pub fn resolve_for(
+        needs_what: &str,
+        weights: Option<PathBuf>,
+        data: Option<PathBuf>,
+    ) -> Result<Self, String> {
         let weights = weights
             .or_else(|| std::env::var_os("MINILM_DIR").map(PathBuf::from))
             .unwrap_or_else(|| PathBuf::from(DEFAULT_WEIGHTS));
@@ -70,7 +80,7 @@ impl RealPaths {
             return Ok(Self { weights, data });
         }
         Err(format!(
-            "--real needs {}; missing {}: see the README's section \"Pretrained weights, the MiniLM test and SST-2\" for how to get them",
+            "{needs_what} {}; missing {}: see the README's section \"Pretrained weights, the MiniLM test and SST-2\" for how to get them",
             needs.join(" and "),
             missing.join(", ")
         ))
@@ -92,23 +102,23 @@ fn missing_files(dir: &Path, files: &[&str]) -> Vec<String> {
 pub(super) struct RealSizes {
     /// Training sentences: a subset of SST-2's train split drawn with
     /// `subset_seed`, the same for every seed.
-    train: usize,
+    pub(super) train: usize,
     /// Dev sentences scored (the first of the split; 872 is all of it).
-    dev: usize,
+    pub(super) dev: usize,
     /// Tokens per sentence, [CLS] and [SEP] included.
-    max_length: usize,
-    epochs: usize,
-    batch: usize,
-    lr: f64,
+    pub(super) max_length: usize,
+    pub(super) epochs: usize,
+    pub(super) batch: usize,
+    pub(super) lr: f64,
     /// One round of every configuration per seed.
-    seeds: Vec<u64>,
-    subset_seed: u64,
+    pub(super) seeds: Vec<u64>,
+    pub(super) subset_seed: u64,
 }
 
 impl RealSizes {
     /// `--quick`: minutes on a 2-core CPU, one seed; a smoke test, not a
     /// measurement.
-    fn quick() -> Self {
+    pub(super) fn quick() -> Self {
         Self {
             train: 128,
             dev: 64,
@@ -130,7 +140,7 @@ impl RealSizes {
     /// freezing has three of the four epochs to pay (with 3 epochs of more
     /// sentences it would have two, at the same cost); the whole dev split
     /// after each epoch, so that an accuracy point is 9 sentences.
-    fn full() -> Self {
+    pub(super) fn full() -> Self {
         Self {
             train: 256,
             dev: 872,
@@ -146,7 +156,7 @@ impl RealSizes {
     }
 
     /// The job's spec for `seed` (`layers`: the checkpoint's blocks).
-    fn spec(&self, seed: u64, layers: usize) -> JobSpec {
+    pub(super) fn spec(&self, seed: u64, layers: usize) -> JobSpec {
         JobSpec {
             model: ModelKind::Bert,
             layers,

@@ -54,7 +54,7 @@ pub(super) fn pretrain(spec: &JobSpec) -> (Pretrained, f64) {
 /// [`DEVICES`] devices in `setting` (a candidate whose stages exceed its
 /// budget is refused by the trainer and skipped), the fastest per step;
 /// printed.
-fn find_strongest(
+pub(super) fn find_strongest(
     spec: &JobSpec,
     setting: &Setting,
     finetune: impl FnMut(&JobSpec, &Method, &mut StepClock) -> Result<RunRecord, JobError>,

@@ -1,4 +1,5 @@
-//! `bench tasks`: which generated fine-tuning task needs its top layers.
+//! `bench select-task`: which generated fine-tuning task needs its top
+//! layers (how the headline's task was chosen).
 
 use burn_elastic_dp::{FreezeRule, Parts};
 use serde::Serialize;
@@ -49,7 +50,7 @@ struct Report {
     rows: Vec<TaskRow>,
 }
 
-/// The candidates `bench tasks` tries when none are named.
+/// The candidates `bench select-task` tries when none are named.
 pub const DEFAULT_TASKS: [FinetuneTask; 3] = [
     FinetuneTask::Same,
     FinetuneTask::FirstToken,
@@ -74,8 +75,9 @@ pub const DEFAULT_TASKS: [FinetuneTask; 3] = [
 /// at least 5 points below plain Burn's final accuracy, plain Burn's first
 /// epoch at least 10 points below its final, alpha = 1/3 no more than 0.5
 /// points below plain Burn. It prints a table and writes
-/// `target/bench/tasks.json`. Speed is not measured here.
-pub fn run_tasks(
+/// `target/bench/select-task.json`. Speed is not measured here (`bench
+/// tasks`, [`super::suite`], measures freezing's speed at equal accuracy).
+pub fn run_select_task(
     quick: bool,
     tasks: &[FinetuneTask],
     lrs: &[f64],
@@ -84,7 +86,7 @@ pub fn run_tasks(
     super::check_seeds(seeds).map_err(BenchError::Run)?;
     if tasks.is_empty() || lrs.is_empty() {
         return Err(BenchError::Run(
-            "bench tasks needs at least one task and one learning rate".into(),
+            "bench select-task needs at least one task and one learning rate".into(),
         ));
     }
     let base = spec(ModelKind::Bert, quick);
@@ -96,7 +98,7 @@ pub fn run_tasks(
         "Bert {} layers, hidden {}; {} samples/epoch, batch {}, {} epochs, one device; tasks {tasks:?}, fine-tuning lr {lrs:?}, seeds {seeds:?}",
         base.layers, base.hidden, base.samples, base.batch, base.epochs
     );
-    println!("{}", title("tasks", quick, &details));
+    println!("{}", title("select-task", quick, &details));
     let setting = Setting::unbounded(base.layers, parameter_costs(), false);
     let one_device = |freeze: FreezeRule| Method::Trainer {
         config: setting.trainer(Parts::new().with_pipe(false).with_dp(false), freeze),
@@ -131,14 +133,14 @@ pub fn run_tasks(
         print_row(row);
     }
     let report = Report {
-        bench: "tasks",
+        bench: "select-task",
         quick,
         note: "one device; accuracies on the held-out samples, in %; speed not measured",
         spec: base,
         pretrain_lr: pretraining.lr,
         rows,
     };
-    let path = write_report("tasks", &report)?;
+    let path = write_report("select-task", &report)?;
     println!("wrote {}", path.display());
     Ok(())
 }
