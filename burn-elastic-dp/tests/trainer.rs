@@ -74,13 +74,7 @@ impl Recording {
 }
 
 fn make_batch(items: &[Item], device: &Device<B>) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
-    let x: Vec<f32> = items.iter().flat_map(|(_, x, _)| *x).collect();
-    let y: Vec<i64> = items.iter().map(|(_, _, y)| *y).collect();
-    let n = items.len();
-    (
-        Tensor::<B, 1>::from_data(TensorData::new(x, [n * WIDTH]), device).reshape([n, WIDTH]),
-        Tensor::from_data(TensorData::new(y, [n]), device),
-    )
+    common::rows_batch(items, device)
 }
 
 impl Batcher<B, Item, (Tensor<B, 2>, Tensor<B, 1, Int>)> for Recording {

@@ -107,6 +107,21 @@ impl<const W: usize>
     }
 }
 
+/// The features and labels of indexed rows `(index, features, label)` as a
+/// batch on `device`.
+pub fn rows_batch<const W: usize>(
+    items: &[(usize, [f32; W], i64)],
+    device: &Device<B>,
+) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
+    let x: Vec<f32> = items.iter().flat_map(|(_, x, _)| *x).collect();
+    let y: Vec<i64> = items.iter().map(|(_, _, y)| *y).collect();
+    let n = items.len();
+    (
+        Tensor::<B, 1>::from_data(TensorData::new(x, [n * W]), device).reshape([n, W]),
+        Tensor::from_data(TensorData::new(y, [n]), device),
+    )
+}
+
 /// Every weight of `stack`, unit after unit, in one list.
 pub fn flat_weights<S: StackTypes>(stack: &LayerStack<S>) -> Vec<f32> {
     let mut flat = Vec::new();

@@ -13,7 +13,7 @@ use burn_elastic_dp::{BatchPolicy, CostModel, FreezeRule, ReplicaConfig, Trainer
 use burn_freeze::testing::PlainFronts;
 use burn_pipe::PipelineConfig;
 
-use super::{B, block_stack, flat_weights, four_class_rows, loss};
+use super::{B, block_stack, flat_weights, four_class_rows, loss, rows_batch};
 
 pub const WIDTH: usize = 8;
 pub const UNITS: usize = 6;
@@ -44,13 +44,7 @@ pub struct Recording {
 }
 
 pub fn make_batch(items: &[Item], device: &Device<B>) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
-    let x: Vec<f32> = items.iter().flat_map(|(_, x, _)| *x).collect();
-    let y: Vec<i64> = items.iter().map(|(_, _, y)| *y).collect();
-    let n = items.len();
-    (
-        Tensor::<B, 1>::from_data(TensorData::new(x, [n * WIDTH]), device).reshape([n, WIDTH]),
-        Tensor::from_data(TensorData::new(y, [n]), device),
-    )
+    rows_batch(items, device)
 }
 
 impl Batcher<B, Item, (Tensor<B, 2>, Tensor<B, 1, Int>)> for Recording {
