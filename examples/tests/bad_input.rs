@@ -127,7 +127,7 @@ const CASES: &[(&str, &[&str], i32, &str)] = &[
         2,
         "drop --task",
     ),
-    ("bench", &["tasks", "--lr", "0"], 2, "(0, 1]"),
+    ("bench", &["select-task", "--lr", "0"], 2, "(0, 1]"),
     ("bench", &["tasks", "--seeds", "1,1"], 2, "twice"),
     ("train", &["--backend", "cuda"], 2, "--features cuda"),
     ("sst2", &["--batch-size", "0"], 2, "1..=4096"),
