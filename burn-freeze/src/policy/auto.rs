@@ -54,6 +54,26 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         &self.map
     }
 
+    /// The most layers a decision freezes: every layer but those whose
+    /// freezing would leave no unit to train (a stack with every unit
+    /// frozen cannot step). With a layer per unit, that spares the last.
+    ///
+    /// ```
+    /// use burn_freeze::{AutoFreeze, FixedSchedule, LayerMap};
+    ///
+    /// let per_unit = AutoFreeze::new(FixedSchedule::alpha(4, 1.0), LayerMap::per_unit(4));
+    /// assert_eq!(per_unit.most_frozen_layers(), 3);
+    /// // A BERT's blocks: the head after them always trains.
+    /// let blocks = AutoFreeze::new(FixedSchedule::alpha(12, 1.0), LayerMap::uniform(1, 2, 12, 27).unwrap());
+    /// assert_eq!(blocks.most_frozen_layers(), 12);
+    /// ```
+    pub fn most_frozen_layers(&self) -> usize {
+        (0..=self.state.num_layers)
+            .rev()
+            .find(|&layers| self.map.unit_front(layers) < self.map.num_units())
+            .unwrap_or(0)
+    }
+
     /// The policy.
     pub fn policy(&self) -> &P {
         &self.policy
@@ -159,8 +179,9 @@ impl<P: FreezePolicy> AutoFreeze<P> {
 
     /// Applies a decision: a layer front above the current one freezes, one
     /// below thaws ([`FreezeFront::unfreeze_to`]), each moving the target's
-    /// unit front to [`LayerMap::unit_front`]; a front beyond the model is
-    /// clamped to it. On error neither the target nor the state changes.
+    /// unit front to [`LayerMap::unit_front`]; a front that would leave no
+    /// unit to train is clamped to [`most_frozen_layers`](Self::most_frozen_layers).
+    /// On error neither the target nor the state changes.
     fn apply<T: FreezeFront>(
         &mut self,
         target: &mut T,
@@ -169,7 +190,7 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         let Some(layers) = decision else {
             return Ok(None);
         };
-        let layers = layers.min(self.state.num_layers);
+        let layers = layers.min(self.most_frozen_layers());
         if layers == self.state.frozen_layers {
             return Ok(None);
         }

@@ -86,6 +86,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
             devices,
             auto,
             sampler: None,
+            held_out_batch: None,
             epoch: 0,
             steps: 0,
             mid_epoch: false,

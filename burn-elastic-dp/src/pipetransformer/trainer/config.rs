@@ -42,9 +42,12 @@ pub struct TrainerConfig {
     pub freeze: FreezeRule,
     /// Samples of the training data never trained on, carved out once (by
     /// the seed) when the freeze rule reads a held-out loss
-    /// ([`FreezeRule::Evidence`]'s guard): `None` takes a sixteenth of the
-    /// data, at most 256 samples; `Some(0)` turns the guard off. The rest is
-    /// trained on, each sample exactly once per epoch.
+    /// ([`FreezeRule::Evidence`]): `None` takes a sixteenth of the data, at
+    /// most 256 samples; `Some(0)` carves none, for a run that gives a
+    /// validation batch instead
+    /// ([`Trainer::set_validation`](super::Trainer::set_validation)); without
+    /// either, the rule sees no held-out loss and Evidence freezes nothing.
+    /// The rest is trained on, each sample exactly once per epoch.
     #[config(default = "None")]
     pub held_out: Option<usize>,
     /// The policy's layers in units.

@@ -150,6 +150,10 @@ pub struct Trainer<TT: TrainerTypes> {
     devices: Vec<Device<TrainerBackend<TT>>>,
     auto: AutoFreeze<Box<dyn FreezePolicy + Send>>,
     sampler: Option<ElasticSampler>,
+    /// The freeze rule's held-out batch: the user's validation batch
+    /// ([`set_validation`](Self::set_validation)), or the carved samples
+    /// once fetched (`held_out.rs`).
+    held_out_batch: Option<(TrainerInput<TT>, TT::Targets)>,
     epoch: usize,
     steps: usize,
     /// Whether an epoch is under way (started, not finished).

@@ -27,7 +27,10 @@ type JobTrainer<S> = Trainer<
 
 impl JobSpec {
     /// Fine-tunes `stack` on `data` (every sample once per epoch), the
-    /// accuracy measured on `held_out` after each epoch.
+    /// accuracy measured on `held_out` after each epoch. `validation`, where
+    /// the task has samples outside both, is the freeze rule's validation
+    /// batch: a trainer whose configuration leaves the held-out count open
+    /// scores its rule there instead of carving training samples.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn finetune_data<S, I, D, Bt>(
         &self,
@@ -37,6 +40,7 @@ impl JobSpec {
         data: &D,
         batcher: &Bt,
         held_out: (S::Input, Tensor<Train, 1, Int>),
+        validation: Option<(S::Input, Tensor<Train, 1, Int>)>,
         observer: &mut impl Observer,
     ) -> Result<(RunRecord, LayerStack<S>), JobError>
     where
@@ -65,7 +69,7 @@ impl JobSpec {
             }
             Method::Trainer { config, devices } | Method::Resume { config, devices } => {
                 let resume = matches!(method, Method::Resume { .. });
-                let trainer = self.trainer(stack, config, *devices, resume)?;
+                let trainer = self.trainer(stack, config, *devices, resume, validation)?;
                 let fit = |trainer: &mut JobTrainer<S>, on_step: &mut dyn FnMut(&StepProgress)| {
                     trainer.fit_epoch_observed(data, batcher, on_step)
                 };
@@ -75,13 +79,16 @@ impl JobSpec {
     }
 
     /// The trainer over `devices` devices with `config` (its batch, lr and
-    /// seed the spec's), fresh or resumed from the newest valid checkpoint.
+    /// seed the spec's), fresh or resumed from the newest valid checkpoint;
+    /// `validation` feeds the freeze rule where `config` leaves the held-out
+    /// count open (it then carves nothing).
     fn trainer<S>(
         &self,
         stack: LayerStack<S>,
         config: &TrainerConfig,
         devices: usize,
         resume: bool,
+        validation: Option<(S::Input, Tensor<Train, 1, Int>)>,
     ) -> Result<JobTrainer<S>, JobError>
     where
         S: StackTypes<Backend = Train, Output = Tensor<Train, 2>>,
@@ -89,11 +96,16 @@ impl JobSpec {
         InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
     {
         let devices: Vec<_> = (0..devices).map(backend::device).collect();
+        let validation = validation.filter(|_| config.held_out.is_none());
         let config = config
             .clone()
             .with_batch(BatchPolicy::FixedGlobal { batch: self.batch })
             .with_lr(self.lr)
             .with_seed(self.seed);
+        let config = match validation {
+            Some(_) => config.with_held_out(Some(0)),
+            None => config,
+        };
         let adam = || AdamConfig::new().init();
         let loss_fn = CrossEntropyLossConfig::new().init(&backend::device(0));
         let loss = move |logits, labels| loss_fn.forward(logits, labels);
@@ -107,6 +119,9 @@ impl JobSpec {
         // SIGTERM: a checkpoint at the next step boundary (every rank after
         // the same step), then `TrainerError::Stopped`.
         trainer.set_stop_signal(crate::stop_signal());
+        if let Some((input, targets)) = validation {
+            trainer.set_validation(input, targets)?;
+        }
         Ok(trainer)
     }
 

@@ -73,6 +73,22 @@ pub struct JobSpec {
     pub task: FinetuneTask,
 }
 
+/// Samples in the freeze rule's validation batch of a job that trains on
+/// `training` samples, drawn from outside the training and evaluation
+/// samples: a sixteenth of them, at least 64 and at most 256 (a held-out
+/// loss on fewer is noise; more only costs time).
+///
+/// ```
+/// use pipetransformer_jobs::job::validation_samples;
+///
+/// assert_eq!(validation_samples(2048), 128);
+/// assert_eq!(validation_samples(256), 64);
+/// assert_eq!(validation_samples(usize::MAX), 256);
+/// ```
+pub fn validation_samples(training: usize) -> usize {
+    (training / 16).clamp(64, 256)
+}
+
 /// Which rule the generated fine-tuning task follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 pub enum FinetuneTask {
@@ -236,6 +252,12 @@ impl JobSpec {
         }
     }
 
+    /// Samples in the freeze rule's validation batch of this spec
+    /// ([`validation_samples`]).
+    pub fn validation_samples(&self) -> usize {
+        validation_samples(self.samples)
+    }
+
     /// Fine-tunes `pretrained` on the generated task with `method`;
     /// `observer` watches. Returns the record and the trained model.
     pub fn finetune(
@@ -255,7 +277,9 @@ impl JobSpec {
     }
 
     /// Fine-tunes `stack` on the first `samples` of `task`, the accuracy
-    /// measured on the next `eval_samples`.
+    /// measured on the next `eval_samples`; the freeze rule's validation
+    /// batch is the [`validation_samples`](Self::validation_samples) after
+    /// those (no sample of either).
     fn finetune_generated<M: JobModel>(
         &self,
         stack: LayerStack<M>,
@@ -270,7 +294,12 @@ impl JobSpec {
     {
         let held_out: Vec<usize> = (self.samples..self.samples + self.eval_samples).collect();
         let held_out = task.batch(held_out, &backend::device(0));
+        let first = self.samples + self.eval_samples;
+        let validation: Vec<usize> = (first..first + self.validation_samples()).collect();
+        let validation = Some(task.batch(validation, &backend::device(0)));
         let data = indices(self.samples);
-        self.finetune_data(stack, name, method, &data, task, held_out, observer)
+        self.finetune_data(
+            stack, name, method, &data, task, held_out, validation, observer,
+        )
     }
 }

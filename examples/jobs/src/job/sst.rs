@@ -27,6 +27,10 @@ pub struct SstJob {
     pub train: SstDataset,
     /// Held-out sentences (the dev split, or its first `eval_samples`).
     pub dev: SstDataset,
+    /// The freeze rule's validation sentences: training-split sentences
+    /// outside the subset ([`JobSpec::validation_samples`] of them; none
+    /// when the job trains on the whole split).
+    pub validation: SstDataset,
     /// Tokenizes sentences to a fixed length (a sample keeps its shape, as
     /// AutoCache needs).
     pub batcher: SstPairs,
@@ -104,7 +108,7 @@ impl JobSpec {
         max_length: usize,
         labels: SstLabels,
     ) -> Result<(Pretrained, SstJob), JobError> {
-        let (train, dev) = self.sst_splits(data, labels)?;
+        let (train, validation, dev) = self.sst_splits(data, labels)?;
         let checkpoint =
             BertCheckpoint::open(weights).map_err(|e| unreadable("--weights", weights, &e))?;
         let device = backend::device(0);
@@ -131,6 +135,7 @@ impl JobSpec {
             labels,
             train,
             dev,
+            validation,
             batcher: SstPairs(SstBatcher::new(tokenizer)),
         };
         // The checkpoint has no classifier: it is drawn here, once, so that
@@ -142,12 +147,14 @@ impl JobSpec {
     }
 
     /// The training sentences of `labels` (a seeded subset of `samples`
-    /// when fewer are asked for) and the first `eval_samples` dev sentences.
+    /// when fewer are asked for), validation sentences (the first of the
+    /// training split's others, [`validation_samples`](Self::validation_samples)
+    /// at most) and the first `eval_samples` dev sentences.
     fn sst_splits(
         &self,
         data: &Path,
         labels: SstLabels,
-    ) -> Result<(SstDataset, SstDataset), JobError> {
+    ) -> Result<(SstDataset, SstDataset, SstDataset), JobError> {
         let read = |split| {
             SstDataset::split_labelled(data, split, labels)
                 .map_err(|e| unreadable("--data", data, &e))
@@ -160,7 +167,7 @@ impl JobSpec {
                 labels.name()
             )));
         }
-        let train = if self.samples < train.len() {
+        let (train, validation) = if self.samples < train.len() {
             let items = train.items();
             let mut sampler = ElasticSampler::new(
                 items.len(),
@@ -171,16 +178,19 @@ impl JobSpec {
             )
             .map_err(|e| JobError::Spec(e.to_string()))?;
             let chosen = sampler.next_batch(1).expect("a non-empty split");
-            SstDataset::from(
-                chosen
-                    .into_iter()
-                    .map(|i| items[i].clone())
-                    .collect::<Vec<_>>(),
-            )
+            let mut taken = vec![false; items.len()];
+            chosen.iter().for_each(|&i| taken[i] = true);
+            let validation: Vec<_> = (0..items.len())
+                .filter(|&i| !taken[i])
+                .take(self.validation_samples())
+                .map(|i| items[i].clone())
+                .collect();
+            let train: Vec<_> = chosen.into_iter().map(|i| items[i].clone()).collect();
+            (SstDataset::from(train), SstDataset::from(validation))
         } else {
-            train
+            (train, SstDataset::from(Vec::new()))
         };
-        Ok((train, dev.take(self.eval_samples)))
+        Ok((train, validation, dev.take(self.eval_samples)))
     }
 
     /// The units' memory ([`burn_pipe::measure_unit_memory`]) of
@@ -218,6 +228,10 @@ impl JobSpec {
         let held_out = job
             .batcher
             .batch(job.dev.items().to_vec(), &backend::device(0));
+        let validation = (!job.validation.is_empty()).then(|| {
+            job.batcher
+                .batch(job.validation.items().to_vec(), &backend::device(0))
+        });
         // A spec of fewer samples than the job loaded (the (b*) search's
         // short runs) trains on the first of them.
         let subset;
@@ -234,6 +248,7 @@ impl JobSpec {
             train,
             &job.batcher,
             held_out,
+            validation,
             observer,
         )?;
         Ok((record, Pretrained::Bert(stack)))
