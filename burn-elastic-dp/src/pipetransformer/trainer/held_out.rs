@@ -51,11 +51,13 @@ impl<TT: TrainerTypes> Trainer<TT> {
     /// let loss = move |logits, y| cross_entropy.forward(logits, y);
     /// let validation = || (Tensor::<B, 2>::ones([6, 4], &device), Tensor::<B, 1, Int>::zeros([6], &device));
     ///
-    /// // The default configuration carves held-out samples: refused.
+    /// // The default configuration carves held-out samples: refused. (One
+    /// // trainer on these devices at a time: it is dropped before the next.)
     /// let mut trainer = TrainerConfig::new()
     ///     .init(stack(), vec![device; 2], || AdamConfig::new().init(), loss.clone())?;
     /// let (x, y) = validation();
     /// assert!(trainer.set_validation(x, y).is_err());
+    /// drop(trainer);
     ///
     /// // Nothing carved: the validation batch feeds the freeze rule.
     /// let mut trainer = TrainerConfig::new()
