@@ -166,6 +166,6 @@ fn quick_real_run_writes_the_real_section() {
         .iter()
         .map(|r| r["key"].as_str().unwrap())
         .collect();
-    assert_eq!(keys, ["a", "b", "bstar", "c", "freeze"]);
+    assert_eq!(keys, ["a", "b", "bstar", "c", "schedule", "freeze"]);
     let _ = std::fs::remove_dir_all(target);
 }

@@ -13,12 +13,13 @@ use crate::collective;
 use crate::error::ElasticError;
 
 /// What a replica's share of a step gives: its pipelined pass, and the time
-/// it spent in the all-reduce of its gradients.
+/// it waited on the all-reduce of its gradients after computing.
 pub(super) type ShareResult = Result<(StepReport, Duration), ElasticError>;
 
 /// What a replica thread tells the coordinating thread.
 pub(super) enum Progress<S: StackTypes, O> {
-    /// The replica finished its pass and entered the all-reduce.
+    /// Every stage of the replica finished computing its pass: from here on
+    /// it only waits on the all-reduce.
     Arrived(usize),
     /// The replica's share of the step ended: its pipeline comes back.
     Done(usize, Box<Pipeline<S, O>>, ShareResult),

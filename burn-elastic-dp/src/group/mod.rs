@@ -5,6 +5,7 @@ mod build;
 mod cache;
 pub(crate) mod config;
 mod deadline;
+mod exchange;
 mod failure;
 mod freeze_front;
 mod nodes;
@@ -39,19 +40,24 @@ pub struct GroupReport {
     pub shards: Vec<usize>,
     /// Each replica's pipelined pass.
     pub replicas: Vec<StepReport>,
-    /// Per replica, time spent in the all-reduce of its gradients (waiting
-    /// for the slowest replica included).
+    /// Per replica, the exposed communication: how long its pass waited on
+    /// the all-reduce of its gradients after every stage had computed
+    /// (waiting for the slowest replica included). Each stage's exchange
+    /// starts as soon as that stage's backward is done, so the part that
+    /// overlapped the earlier stages' backward is not counted here.
     pub all_reduce: Vec<Duration>,
     /// Wall-clock time of the step.
     pub wall: Duration,
 }
 
 /// R replicas of a [`Pipeline`], each on its own devices (logical devices
-/// on CPU) and driven by its own thread. After each replica's forward and
-/// backward pass on its shard of the batch, the gradients are all-reduced
-/// (summed, each replica's loss weighted by its share of the batch) through burn-collective, so every replica
-/// then steps with the gradients of the whole batch and the replicas stay
-/// identical.
+/// on CPU) and driven by its own thread. During each replica's forward and
+/// backward pass on its shard of the batch, each stage's gradients are
+/// all-reduced (summed, each replica's loss weighted by its share of the
+/// batch) through burn-collective, and between processes through MPI, as
+/// soon as that stage has finished its backward (the last stage first,
+/// while the earlier stages still compute), so every replica then steps
+/// with the gradients of the whole batch and the replicas stay identical.
 ///
 /// The group has a freeze front ([`FreezeFront`](burn_freeze::FreezeFront)): freezing and
 /// repartitioning act on every replica at once, so `AutoFreeze` drives a

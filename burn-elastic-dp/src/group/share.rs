@@ -1,17 +1,18 @@
 //! A replica's share of a data-parallel step, on its own thread: its pipeline's pass on its shard,
-//! then the sum of its gradients with the other replicas'; a panic is caught as the replica's.
+//! each stage's gradients summed with the other replicas' as the stage finishes; a panic is caught
+//! as the replica's.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use burn_freeze::{Activation, InnerHidden, StackOptimizer, StackTypes, TrainableUnits};
-use burn_pipe::{MicroBatchLoss, Pipeline, panic_message};
+use burn_pipe::{MicroBatchLoss, PipeError, Pipeline, StageGradients, panic_message};
 use crossbeam_channel::Sender;
 
 use super::deadline::{Progress, ShareResult};
+use super::exchange::StageExchange;
 use super::nodes::OtherNodes;
-use crate::collective;
 use crate::collective::AllReduce;
 use crate::error::ElasticError;
 
@@ -72,11 +73,13 @@ pub(super) struct Share<L> {
 }
 
 /// Replica `share.replica`'s share of a step, on its own thread: its pass
-/// on `shard` with its loss scaled by its share of the batch, a word to the
-/// coordinating thread over `tx` as it enters the all-reduce, then the sum
-/// of its gradients with every other replica's; last, its pipeline and
-/// result back over `tx`: the pass's report and the time the sum took
-/// (waiting for the slowest replica included), or the error naming the
+/// on `shard` with its loss scaled by its share of the batch, each stage's
+/// gradients summed with every other replica's as soon as that stage's
+/// backward is done ([`StageExchange`]: the last stage first, while the
+/// earlier ones still compute), a word to the coordinating thread over `tx`
+/// once every stage has computed; last, its pipeline and result back over
+/// `tx`: the pass's report and the time the pass waited on the exchanges
+/// after computing (the exposed communication), or the error naming the
 /// replica (a panic included).
 pub(super) fn replica_share<S, O, T, L>(
     mut pipeline: Pipeline<S, O>,
@@ -93,19 +96,35 @@ pub(super) fn replica_share<S, O, T, L>(
     let replica = share.replica;
     let run = || -> ShareResult {
         let scaled = |output, target| (*share.loss)(output, target).mul_scalar(share.scale);
+        let exchange = (share.local > 1 || share.nodes.exist()).then(|| {
+            let modules: Vec<TrainableUnits<S>> = (0..pipeline.num_stages())
+                .map(|s| pipeline.stage(s).trainable().clone())
+                .collect();
+            let arrived = tx.clone();
+            StageExchange::<S, L>::new(&share, modules, move || {
+                let _ = arrived.send(Progress::Arrived(replica));
+            })
+        });
+        let hook = exchange.as_ref().map(|e| e as &dyn StageGradients);
         let report = match shard {
-            Shard::Input(input) => pipeline.forward_backward(input, targets, scaled),
+            Shard::Input(input) => pipeline.forward_backward_hooked(input, targets, scaled, hook),
             Shard::Hidden(entry, hidden) => {
-                pipeline.forward_backward_from(entry, hidden, targets, scaled)
+                pipeline.forward_backward_from_hooked(entry, hidden, targets, scaled, hook)
             }
+        };
+        let Some(exchange) = exchange else {
+            let report = report.map_err(|source| ElasticError::Replica { replica, source })?;
+            let _ = tx.send(Progress::Arrived(replica));
+            return Ok((report, Duration::ZERO));
+        };
+        match report {
+            Ok(report) => Ok((report, exchange.exchanged().exposed)),
+            // A hook that gave up: the exchange's own error says why.
+            Err(source @ PipeError::GradientHook { .. }) => Err(exchange
+                .take_error()
+                .unwrap_or(ElasticError::Replica { replica, source })),
+            Err(source) => Err(ElasticError::Replica { replica, source }),
         }
-        .map_err(|source| ElasticError::Replica { replica, source })?;
-        let _ = tx.send(Progress::Arrived(replica));
-        let reduce = Instant::now();
-        if share.local > 1 || share.nodes.exist() {
-            sum_gradients(&mut pipeline, &share)?;
-        }
-        Ok((report, reduce.elapsed()))
     };
     let result = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|panic| {
         Err(ElasticError::ReplicaPanicked {
@@ -114,48 +133,4 @@ pub(super) fn replica_share<S, O, T, L>(
         })
     });
     let _ = tx.send(Progress::Done(replica, Box::new(pipeline), result));
-}
-
-/// Replaces the gradients of every stage of `pipeline` by their sum over
-/// the group: first between the replicas of this process, then between the
-/// processes, if several.
-fn sum_gradients<S, O, L>(
-    pipeline: &mut Pipeline<S, O>,
-    share: &Share<L>,
-) -> Result<(), ElasticError>
-where
-    S: StackTypes,
-    O: StackOptimizer<S>,
-{
-    let replica = share.replica;
-    let modules: Vec<TrainableUnits<S>> = (0..pipeline.num_stages())
-        .map(|s| pipeline.stage(s).trainable().clone())
-        .collect();
-    pipeline.map_gradients(|stage, grads| {
-        burn_freeze::fault::check(burn_freeze::fault::Phase::AllReduce, Some(stage), None)
-            .map_err(|e| ElasticError::Replica {
-                replica,
-                source: e.into(),
-            })?;
-        let grads = if share.local > 1 {
-            let peer = collective::peer(share.generation, replica);
-            collective::all_reduce::<S::Backend, _>(
-                share.mode,
-                peer,
-                replica,
-                stage,
-                &modules[stage],
-                grads,
-            )?
-        } else {
-            grads
-        };
-        share.nodes.all_reduce::<S::Backend, _>(
-            replica,
-            stage,
-            &modules[stage],
-            grads,
-            share.deadline,
-        )
-    })
 }

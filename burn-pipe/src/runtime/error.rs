@@ -142,6 +142,16 @@ pub enum PipeError {
         "{0}: call `step` (or `clear_gradients`) first, gradients of an earlier pass are pending"
     )]
     GradientsPending(&'static str),
+    /// The [`StageGradients`](crate::StageGradients) hook refused a stage's
+    /// gradients (a data-parallel exchange that failed, say): no gradient
+    /// of the pass is kept.
+    #[error("stage {stage}'s gradients could not be handed on: {message}")]
+    GradientHook {
+        /// The stage.
+        stage: usize,
+        /// The hook's reason.
+        message: String,
+    },
 }
 
 /// The message of a caught panic (`&str` or `String` payloads; other
@@ -166,7 +176,8 @@ impl PipeError {
     /// stage order: a stage that failed by itself first; then a stage that
     /// timed out waiting for a stage that was not itself waiting (timeouts
     /// cascade upstream, and the stalled stage is the one at the end of the
-    /// chain); then any timeout; then a lost neighbour.
+    /// chain); then any timeout; then a lost neighbour; last, a gradient
+    /// hook that gave up (it waits on the others).
     pub(crate) fn root_cause(mut errors: Vec<PipeError>) -> Option<PipeError> {
         let waiting: Vec<usize> = errors
             .iter()
@@ -179,6 +190,7 @@ impl PipeError {
             PipeError::Timeout { from, .. } if !waiting.contains(from) => 1,
             PipeError::Timeout { .. } => 2,
             PipeError::NeighbourGone { .. } => 3,
+            PipeError::GradientHook { .. } => 4,
             _ => 0,
         };
         let best = (0..errors.len()).min_by_key(|&i| (rank(&errors[i]), i))?;

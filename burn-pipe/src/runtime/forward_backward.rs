@@ -9,6 +9,7 @@ use burn_freeze::{
 };
 
 use crate::runtime::error::PipeError;
+use crate::runtime::hook::StageGradients;
 use crate::runtime::loss::MicroBatchLoss;
 use crate::runtime::microbatch::micro_batch_sizes;
 use crate::runtime::pass::run_pass;
@@ -65,7 +66,34 @@ where
     {
         self.check_sizes(input.batch_size(), targets.batch_size())?;
         let flows = flow_batch::<S>(Flow::Input(input.inner()));
-        self.run(flows, 0, targets, loss)
+        self.run(flows, 0, targets, loss, None)
+    }
+
+    /// [`forward_backward`](Pipeline::forward_backward) where each stage
+    /// hands its gradients of the pass to `hook` on its own thread as soon
+    /// as it has finished the backward of its last micro-batch (the last
+    /// stage first), and keeps what the hook returns: a data-parallel group
+    /// all-reduces them there while the earlier stages still compute. A
+    /// hook that fails fails the pass ([`PipeError::GradientHook`]; no
+    /// gradient kept). `hook: None` is `forward_backward`.
+    ///
+    /// Refused, before any work, while gradients of an earlier pass are
+    /// pending: the hook would see this pass's gradients only.
+    pub fn forward_backward_hooked<T, LossFn>(
+        &mut self,
+        input: S::Input,
+        targets: T,
+        loss: LossFn,
+        hook: Option<&dyn StageGradients>,
+    ) -> Result<StepReport, PipeError>
+    where
+        T: Activation<S::Backend>,
+        LossFn: MicroBatchLoss<S, T>,
+    {
+        self.check_hook(hook)?;
+        self.check_sizes(input.batch_size(), targets.batch_size())?;
+        let flows = flow_batch::<S>(Flow::Input(input.inner()));
+        self.run(flows, 0, targets, loss, hook)
     }
 
     /// [`forward_backward`](Pipeline::forward_backward) with the frozen
@@ -124,6 +152,25 @@ where
         T: Activation<S::Backend>,
         LossFn: MicroBatchLoss<S, T>,
     {
+        self.forward_backward_from_hooked(entry, hidden, targets, loss, None)
+    }
+
+    /// [`forward_backward_from`](Pipeline::forward_backward_from) with each
+    /// stage's gradients handed to `hook` as in
+    /// [`forward_backward_hooked`](Pipeline::forward_backward_hooked).
+    pub fn forward_backward_from_hooked<T, LossFn>(
+        &mut self,
+        entry: usize,
+        hidden: InnerHidden<S>,
+        targets: T,
+        loss: LossFn,
+        hook: Option<&dyn StageGradients>,
+    ) -> Result<StepReport, PipeError>
+    where
+        T: Activation<S::Backend>,
+        LossFn: MicroBatchLoss<S, T>,
+    {
+        self.check_hook(hook)?;
         let frozen_on_first = self.stages[0].units().frozen().units().end;
         if entry == 0 || entry > frozen_on_first.min(self.num_units() - 1) {
             return Err(PipeError::BadEntry {
@@ -133,7 +180,15 @@ where
         }
         self.check_sizes(hidden.batch_size(), targets.batch_size())?;
         let flows = flow_batch::<S>(Flow::Hidden(hidden));
-        self.run(flows, entry, targets, loss)
+        self.run(flows, entry, targets, loss, hook)
+    }
+
+    /// A hook sees one pass's gradients: none may be pending.
+    fn check_hook(&self, hook: Option<&dyn StageGradients>) -> Result<(), PipeError> {
+        if hook.is_some() && self.stages.iter().any(|stage| stage.pending.is_some()) {
+            return Err(PipeError::GradientsPending("forward_backward_hooked"));
+        }
+        Ok(())
     }
 
     /// Something to train, as many targets as samples, enough samples for
@@ -155,13 +210,15 @@ where
     }
 
     /// One pass over `flows` (the whole batch, entering stage 0 at unit
-    /// `entry`) split into micro-batches.
+    /// `entry`) split into micro-batches, each stage's gradients handed to
+    /// `hook` if any.
     fn run<T, LossFn>(
         &mut self,
         flows: (InnerFlow<S>, usize),
         entry: usize,
         targets: T,
         loss: LossFn,
+        hook: Option<&dyn StageGradients>,
     ) -> Result<StepReport, PipeError>
     where
         T: Activation<S::Backend>,
@@ -186,6 +243,7 @@ where
             entry,
             targets,
             &loss,
+            hook,
         );
         let mut reports = Vec::with_capacity(results.len());
         let mut errors = Vec::new();

@@ -5,6 +5,7 @@ pub(crate) mod build;
 pub(crate) mod config;
 pub(crate) mod error;
 pub(crate) mod forward_backward;
+pub(crate) mod hook;
 pub(crate) mod loss;
 pub(crate) mod microbatch;
 pub(crate) mod pass;

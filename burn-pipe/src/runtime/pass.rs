@@ -1,5 +1,7 @@
 //! One pipelined pass: a worker thread per stage, joined before returning.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -7,7 +9,8 @@ use burn_freeze::plumbing::InnerFlow;
 use burn_freeze::{Activation, StackTypes, UnitRange};
 
 use crate::runtime::config::PipelineConfig;
-use crate::runtime::error::PipeError;
+use crate::runtime::error::{PipeError, panic_message};
+use crate::runtime::hook::StageGradients;
 use crate::runtime::loss::MicroBatchLoss;
 use crate::runtime::placement::Stage;
 use crate::runtime::schedule::stage_ops;
@@ -17,8 +20,11 @@ use crate::runtime::worker::{Job, StageReport, run_stage};
 /// Runs the micro-batches `inputs`, entering stage 0 at stack unit `entry`
 /// (with `targets` and their weights), through `stages`, each on a scoped
 /// thread of its own (a single stage on this thread), and returns each
-/// stage's result in stage order with the wall time. Every stage's units are
-/// back in place when this returns, whatever happened.
+/// stage's result in stage order with the wall time. With a `hook`, each
+/// stage hands its gradients to it on its own thread as soon as its passes
+/// are done ([`StageGradients`]). Every stage's units are back in place when
+/// this returns, whatever happened.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run_pass<S, O, T, LossFn>(
     stages: &mut [Stage<S, O>],
     front: usize,
@@ -27,6 +33,7 @@ pub(crate) fn run_pass<S, O, T, LossFn>(
     entry: usize,
     targets: Vec<(T, f32)>,
     loss: &LossFn,
+    hook: Option<&dyn StageGradients>,
 ) -> (Vec<Result<StageReport, PipeError>>, Duration)
 where
     S: StackTypes,
@@ -39,6 +46,12 @@ where
     let timeout = Duration::from_millis(config.timeout_ms);
     let start = Instant::now();
     let jobs = stage_jobs(stages, config, timeout, inputs, entry, targets);
+    let finished = AtomicUsize::new(0);
+    let handed = Handing {
+        hook,
+        finished: &finished,
+        stages: count,
+    };
 
     if count == 1 {
         // One stage waits for no neighbour: run it on this thread.
@@ -49,7 +62,7 @@ where
             .zip(links)
             .next()
             .expect("one job per stage");
-        let result = run_stage(&units, job, links, loss);
+        let result = handed.hand_on(0, run_stage(&units, job, links, loss));
         stage.units = Some(units);
         return (vec![result], start.elapsed());
     }
@@ -60,7 +73,7 @@ where
             .enumerate()
             .map(|(s, (stage, (job, links)))| {
                 let units = stage.units.take().expect("units present between calls");
-                spawn_stage(scope, s, units, job, links, loss)
+                spawn_stage(scope, s, units, job, links, loss, handed)
             })
             .collect();
         handles
@@ -121,8 +134,50 @@ fn stage_jobs<S: StackTypes, O, T>(
         .collect()
 }
 
+/// A pass's hook, if any, and how many stages have finished their passes.
+#[derive(Clone, Copy)]
+struct Handing<'a> {
+    hook: Option<&'a dyn StageGradients>,
+    finished: &'a AtomicUsize,
+    stages: usize,
+}
+
+impl Handing<'_> {
+    /// Stage `s`'s result after its passes, its gradients handed to the
+    /// hook (the last stage to finish first says that all have); a failed
+    /// stage is reported to the hook instead. A panic in the hook is the
+    /// stage's [`PipeError::GradientHook`].
+    fn hand_on(
+        &self,
+        s: usize,
+        result: Result<StageReport, PipeError>,
+    ) -> Result<StageReport, PipeError> {
+        let Some(hook) = self.hook else {
+            return result;
+        };
+        let mut report = match result {
+            Ok(report) => report,
+            Err(error) => {
+                hook.stage_failed(s);
+                return Err(error);
+            }
+        };
+        let grads = std::mem::replace(&mut report.grads, burn::optim::GradientsParams::new());
+        let handed = catch_unwind(AssertUnwindSafe(|| {
+            if self.finished.fetch_add(1, Ordering::AcqRel) + 1 == self.stages {
+                hook.all_computed();
+            }
+            hook.stage_done(s, grads)
+        }))
+        .unwrap_or_else(|panic| Err(format!("the hook panicked: {}", panic_message(panic.as_ref()))));
+        report.grads =
+            handed.map_err(|message| PipeError::GradientHook { stage: s, message })?;
+        Ok(report)
+    }
+}
+
 /// Stage `s`'s worker thread, which returns the stage's units with its
-/// result.
+/// result (its gradients handed on by `handed`).
 fn spawn_stage<'scope, 'env, S, T, LossFn>(
     scope: &'scope thread::Scope<'scope, 'env>,
     s: usize,
@@ -130,6 +185,7 @@ fn spawn_stage<'scope, 'env, S, T, LossFn>(
     job: Job<S, T>,
     links: Links<S>,
     loss: &'env LossFn,
+    handed: Handing<'env>,
 ) -> thread::ScopedJoinHandle<'scope, (UnitRange<S>, Result<StageReport, PipeError>)>
 where
     S: StackTypes,
@@ -139,7 +195,7 @@ where
     thread::Builder::new()
         .name(format!("burn-pipe stage {s}"))
         .spawn_scoped(scope, move || {
-            let result = run_stage(&units, job, links, loss);
+            let result = handed.hand_on(s, run_stage(&units, job, links, loss));
             (units, result)
         })
         .expect("spawning a stage worker thread")

@@ -10,8 +10,19 @@ mod chosen {
     /// Name printed in reports.
     pub const NAME: &str = "cuda";
 
+    /// GPU `index`, or, when `PIPETRANSFORMER_CUDA_GPUS` is set to a
+    /// count N >= 1, GPU `index % N`: several logical devices on fewer
+    /// GPUs (`.ci/gpu` sets it to the machine's count). A value that is
+    /// not a count >= 1 is ignored with a warning.
     pub fn device(index: usize) -> burn::backend::cuda::CudaDevice {
-        burn::backend::cuda::CudaDevice::new(index)
+        let gpus = std::env::var("PIPETRANSFORMER_CUDA_GPUS").ok().and_then(|value| {
+            let count = value.trim().parse::<usize>().ok().filter(|&n| n >= 1);
+            if count.is_none() {
+                tracing::warn!(%value, "PIPETRANSFORMER_CUDA_GPUS is not a count >= 1; ignored");
+            }
+            count
+        });
+        burn::backend::cuda::CudaDevice::new(gpus.map_or(index, |n| index % n))
     }
 }
 

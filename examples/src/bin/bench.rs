@@ -73,7 +73,8 @@ enum Bench {
         #[arg(long, conflicts_with = "model")]
         replot: bool,
         /// The real task instead: all-MiniLM-L6-v2 fine-tuned on a fixed
-        /// SST-2 subset as (a), (b), (b*), (c) and freeze only, 3 seeds
+        /// SST-2 subset as (a), (b), (b*), (c), (c) under the paper's
+        /// schedule and freeze only, 3 seeds
         /// interleaved (--quick: a tiny subset, 1 seed); written to the
         /// `real` section of target/bench/headline.json.
         #[arg(long, conflicts_with_all = ["model", "replot"])]
@@ -89,14 +90,16 @@ enum Bench {
         data: Option<std::path::PathBuf>,
         /// Across the processes of an MPI job instead (under mpirun -np N,
         /// N >= 2; cargo feature `mpi`): (b), (b*) searched on the same
-        /// ranks, (c) with AutoDP across them and freeze only, under the
+        /// ranks, (c) with AutoDP across them and (c) under the paper's
+        /// schedule, under the
         /// memory-bound budget, seeds interleaved; written to
         /// target/bench/headline-mpi.json.
         #[arg(long, conflicts_with_all = ["replot", "real"])]
         mpi: bool,
         /// Seeds, comma-separated, 1 to 10 distinct [default: 1,2,3; with
         /// --quick one: 42, or 1 with --real]. The generated task runs
-        /// every table on the first and (a), (b), (b*), (c) on each;
+        /// every table on the first and (a), (b), (b*), (c) and the
+        /// schedule on each;
         /// --real runs all its configurations on each, interleaved.
         #[arg(
             long,

@@ -170,10 +170,10 @@ fn run_scaling(args: &Args, costs: &ModelSpec) -> Result<(), PlanCliError> {
 fn print_scaling_header(per_node: u32) {
     println!();
     println!(
-        "scaling ({per_node} GPUs per node; same per-replica batch, samples and epochs; 'no transitions' and 'free links' are what-ifs that show which cost caps the speed-up):"
+        "scaling ({per_node} GPUs per node; same per-replica batch, samples and epochs; 'exposed': the all-reduce time the backward does not hide, of 'exchange', its whole time (each stage's exchange starts when its backward ends); 'no transitions' and 'free links' are what-ifs that show which cost caps the speed-up):"
     );
     println!(
-        "{:>6} {:<26} {:>9} {:>9} {:>8} {:>9} {:>9} {:>10} {:>10} {:>8} {:>8}",
+        "{:>6} {:<26} {:>9} {:>9} {:>8} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>8}",
         "GPUs",
         "KxR per epoch",
         "baseline",
@@ -181,7 +181,8 @@ fn print_scaling_header(per_node: u32) {
         "speedup",
         "compute",
         "bubble",
-        "allreduce",
+        "exposed",
+        "exchange",
         "transit.",
         "no-trans",
         "free-net"
@@ -194,7 +195,7 @@ fn print_scaling_header(per_node: u32) {
 fn print_scaling_row(gpus: u32, p: &Plan, no_t: &Plan, f: &Plan) {
     let b = p.breakdown();
     println!(
-        "{:>6} {:<26} {:>9} {:>9} {:>7.2}x {:>9} {:>9} {:>10} {:>10} {:>7.2}x {:>7.2}x",
+        "{:>6} {:<26} {:>9} {:>9} {:>7.2}x {:>9} {:>9} {:>10} {:>10} {:>10} {:>7.2}x {:>7.2}x",
         gpus,
         k_sequence(p),
         human(p.baseline_total()),
@@ -203,6 +204,7 @@ fn print_scaling_row(gpus: u32, p: &Plan, no_t: &Plan, f: &Plan) {
         human(b.steps.compute),
         human(b.steps.bubble),
         human(b.steps.all_reduce),
+        human(b.steps.exchange),
         human(b.transition),
         no_t.speedup(),
         f.speedup()

@@ -1,4 +1,5 @@
-//! A stage's gradients exchanged with the other processes: copied out, summed, shared back.
+//! A stage's gradients exchanged with the other processes: copied into the stage's arena, summed
+//! there in place, read back once and shared.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,11 +17,11 @@ use crate::nodes::phases::ExchangePhases;
 
 /// Takes the gradients of a module's parameters out of `grads` in the
 /// module's visiting order (the same on every replica): the leader copies
-/// them into its send buffer, another replica only drops them.
+/// them into its stage's arena, another replica only drops them.
 struct CopyOut<'a, B: Backend> {
     grads: &'a mut GradientsParams,
-    /// The leader's send buffer (emptied first, its capacity kept); `None`
-    /// on the other replicas.
+    /// The leader's arena (emptied first, its capacity kept); `None` on the
+    /// other replicas.
     send: Option<&'a mut Vec<f32>>,
     slots: Vec<Slot>,
     /// The first gradient's device and dtype: the reduced ones take them.
@@ -73,12 +74,12 @@ type Parts<B> = Vec<Tensor<B, 1>>;
 /// The group-wide sum of the gradients of `module`'s parameters (this
 /// process's sum in `grads`) on stage `stage`, for local replica
 /// `replica`: the leader exchanges them with the other processes in one
-/// message (buckets of at most [`BUCKET_VALUES`](super::BUCKET_VALUES)) through the stage's
-/// buffers kept across steps; the other local replicas drop theirs and take
-/// the leader's result.
+/// message (buckets of at most [`BUCKET_VALUES`](super::BUCKET_VALUES)) summed in place in the
+/// stage's arena, kept across steps; the other local replicas drop theirs and take the leader's
+/// result.
 ///
 /// Only the leader copies: its gradients (after the sum inside the process,
-/// the same on every local replica) into the send buffer, and the sums
+/// the same on every local replica) into the arena, and the sums
 /// back into one tensor per parameter, which the other local replicas
 /// share (a tensor handle each, moved to their devices); they drop their
 /// own gradients without reading them.
@@ -147,7 +148,7 @@ where
 }
 
 /// The leader's exchange of stage `stage`: its gradients out of `grads`
-/// into the stage's send buffer, summed over the processes, and back as
+/// into the stage's arena, summed over the processes in place, and back as
 /// one tensor per parameter (with the slots they belong to).
 fn leader_exchange<AB, M>(
     link: &NodeLink,
@@ -161,11 +162,12 @@ where
     AB: AutodiffBackend,
     M: AutodiffModule<AB>,
 {
-    let mut buffers = lock(&link.buffers).take(stage);
-    buffers.send.clear();
+    let mut arena = lock(&link.arenas).take(stage);
+    let before = arena.values.capacity();
+    arena.values.clear();
     let mut copy = CopyOut::<AB::InnerBackend> {
         grads,
-        send: Some(&mut buffers.send),
+        send: Some(&mut arena.values),
         slots: Vec::new(),
         device: None,
         error: None,
@@ -175,27 +177,25 @@ where
     if let Some(message) = error {
         return Err(node_error(link.rank, message));
     }
-    let len = buffers.send.len();
-    if buffers.recv.len() != len {
-        // The stage's gradients changed size (the first step, a freeze, a
-        // repartition): the buffers follow, and keep no more than twice
-        // what they hold.
-        tracing::debug!(stage, values = len, "exchange buffers (re)allocated");
-        buffers.recv = vec![0.0; len];
-        if buffers.send.capacity() > 2 * len {
-            buffers.send.shrink_to_fit();
-        }
+    let len = arena.values.len();
+    if arena.values.capacity() > 2 * len.max(1) {
+        // The stage holds far fewer gradients than before (a freeze, a
+        // repartition): the arena keeps no more than twice what it holds.
+        arena.values.shrink_to_fit();
+    }
+    if arena.values.capacity() != before {
+        tracing::debug!(stage, values = len, "gradient arena (re)allocated");
     }
     let copy_out = start.elapsed();
     // Nothing trains here: the exchange still runs (with no value) to keep
     // every process in step.
-    let buffers = link.sum(buffers, deadline)?;
+    let arena = link.sum(arena, deadline)?;
     let back = Instant::now();
     let mut parts = Vec::with_capacity(slots.len());
     if let Some((device, dtype)) = device {
         let mut offset = 0;
         for slot in &slots {
-            let values = buffers.recv[offset..offset + slot.len].to_vec();
+            let values = arena.values[offset..offset + slot.len].to_vec();
             offset += slot.len;
             let mut data = TensorData::new(values, [slot.len]);
             if dtype != DType::F32 {
@@ -204,7 +204,7 @@ where
             parts.push(Tensor::<AB::InnerBackend, 1>::from_data(data, &device));
         }
     }
-    lock(&link.buffers).keep(stage, buffers);
+    lock(&link.arenas).keep(stage, arena);
     link.record(&ExchangePhases {
         copy_out,
         copy_back: back.elapsed(),

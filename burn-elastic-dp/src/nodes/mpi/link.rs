@@ -13,7 +13,7 @@ use mpi::traits::*;
 
 use crate::error::ElasticError;
 
-use super::sum::{ARRIVED, Done, Job, Payload, SumBuffers, serve};
+use super::sum::{ARRIVED, Arena, Done, Job, Payload, serve};
 
 use super::universe::{FAILED, end_job};
 use crate::nodes::phases::ExchangePhases;
@@ -23,17 +23,17 @@ use crate::nodes::phases::ExchangePhases;
 /// backend), shared, or why there is none.
 type Reduced = Result<Arc<dyn Any + Send + Sync>, String>;
 
-/// The buffers of every stage's exchange, kept across steps.
+/// The gradient arena of every stage's exchange, kept across steps.
 #[derive(Debug, Default)]
-pub(super) struct Buffers {
+pub(super) struct Arenas {
     /// By stage; taken by the leader for its exchange and put back after.
-    stages: Vec<Option<SumBuffers>>,
-    /// Whether the stage's buffers were used since the last step began.
+    stages: Vec<Option<Arena>>,
+    /// Whether the stage's arena was used since the last step began.
     used: Vec<bool>,
 }
 
-impl Buffers {
-    /// Forgets the buffers of the stages that had no exchange in the last
+impl Arenas {
+    /// Forgets the arenas of the stages that had no exchange in the last
     /// step (a repartition to fewer stages, say).
     fn new_step(&mut self) {
         for (stage, used) in self.stages.iter_mut().zip(&mut self.used) {
@@ -44,7 +44,7 @@ impl Buffers {
         }
     }
 
-    pub(super) fn take(&mut self, stage: usize) -> SumBuffers {
+    pub(super) fn take(&mut self, stage: usize) -> Arena {
         if self.stages.len() <= stage {
             self.stages.resize_with(stage + 1, || None);
             self.used.resize(stage + 1, false);
@@ -53,9 +53,9 @@ impl Buffers {
         self.stages[stage].take().unwrap_or_default()
     }
 
-    pub(super) fn keep(&mut self, stage: usize, buffers: SumBuffers) {
+    pub(super) fn keep(&mut self, stage: usize, arena: Arena) {
         if let Some(slot) = self.stages.get_mut(stage) {
-            *slot = Some(buffers);
+            *slot = Some(arena);
         }
     }
 }
@@ -107,8 +107,8 @@ pub(crate) struct NodeLink {
     stop_seen: AtomicBool,
     /// The phases of this step's exchanges of gradients, as the leader saw them.
     phases: Mutex<ExchangePhases>,
-    /// The leader's send and receive buffers, by stage, kept across steps.
-    pub(super) buffers: Mutex<Buffers>,
+    /// The leader's gradient arenas, by stage, kept across steps.
+    pub(super) arenas: Mutex<Arenas>,
     /// Dropped on abort, which wakes the waits of this process.
     abort_tx: Mutex<Option<Sender<()>>>,
     abort_rx: Receiver<()>,
@@ -175,7 +175,7 @@ pub(crate) fn join(
         followers: Mutex::new(Followers::new(local)),
         stop_seen: AtomicBool::new(false),
         phases: Mutex::new(ExchangePhases::default()),
-        buffers: Mutex::new(Buffers::default()),
+        arenas: Mutex::new(Arenas::default()),
         abort_tx: Mutex::new(Some(abort_tx)),
         abort_rx,
         step_timeout,
@@ -255,7 +255,7 @@ impl NodeLink {
     ) -> Result<Vec<usize>, ElasticError> {
         let step = self.steps.fetch_add(1, Ordering::SeqCst) + 1;
         *lock(&self.phases) = ExchangePhases::default();
-        lock(&self.buffers).new_step();
+        lock(&self.arenas).new_step();
         let record = vec![
             step as i64,
             header.local as i64,
@@ -370,19 +370,15 @@ impl NodeLink {
         }
     }
 
-    /// The group-wide sum of `buffers.send` (this process's local sum)
-    /// into `buffers.recv` (as long), by the leader replica; the buffers
-    /// come back for the next step. Every process must call this in the
-    /// same order with as many values.
-    pub(super) fn sum(
-        &self,
-        buffers: SumBuffers,
-        deadline: Instant,
-    ) -> Result<SumBuffers, ElasticError> {
-        let values = buffers.send.len();
-        match self.exchange(Payload::Sum(buffers), deadline)? {
+    /// The group-wide sum of `arena`'s values (this process's local sum),
+    /// in place, by the leader replica; the arena comes back for the next
+    /// step. Every process must call this in the same order with as many
+    /// values.
+    pub(super) fn sum(&self, arena: Arena, deadline: Instant) -> Result<Arena, ElasticError> {
+        let values = arena.values.len();
+        match self.exchange(Payload::Sum(arena), deadline)? {
             Done {
-                payload: Payload::Sum(buffers),
+                payload: Payload::Sum(arena),
                 check,
                 reduce,
                 buckets,
@@ -395,7 +391,7 @@ impl NodeLink {
                     all_reduce: reduce,
                     ..ExchangePhases::default()
                 });
-                Ok(buffers)
+                Ok(arena)
             }
             _ => Err(node_error(
                 self.rank,

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
+use mpi::raw::AsRaw;
 use mpi::traits::*;
 
 /// Values per `MPI_Allreduce` of a group's exchange (64 MiB of f32; MPI
@@ -17,9 +18,9 @@ pub(super) const ARRIVED: i32 = 7;
 /// What one exchange combines across the ranks.
 #[derive(Debug)]
 pub(super) enum Payload {
-    /// The element-wise sum of every rank's values (gradients, in the
-    /// send buffer), the same bits on every rank (in the receive buffer).
-    Sum(SumBuffers),
+    /// The element-wise sum of every rank's values (a stage's gradients,
+    /// in its arena), the same bits on every rank, in place.
+    Sum(Arena),
     /// Every rank's record (as long on every rank), gathered in rank order:
     /// step headers, replica counts, checkpoint steps.
     Gather(Vec<i64>),
@@ -41,20 +42,21 @@ impl Payload {
 
     fn len(&self) -> usize {
         match self {
-            Payload::Sum(buffers) => buffers.send.len(),
+            Payload::Sum(arena) => arena.values.len(),
             Payload::Gather(v) => v.len(),
             Payload::Max(v) => v.len(),
         }
     }
 }
 
-/// The buffers of one stage's exchange of gradients, kept across steps by
-/// the link: this process's values, and their sum over every rank (as long,
-/// reallocated only when the stage's gradients change size).
+/// One stage's gradient arena, kept across steps by the link: the stage's
+/// trainable gradients side by side, this process's sum going in and every
+/// rank's sum coming out in the same buffer (`MPI_IN_PLACE`). Its capacity
+/// follows the stage's gradients: it grows on the first step and after a
+/// thaw or a repartition, and shrinks when it holds less than half of it.
 #[derive(Debug, Default)]
-pub(super) struct SumBuffers {
-    pub send: Vec<f32>,
-    pub recv: Vec<f32>,
+pub(super) struct Arena {
+    pub values: Vec<f32>,
 }
 
 /// One exchange for the MPI thread.
@@ -93,10 +95,9 @@ pub(super) fn serve(queue: Receiver<Job>) {
 /// 1. tells every other rank it arrived (an 8-byte message);
 /// 2. checks with one small `MPI_Allreduce` that every rank is at the same
 ///    exchange with as many values;
-/// 3. sums the values with one `MPI_Allreduce` (SUM, f32) per bucket of at
-///    most [`BUCKET_VALUES`], in order, from the stage's send buffer into
-///    its receive buffer, both kept across steps (reallocated only when the
-///    stage's gradients change size);
+/// 3. sums the values with one `MPI_Allreduce` (SUM, f32, `MPI_IN_PLACE`)
+///    per bucket of at most [`BUCKET_VALUES`], in order, in the stage's
+///    arena, kept across steps;
 /// 4. takes the other ranks' arrival messages.
 fn exchange(world: &SimpleCommunicator, round: u64, payload: Payload) -> Result<Done, String> {
     let (rank, size) = (world.rank(), world.size());
@@ -118,13 +119,13 @@ fn exchange(world: &SimpleCommunicator, round: u64, payload: Payload) -> Result<
     let mut check_time = start.elapsed();
     let reduce = Instant::now();
     let buckets = match &payload {
-        Payload::Sum(buffers) => buffers.send.len().div_ceil(BUCKET_VALUES),
+        Payload::Sum(arena) => arena.values.len().div_ceil(BUCKET_VALUES),
         _ => 0,
     };
     let result = agreed.then(|| match payload {
-        Payload::Sum(mut buffers) => {
-            sum(world, &mut buffers);
-            Payload::Sum(buffers)
+        Payload::Sum(mut arena) => {
+            sum(world, &mut arena.values);
+            Payload::Sum(arena)
         }
         Payload::Gather(record) => {
             let mut all = vec![0i64; record.len() * size as usize];
@@ -157,21 +158,47 @@ fn exchange(world: &SimpleCommunicator, round: u64, payload: Payload) -> Result<
     })
 }
 
-/// Every rank's `buffers.send` summed into `buffers.recv` (as long), the
-/// same bits on every rank: one `MPI_Allreduce` per bucket, into the
-/// buffers kept across steps (mpi 0.8 has no `MPI_IN_PLACE`; the receive
-/// buffer is the one reused instead).
-fn sum(world: &SimpleCommunicator, buffers: &mut SumBuffers) {
-    let SumBuffers { send, recv } = buffers;
-    debug_assert_eq!(send.len(), recv.len());
-    for (send, receive) in send
-        .chunks(BUCKET_VALUES)
-        .zip(recv.chunks_mut(BUCKET_VALUES))
-    {
-        world.all_reduce_into(send, receive, SystemOperation::sum());
+/// Every rank's `values` summed in place, the same bits on every rank: one
+/// `MPI_Allreduce` with `MPI_IN_PLACE` per bucket, so that no second buffer
+/// is written and read back.
+fn sum(world: &SimpleCommunicator, values: &mut [f32]) {
+    for bucket in values.chunks_mut(BUCKET_VALUES) {
+        sum_in_place(world, bucket);
     }
     if world.size() > 2 {
-        same_bits(world, recv);
+        same_bits(world, values);
+    }
+}
+
+unsafe extern "C" {
+    /// `MPI_IN_PLACE` from the system's mpi.h (`in_place.c`, built by
+    /// build.rs): rsmpi 0.8 does not export it.
+    fn burn_elastic_dp_mpi_in_place() -> *mut std::ffi::c_void;
+}
+
+/// `MPI_Allreduce(MPI_IN_PLACE, values, SUM)` over `world`: rsmpi 0.8's
+/// safe API has no in-place form, so this calls the C function.
+///
+/// # Panics
+/// When `values` holds more than `i32::MAX` values (MPI counts are 32-bit;
+/// the callers pass buckets of at most [`BUCKET_VALUES`]).
+fn sum_in_place(world: &SimpleCommunicator, values: &mut [f32]) {
+    let count = i32::try_from(values.len()).expect("a bucket holds at most BUCKET_VALUES values");
+    // SAFETY: `values` is a live, exclusive buffer of `count` f32 for the
+    // call's whole duration (a blocking collective); MPI_IN_PLACE as the
+    // send buffer makes MPI read and write it; RSMPI_FLOAT and RSMPI_SUM
+    // are the library's handles for f32 and sum; `world` is a valid
+    // communicator. With MPI's default error handler a failure aborts the
+    // job, as every other collective of this link does.
+    unsafe {
+        mpi::ffi::MPI_Allreduce(
+            burn_elastic_dp_mpi_in_place().cast_const(),
+            values.as_mut_ptr().cast(),
+            count,
+            mpi::ffi::RSMPI_FLOAT,
+            mpi::ffi::RSMPI_SUM,
+            world.as_raw(),
+        );
     }
 }
 

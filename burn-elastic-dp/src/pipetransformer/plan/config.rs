@@ -143,7 +143,7 @@ pub struct PlanConfig {
     #[config(default = "AllReduce::PerTensor")]
     pub all_reduce: AllReduce,
     /// When the all-reduce runs.
-    #[config(default = "ReduceTiming::AfterPass")]
+    #[config(default = "ReduceTiming::Overlapped")]
     pub reduce_timing: ReduceTiming,
     /// What transitions cost.
     #[config(default = "TransitionCost::new()")]
@@ -330,9 +330,14 @@ impl PlanConfig {
 /// When the replicas' gradients are all-reduced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ReduceTiming {
-    /// As the replica group does: after the replica's whole pass, stage by
-    /// stage, one after another.
+    /// After the replica's whole pass, stage by stage, one after another
+    /// (the replica group before its exchange overlapped the backward).
     AfterPass,
+    /// As the replica group does: each stage as soon as its last backward
+    /// pass ends, one stage after another from the last (a replica issues
+    /// its stages' collectives in that order), so a stage's exchange hides
+    /// behind the backward the earlier stages still run.
+    Overlapped,
     /// Each stage as soon as its last backward pass ends, all stages at
     /// once (each stage's replicas form their own group, as PyTorch DDP
     /// over a pipeline does).

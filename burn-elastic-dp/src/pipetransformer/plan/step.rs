@@ -18,8 +18,13 @@ pub struct StepTime {
     pub compute: f64,
     /// The pipeline's idle time (makespan less compute).
     pub bubble: f64,
-    /// All-reduce time not hidden behind compute.
+    /// All-reduce time not hidden behind compute (the exposed
+    /// communication).
     pub all_reduce: f64,
+    /// The all-reduces' whole time, hidden or not (the stages' exchanges
+    /// summed).
+    #[serde(default)]
+    pub exchange: f64,
 }
 
 impl StepTime {
@@ -34,6 +39,7 @@ impl StepTime {
             compute: self.compute * times,
             bubble: self.bubble * times,
             all_reduce: self.all_reduce * times,
+            exchange: self.exchange * times,
         }
     }
 
@@ -43,12 +49,14 @@ impl StepTime {
             compute: self.compute + other.compute,
             bubble: self.bubble + other.bubble,
             all_reduce: self.all_reduce + other.all_reduce,
+            exchange: self.exchange + other.exchange,
         }
     }
 }
 
 /// The step of `trace` with each stage's all-reduce of `reduce[s]` seconds
-/// run as `timing` says.
+/// run as `timing` says: the exposed part is what ends after the pass
+/// (`max(0, exchange - the backward still to run once it can start)`).
 ///
 /// ```
 /// use burn_elastic_dp::plan::{PipelineSim, ReduceTiming, StageWork, step_time};
@@ -56,14 +64,27 @@ impl StepTime {
 ///
 /// let stages = (0..2).map(|d| StageWork { forward: 1.0, backward: 2.0, device: d }).collect();
 /// let trace = PipelineSim::new(Schedule::OneFOneB, 4, stages).run().unwrap();
-/// let step = step_time(&trace, &[0.5, 0.5], ReduceTiming::AfterPass);
-/// assert!((step.total() - (trace.makespan + 1.0)).abs() < 1e-12);
+/// let after = step_time(&trace, &[0.5, 0.5], ReduceTiming::AfterPass);
+/// assert!((after.total() - (trace.makespan + 1.0)).abs() < 1e-12);
+/// // Overlapped, the last stage's exchange hides behind stage 0's last
+/// // backward (2 s): only stage 0's is exposed.
+/// let overlapped = step_time(&trace, &[0.5, 0.5], ReduceTiming::Overlapped);
+/// assert!((overlapped.all_reduce - 0.5).abs() < 1e-12);
+/// assert!((overlapped.exchange - 1.0).abs() < 1e-12);
 /// ```
 pub fn step_time(trace: &PipelineTrace, reduce: &[f64], timing: ReduceTiming) -> StepTime {
     let k = trace.busy.len();
     let compute = trace.busy.iter().sum::<f64>() / k as f64;
     let end = match timing {
         ReduceTiming::AfterPass => trace.makespan + reduce.iter().sum::<f64>(),
+        // One stage after another from the last, each once its own passes
+        // have ended and the stage after it has exchanged.
+        ReduceTiming::Overlapped => (0..k)
+            .rev()
+            .fold(f64::NEG_INFINITY, |previous, s| {
+                trace.stage_end(s).max(previous) + reduce.get(s).copied().unwrap_or(0.0)
+            })
+            .max(trace.makespan),
         ReduceTiming::PerStage => (0..k)
             .map(|s| trace.stage_end(s) + reduce.get(s).copied().unwrap_or(0.0))
             .fold(trace.makespan, f64::max),
@@ -72,6 +93,7 @@ pub fn step_time(trace: &PipelineTrace, reduce: &[f64], timing: ReduceTiming) ->
         compute,
         bubble: trace.makespan - compute,
         all_reduce: end - trace.makespan,
+        exchange: reduce.iter().sum(),
     }
 }
 

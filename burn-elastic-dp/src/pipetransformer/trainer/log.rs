@@ -108,7 +108,9 @@ pub struct EpochReport {
     /// first epoch of a run (or of a resumed run) only.
     #[serde(default)]
     pub profiling_seconds: f64,
-    /// Mean per step of the slowest replica's all-reduce time, in seconds.
+    /// Mean per step of the slowest replica's exposed all-reduce time (the
+    /// wait on the exchange after its stages had computed; the part hidden
+    /// behind the backward is not counted), in seconds.
     pub all_reduce_seconds: f64,
     /// Seconds of its steps lost to pipeline bubbles: per step, each
     /// replica's pass time times its bubble fraction (idle stage-time over

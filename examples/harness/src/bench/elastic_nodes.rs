@@ -27,12 +27,18 @@ fn run_err<E: std::fmt::Display>(error: E) -> BenchError {
     BenchError::Run(error.to_string())
 }
 
+/// The pipelines `bench elastic --mpi` measures exposed communication on,
+/// besides one stage.
+const PIPELINE_STAGES: [usize; 2] = [2, 4];
+
 /// MiniLM's parameter count in f32 bytes, the buckets of its exchange, and
-/// one rank's timed steps.
+/// one rank's timed steps, one replica per rank of `stages` stages (on as
+/// many logical devices).
 fn rank_steps(
     rank: usize,
     nodes: NodeConfig,
     steps: usize,
+    stages: usize,
 ) -> Result<(usize, usize, RankTimes), BenchError> {
     let device = backend::device(0);
     let config = BertConfig::minilm_l6_h384(2).with_dropout(0.0);
@@ -45,7 +51,7 @@ fn rank_steps(
         .with_pipeline(PipelineConfig::new().with_micro_batches(Some(2)))
         .with_timeout_ms(600_000)
         .with_nodes(Some(nodes))
-        .init(stack, vec![vec![device.clone()]], || {
+        .init(stack, vec![vec![device.clone(); stages]], || {
             AdamConfig::new().init()
         })
         .map_err(run_err)?;
@@ -130,7 +136,11 @@ fn loopback_bandwidth() -> Result<f64, BenchError> {
 /// the rank that arrived last, next to a bare `MPI_Allreduce` of the same
 /// buckets measured in the same run and the ring bound, with the ratio
 /// exchange / bare (the target: at most 1.3); the JSON has them under
-/// `exchange` and per rank.
+/// `exchange` and per rank. Then the same replica as pipelines of 2 and 4
+/// stages: the exposed communication (the time a step waits on the
+/// exchange after its last backward; each stage's exchange starts when its
+/// own backward ends) against the exchange's total (the target: at most
+/// 30%), under `pipelines`.
 #[cfg(feature = "mpi")]
 pub fn run_mpi(quick: bool) -> Result<(), BenchError> {
     use mpi::topology::SimpleCommunicator;
@@ -150,16 +160,33 @@ pub fn run_mpi(quick: bool) -> Result<(), BenchError> {
     } else {
         0.0
     };
-    let (gradient_bytes, buckets, mine) = rank_steps(rank, NodeConfig::new(), steps)?;
+    let (gradient_bytes, buckets, mine) = rank_steps(rank, NodeConfig::new(), steps, 1)?;
     let raw_ms = bare_all_reduce_ms(&world, gradient_bytes, steps);
     let gathered = gather(&world, &mine, steps * size);
+    // The same replica as pipelines of 2 and 4 stages: each stage's
+    // exchange starts when its backward ends, behind the earlier stages'.
+    let mut pipelines = Vec::new();
+    for stages in PIPELINE_STAGES {
+        let (_, _, mine) = rank_steps(rank, NodeConfig::new(), steps, stages)?;
+        let gathered = gather(&world, &mine, steps * size);
+        let ranks: Vec<RankTimes> = (0..size).map(|r| gathered.rank(r, steps)).collect();
+        pipelines.push(summary::exposure(stages, &ranks, steps));
+    }
     if rank == 0 {
         let ranks = (0..size).map(|r| gathered.rank(r, steps)).collect();
         let name = format!(
             "MPI point-to-point between ranks 0 and 1 (TCP on 127.0.0.1, the hub's link: {:.2} GB/s)",
             tcp / 1e9
         );
-        summarize("mpi", gradient_bytes, ranks, &name, link, (raw_ms, buckets))?;
+        summarize(
+            "mpi",
+            gradient_bytes,
+            ranks,
+            &name,
+            link,
+            (raw_ms, buckets),
+            pipelines,
+        )?;
         let n = size as f64;
         println!(
             "  MPI_Allreduce alone of the same {:.1} MB (buckets as the group's): {raw_ms:.1} ms, bus bandwidth {:.2} GB/s",

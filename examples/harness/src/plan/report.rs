@@ -64,10 +64,11 @@ pub fn print_epochs(title: &str, epochs: &[EpochPlan]) {
 /// Totals split by kind.
 pub fn split(t: &EpochTime) -> String {
     format!(
-        "compute {} + bubble {} + all-reduce {} + transitions {} = {}",
+        "compute {} + bubble {} + all-reduce {} (exposed, of {}) + transitions {} = {}",
         human(t.steps.compute),
         human(t.steps.bubble),
         human(t.steps.all_reduce),
+        human(t.steps.exchange),
         human(t.transition),
         human(t.total())
     )

@@ -5,7 +5,9 @@
 
 use serde::Serialize;
 
-use super::configs::{Configuration, DEVICES, Setting, configurations, parameter_costs};
+use super::configs::{
+    Configuration, DEVICES, SCHEDULE, Setting, configurations, parameter_costs,
+};
 use super::memory;
 use super::real_rows::{self, RealRow};
 use super::shared::{Progress, find_pipelined, run_err};
@@ -18,7 +20,7 @@ use pipetransformer_jobs::job::{
 };
 
 /// The configurations every seed runs, in order ((b*) goes after (b)).
-const KEYS: [&str; 3] = ["b", "c", "freeze"];
+const KEYS: [&str; 3] = ["b", "c", SCHEDULE];
 
 /// What `target/bench/headline-mpi.json` holds.
 #[derive(Debug, Serialize)]
@@ -119,11 +121,11 @@ struct FirstSeed {
 /// - (b*) the fastest configuration that freezes nothing, searched on the
 ///   same ranks (each K that fits the budget timed for a few steps across
 ///   them),
-/// - (c) PipeTransformer with AutoDP across the ranks: every rank adds
-///   replicas on its freed devices at the same step,
-/// - freeze only,
+/// - (c) PipeTransformer (the default freeze rule) with AutoDP across the
+///   ranks: every rank adds replicas on its freed devices at the same step,
+/// - (c) under the paper's schedule (alpha 1/3), for its accuracy beside,
 ///
-/// over the seeds, interleaved (seed 1: b, b*, c, freeze only; seed 2:
+/// over the seeds, interleaved (seed 1: b, b*, c, schedule; seed 2:
 /// ...). Plain Burn, on one device of one process, is not run. Rank 0
 /// prints the table and writes `target/bench/headline-mpi.json`; the other
 /// ranks print nothing on stdout.

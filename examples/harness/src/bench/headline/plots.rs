@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::configs::Group;
+use super::configs::{Group, SCHEDULE};
 use super::rows::{Row, row_c};
 use crate::bench::BenchError;
 use crate::plots::{self, Bar, EpochMetric};
@@ -81,14 +81,14 @@ fn bars(rows: &[Row]) -> (Vec<Bar>, Vec<Bar>) {
     let in_group = |group: Group| rows.iter().filter(move |r| r.group == group);
     let mut ablation: Vec<Bar> = find("b").map(|r| bar(r, "(b)")).into_iter().collect();
     ablation.extend(in_group(Group::Ablation).map(|r| bar(r, &r.key)));
-    ablation.extend(find("c").map(|r| bar(r, "all four (c)")));
+    ablation.extend(find(SCHEDULE).map(|r| bar(r, "all four (a=1/3)")));
     let mut sweep: Vec<Bar> = find("b").map(|r| bar(r, "(b)")).into_iter().collect();
     let mut alphas: Vec<(f64, Bar)> = in_group(Group::Alpha)
         .map(|r| {
             let name = r.key.trim_start_matches("alpha=");
             (alpha_of(name), bar(r, name))
         })
-        .chain(find("c").map(|r| (1.0 / 3.0, bar(r, "1/3 (c)"))))
+        .chain(find(SCHEDULE).map(|r| (1.0 / 3.0, bar(r, "1/3 (paper)"))))
         .collect();
     alphas.sort_by(|x, y| x.0.total_cmp(&y.0));
     sweep.extend(alphas.into_iter().map(|(_, b)| b));

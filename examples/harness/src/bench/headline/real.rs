@@ -9,7 +9,7 @@ use burn_elastic_dp::CostModel;
 use serde::{Deserialize, Serialize};
 
 use super::configs::{
-    Configuration, DEVICES, Setting, configurations, start_at_searched, strongest_row,
+    Configuration, DEVICES, SCHEDULE, Setting, configurations, start_at_searched, strongest_row,
 };
 use super::plots::plot_dir;
 use super::real_rows::{RealRow, RealTargets, print_rows, rows};
@@ -30,7 +30,7 @@ const WEIGHT_FILES: [&str; 3] = ["config.json", "model.safetensors", "tokenizer.
 const DATA_FILES: [&str; 2] = ["train.txt", "dev.txt"];
 /// The keys of the configurations run, in the order of each seed's runs
 /// ((b*) goes after (b) once the search has found it).
-const KEYS: [&str; 4] = ["a", "b", "c", "freeze"];
+const KEYS: [&str; 5] = ["a", "b", "c", SCHEDULE, "freeze"];
 
 /// The checkpoint and data directories of a real run, checked to hold
 /// their files.
@@ -223,11 +223,12 @@ fn bounded_costs() -> CostModel {
 ///   nothing frozen,
 /// - (b*) the fastest configuration that freezes nothing on the same
 ///   devices ([`crate::strongest`], searched once, with the first seed),
-/// - (c) PipeTransformer, all four parts, alpha = 1/3, starting where the
-///   trainer chooses,
-/// - freeze only (AutoFreeze on; AutoPipe, AutoDP and AutoCache off),
+/// - (c) PipeTransformer, all four parts, the default freeze rule,
+///   starting where the trainer chooses,
+/// - (c) under the paper's schedule (alpha = 1/3),
+/// - freeze only (alpha = 1/3; AutoPipe, AutoDP and AutoCache off),
 ///
-/// each over several seeds, interleaved (seed 1: a, b, b*, c, freeze only;
+/// each over several seeds, interleaved (seed 1: a, b, b*, c, schedule, freeze only;
 /// seed 2: a, b, ...) so that drift in the machine's load hits every
 /// configuration alike. A seed draws the classifier's initial weights and
 /// the sample order; the training subset is the same for every seed.
