@@ -133,6 +133,17 @@ pub enum ElasticError {
         /// How long it waited.
         waited: Duration,
     },
+    /// The sampler handed out an index the dataset does not have: it was
+    /// made for a longer dataset ([`ElasticSampler::next_items`](crate::ElasticSampler::next_items)).
+    #[error(
+        "the dataset has no item {index} (it holds {len}): the sampler was made for a longer dataset; make it with the dataset's length"
+    )]
+    MissingItem {
+        /// The index asked for.
+        index: usize,
+        /// The dataset's length.
+        len: usize,
+    },
     /// A node configuration that cannot work (see [`NodeConfig`](crate::NodeConfig)).
     #[error("nodes: {0}")]
     BadNodeConfig(String),

@@ -239,18 +239,40 @@ impl ElasticSampler {
         Some(batch)
     }
 
-    /// The items of the next step from `dataset` (see [`next_batch`](Self::next_batch)).
-    pub fn next_items<I, D: Dataset<I>>(&mut self, dataset: &D, replicas: usize) -> Option<Vec<I>> {
-        self.next_batch(replicas).map(|indices| {
-            indices
-                .into_iter()
-                .map(|i| {
-                    dataset
-                        .get(i)
-                        .expect("the sampler covers the dataset's indices")
+    /// The items of the next step from `dataset` (see [`next_batch`](Self::next_batch));
+    /// `Ok(None)` at the end of the epoch. A dataset shorter than the
+    /// sampler's length is [`ElasticError::MissingItem`] (the step's
+    /// indices are handed out all the same).
+    ///
+    /// ```
+    /// use burn::data::dataset::InMemDataset;
+    /// use burn_elastic_dp::{BatchPolicy, ElasticError, ElasticSampler};
+    ///
+    /// let short = InMemDataset::new(vec![10, 20, 30]);
+    /// let mut sampler = ElasticSampler::new(8, BatchPolicy::FixedGlobal { batch: 8 }, 1).unwrap();
+    /// assert!(matches!(
+    ///     sampler.next_items(&short, 1),
+    ///     Err(ElasticError::MissingItem { len: 3, .. })
+    /// ));
+    /// ```
+    pub fn next_items<I, D: Dataset<I>>(
+        &mut self,
+        dataset: &D,
+        replicas: usize,
+    ) -> Result<Option<Vec<I>>, ElasticError> {
+        let Some(indices) = self.next_batch(replicas) else {
+            return Ok(None);
+        };
+        indices
+            .into_iter()
+            .map(|index| {
+                dataset.get(index).ok_or(ElasticError::MissingItem {
+                    index,
+                    len: dataset.len(),
                 })
-                .collect()
-        })
+            })
+            .collect::<Result<Vec<I>, _>>()
+            .map(Some)
     }
 
     /// Where the sampler stands: the epoch and the samples of it handed

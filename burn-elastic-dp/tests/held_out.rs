@@ -103,7 +103,9 @@ fn a_configuration_that_carves_refuses_a_validation_batch() {
     for held_out in [None, Some(4)] {
         let (x, y) = batch();
         match init(config(held_out)).set_validation(x, y) {
-            Err(TrainerError::InvalidConfig { field, accepted, .. }) => {
+            Err(TrainerError::InvalidConfig {
+                field, accepted, ..
+            }) => {
                 assert_eq!(field, "held_out");
                 assert!(accepted.contains("Some(0)"), "{accepted}");
             }

@@ -57,11 +57,24 @@ fn items_come_from_the_dataset() {
     let dataset = InMemDataset::new((0..10).map(|i| i * 100).collect::<Vec<u32>>());
     let mut sampler = ElasticSampler::new(10, BatchPolicy::FixedGlobal { batch: 4 }, 3).unwrap();
     let mut items = Vec::new();
-    while let Some(batch) = sampler.next_items(&dataset, 2) {
+    while let Some(batch) = sampler.next_items(&dataset, 2).unwrap() {
         items.extend(batch);
     }
     items.sort_unstable();
     assert_eq!(items, (0..10).map(|i| i * 100).collect::<Vec<u32>>());
+}
+
+#[test]
+fn a_dataset_shorter_than_the_sampler_is_an_error_not_a_panic() {
+    let dataset = InMemDataset::new((0..6).collect::<Vec<u32>>());
+    let mut sampler = ElasticSampler::new(10, BatchPolicy::FixedGlobal { batch: 10 }, 3).unwrap();
+    match sampler.next_items(&dataset, 1) {
+        Err(error @ burn_elastic_dp::ElasticError::MissingItem { index, len: 6 }) => {
+            assert!(index >= 6, "{error}");
+            assert!(error.to_string().contains("it holds 6"), "{error}");
+        }
+        other => panic!("expected MissingItem, got {other:?}"),
+    }
 }
 
 #[test]

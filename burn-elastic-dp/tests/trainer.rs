@@ -651,6 +651,77 @@ fn a_run_resumed_from_a_checkpoint_gives_the_losses_of_an_uninterrupted_one() {
 }
 
 #[test]
+fn one_process_resumes_on_fewer_devices_or_says_why_it_cannot() {
+    let device: Device<B> = Default::default();
+    let data = dataset(64);
+    let dir = tempfile_dir("resume-fewer-devices");
+    // Nothing frozen before epoch 2, so the checkpoint after epoch 1 is
+    // still at the start's shape.
+    let config = || {
+        elastic_config()
+            .with_stages(Some(2))
+            .with_freeze(FreezeRule::Fronts {
+                layers: vec![0, 0, 6],
+            })
+            .with_checkpoint(Some(
+                burn_elastic_dp::CheckpointConfig::new(dir.clone()).with_every_steps(3),
+            ))
+    };
+    let batcher = Recording::default();
+    // Written on 4 devices: K=2, R=2.
+    let mut trainer = config()
+        .init(stack(), vec![device; 4], || AdamConfig::new().init(), loss)
+        .unwrap();
+    trainer.fit_epoch(&data, &batcher).unwrap();
+    assert_eq!((trainer.shape().stages(), trainer.shape().replicas), (2, 2));
+    let written = trainer.steps();
+    drop(trainer);
+    let resume = |devices: usize| {
+        burn_elastic_dp::Trainer::resume(
+            stack(),
+            vec![device; devices],
+            config(),
+            || AdamConfig::new().init(),
+            loss,
+        )
+    };
+    // One device cannot hold the checkpoint's two stages: a one-line
+    // error naming its shape and the devices given, and nothing trains.
+    // (With `stages: Some(2)` the configuration itself is refused first;
+    // left to memory-aware AutoPipe, the checkpoint's K is what decides.)
+    let error = burn_elastic_dp::Trainer::resume(
+        stack(),
+        vec![device; 1],
+        config().with_stages(None),
+        || AdamConfig::new().init(),
+        loss,
+    )
+    .err()
+    .unwrap();
+    let message = error.to_string();
+    assert!(
+        matches!(error, TrainerError::Checkpoint(_))
+            && message.contains("K=2")
+            && message.contains("1 device(s) given")
+            && !message.contains('\n'),
+        "{message}"
+    );
+    // On 2 devices AutoDP derives R again: K=2, R=1, and the run goes on.
+    let (mut resumed, _) = resume(2).unwrap();
+    assert_eq!(resumed.steps(), written);
+    assert_eq!((resumed.shape().stages(), resumed.shape().replicas), (2, 1));
+    let mut losses = Vec::new();
+    while resumed.epoch() < 3 {
+        resumed
+            .fit_epoch_observed(&data, &batcher, |step| losses.push(step.loss))
+            .unwrap();
+    }
+    assert!(!losses.is_empty() && losses.iter().all(|l| l.is_finite()));
+    drop(resumed);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn valid_random_configurations_finish_a_short_job() {
     let device: Device<B> = Default::default();
     let data = dataset(48);

@@ -77,8 +77,8 @@ pub use frozen::FrozenUnits;
 pub use optim_state::{ParamStates, StackOptimizer};
 pub use policy::{
     AlphaArgmin, AlphaArgminConfig, ArgminStatistic, AutoFreeze, ChangeRate, ChangeRateConfig,
-    ChangeRateReading, Evidence, EvidenceConfig, FixedSchedule, FreezePolicy, FreezeState, GradNorm, LayerMap, PolicyState,
-    alpha_front,
+    ChangeRateReading, Evidence, EvidenceConfig, FixedSchedule, FreezePolicy, FreezeState,
+    GradNorm, LayerMap, PolicyState, alpha_front,
 };
 pub use range::{UnitRange, check_freeze, check_unfreeze};
 pub use stack::{IntoLayerStack, LayerStack, StackOf, TypesOf};

@@ -26,7 +26,9 @@ fn pipeline(
     PipelineConfig::new()
         .with_micro_batches(Some(4))
         .with_balance(Some(vec![3, 2, 2]))
-        .init(stack, vec![Default::default(); 3], || SgdConfig::new().init())
+        .init(stack, vec![Default::default(); 3], || {
+            SgdConfig::new().init()
+        })
         .unwrap()
 }
 
@@ -86,7 +88,11 @@ impl Recorder {
 }
 
 impl StageGradients for Recorder {
-    fn stage_done(&self, stage: usize, mut grads: GradientsParams) -> Result<GradientsParams, String> {
+    fn stage_done(
+        &self,
+        stage: usize,
+        mut grads: GradientsParams,
+    ) -> Result<GradientsParams, String> {
         self.stages.lock().unwrap().push(stage);
         if self.fail_at == Some(stage) {
             return Err("refused by the test".into());
@@ -154,7 +160,10 @@ fn every_stage_hands_its_gradients_on_once_and_the_step_applies_what_the_hook_re
         "a hook that hands the gradients on unchanged trains as no hook"
     );
     let diff = weights(&doubled.to_layer_stack()).relative_diff(&plain);
-    assert!(diff <= 1e-6, "the step applied the hook's gradients: {diff}");
+    assert!(
+        diff <= 1e-6,
+        "the step applied the hook's gradients: {diff}"
+    );
     assert!(
         weights(&base).relative_diff(&plain) > 1e-3,
         "training moved the weights"
@@ -178,7 +187,11 @@ fn a_failing_or_panicking_hook_fails_the_pass_and_keeps_nothing() {
         match pipe.forward_backward_hooked(x.clone(), y.clone(), loss, Some(&hook)) {
             Err(PipeError::GradientHook { stage, message }) => {
                 assert_eq!(Some(stage), fail_at.or(panic_at));
-                let expected = if panic_at.is_some() { "panicked" } else { "refused" };
+                let expected = if panic_at.is_some() {
+                    "panicked"
+                } else {
+                    "refused"
+                };
                 assert!(message.contains(expected), "{message}");
             }
             other => panic!("expected GradientHook, got {other:?}"),

@@ -136,19 +136,24 @@ impl<'a, S: StackTypes, L> StageExchange<'a, S, L> {
 
     /// Stage `stage`'s gradients summed over this process's replicas, then
     /// over the processes.
-    fn exchange(&self, stage: usize, grads: GradientsParams) -> Result<GradientsParams, ElasticError> {
+    fn exchange(
+        &self,
+        stage: usize,
+        grads: GradientsParams,
+    ) -> Result<GradientsParams, ElasticError> {
         let share = self.share;
         let replica = share.replica;
-        burn_freeze::fault::check(burn_freeze::fault::Phase::AllReduce, Some(stage), None).map_err(
-            |e| ElasticError::Replica {
+        burn_freeze::fault::check(burn_freeze::fault::Phase::AllReduce, Some(stage), None)
+            .map_err(|e| ElasticError::Replica {
                 replica,
                 source: e.into(),
-            },
-        )?;
+            })?;
         let module = lock(&self.modules[stage]);
         let grads = if share.local > 1 {
             let peer = collective::peer(share.generation, replica);
-            collective::all_reduce::<S::Backend, _>(share.mode, peer, replica, stage, &*module, grads)?
+            collective::all_reduce::<S::Backend, _>(
+                share.mode, peer, replica, stage, &*module, grads,
+            )?
         } else {
             grads
         };

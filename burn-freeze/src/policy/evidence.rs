@@ -39,7 +39,8 @@ impl EvidenceConfig {
     /// Checks the values: on a value out of range, the field's name, the
     /// value and the accepted range.
     pub fn check(&self) -> Result<(), (&'static str, String, &'static str)> {
-        let fail = |field, value: &dyn std::fmt::Display, range| Err((field, value.to_string(), range));
+        let fail =
+            |field, value: &dyn std::fmt::Display, range| Err((field, value.to_string(), range));
         if self.every_steps == 0 {
             return fail("every_steps", &0, "at least 1");
         }
@@ -281,7 +282,13 @@ impl FreezePolicy for Evidence {
             return Some(front);
         }
         let reading = self.reading();
-        tracing::debug!(step = state.step, loss, ?reading, frozen = state.frozen_layers, "Evidence");
+        tracing::debug!(
+            step = state.step,
+            loss,
+            ?reading,
+            frozen = state.frozen_layers,
+            "Evidence"
+        );
         let Reading::Plateau(progress) = reading else {
             return None;
         };
@@ -292,7 +299,14 @@ impl FreezePolicy for Evidence {
         }
         let front = frozen + ceil_tolerant(self.config.alpha * active as f64).clamp(1, active);
         let (level, rise, noise) = self.expectation();
-        tracing::info!(step = state.step, loss, progress, from = frozen, to = front, "Evidence: plateau; froze");
+        tracing::info!(
+            step = state.step,
+            loss,
+            progress,
+            from = frozen,
+            to = front,
+            "Evidence: plateau; froze"
+        );
         self.watching = Some(Watch {
             from: frozen,
             to: front,
@@ -307,9 +321,16 @@ impl FreezePolicy for Evidence {
 
     fn save_state(&self) -> Option<PolicyState> {
         let watch = self.watching.map_or(Vec::new(), |w| {
-            [w.from as f64, w.to as f64, w.level, w.rise, w.noise, w.seen as f64]
-                .map(Some)
-                .to_vec()
+            [
+                w.from as f64,
+                w.to as f64,
+                w.level,
+                w.rise,
+                w.noise,
+                w.seen as f64,
+            ]
+            .map(Some)
+            .to_vec()
         });
         Some(PolicyState {
             series: vec![
@@ -342,8 +363,13 @@ impl FreezePolicy for Evidence {
             seen: watch[5] as usize,
         });
         let counts = next();
-        self.since_move = counts.first().map_or(0, |&c| c as usize).min(self.losses.len());
-        self.block = counts.get(1).map_or(self.config.patience, |&c| (c as usize).max(1));
+        self.since_move = counts
+            .first()
+            .map_or(0, |&c| c as usize)
+            .min(self.losses.len());
+        self.block = counts
+            .get(1)
+            .map_or(self.config.patience, |&c| (c as usize).max(1));
     }
 }
 
@@ -433,7 +459,10 @@ mod tests {
         run(&mut a, &losses);
         let mut b = rule();
         b.load_state(a.save_state().unwrap());
-        let (x, y) = (a.held_out_loss(state(0, 7), 0.2), b.held_out_loss(state(0, 7), 0.2));
+        let (x, y) = (
+            a.held_out_loss(state(0, 7), 0.2),
+            b.held_out_loss(state(0, 7), 0.2),
+        );
         assert_eq!(x, y);
         assert_eq!(x, Some(6));
         assert_eq!(a.save_state(), b.save_state());

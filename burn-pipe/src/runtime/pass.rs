@@ -169,9 +169,13 @@ impl Handing<'_> {
             }
             hook.stage_done(s, grads)
         }))
-        .unwrap_or_else(|panic| Err(format!("the hook panicked: {}", panic_message(panic.as_ref()))));
-        report.grads =
-            handed.map_err(|message| PipeError::GradientHook { stage: s, message })?;
+        .unwrap_or_else(|panic| {
+            Err(format!(
+                "the hook panicked: {}",
+                panic_message(panic.as_ref())
+            ))
+        });
+        report.grads = handed.map_err(|message| PipeError::GradientHook { stage: s, message })?;
         Ok(report)
     }
 }

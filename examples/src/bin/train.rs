@@ -209,6 +209,12 @@ fn finetune_runs(
         let (record, model) = finetune(spec, prepared, "PipeTransformer", &method, &mut console)
             .map_err(Failure::of_job)?;
         console.finish();
+        if record.epochs.is_empty() {
+            println!(
+                "the checkpoint's run had already finished its {} epochs: nothing left to train (a larger --epochs trains on)",
+                spec.epochs
+            );
+        }
         runs.push(record);
         trained = Some(model);
         if !args.no_baseline && !args.no_strongest {

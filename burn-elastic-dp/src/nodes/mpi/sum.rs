@@ -4,8 +4,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use mpi::collective::SystemOperation;
-use mpi::topology::SimpleCommunicator;
 use mpi::raw::AsRaw;
+use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
 /// Values per `MPI_Allreduce` of a group's exchange (64 MiB of f32; MPI
@@ -13,7 +13,6 @@ use mpi::traits::*;
 pub const BUCKET_VALUES: usize = 16 << 20;
 /// The tag of arrival messages.
 pub(super) const ARRIVED: i32 = 7;
-/// Whether a link of this process failed: the job must end.
 
 /// What one exchange combines across the ranks.
 #[derive(Debug)]

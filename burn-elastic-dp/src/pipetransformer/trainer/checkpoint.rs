@@ -163,18 +163,45 @@ impl<TT: TrainerTypes> Trainer<TT> {
         // every replica. On another number of processes each one's share is
         // derived again: under AutoDP as many replicas as its devices hold
         // at the saved K (the global batch is shared among them all).
+        // The same on fewer or more devices in one process.
         let mut shape = state.shape.clone();
         let processes = trainer.group.processes();
-        if processes != state.processes {
+        let devices = trainer.devices.len();
+        let saved_devices = shape.stages() * shape.replicas;
+        if processes != state.processes || devices != saved_devices {
             if trainer.config.parts.dp {
-                shape.replicas = (trainer.devices.len() / shape.stages()).max(1);
+                shape.replicas = devices / shape.stages();
+            }
+            if shape.replicas == 0 || shape.stages() * shape.replicas > devices {
+                return Err(TrainerError::Checkpoint(format!(
+                    "it was written at K={}, R={} ({saved_devices} devices); {devices} device(s) given cannot hold {}: resume on at least {} device(s){}",
+                    state.shape.stages(),
+                    state.shape.replicas,
+                    if shape.replicas == 0 {
+                        format!("one replica of {} stages", shape.stages())
+                    } else {
+                        format!(
+                            "{} replicas of {} stages without AutoDP",
+                            shape.replicas,
+                            shape.stages()
+                        )
+                    },
+                    shape.stages() * shape.replicas.max(1),
+                    if trainer.config.parts.dp {
+                        ""
+                    } else {
+                        ", or turn AutoDP on"
+                    },
+                )));
             }
             tracing::info!(
                 written_by = state.processes,
                 resumed_on = processes,
+                devices_before = saved_devices,
+                devices_now = devices,
                 total_replicas_before = state.total_replicas,
                 replicas_here = shape.replicas,
-                "resuming on another number of processes"
+                "resuming on another number of processes or devices"
             );
         }
         trainer.reshape_through_one(&shape, |group| {

@@ -7,7 +7,8 @@ use burn::config::Config;
 use burn::tensor::Device;
 use burn_freeze::{
     Activation, AlphaArgmin, AlphaArgminConfig, ArgminStatistic, CacheConfig, ChangeRate,
-    ChangeRateConfig, Evidence, EvidenceConfig, FixedSchedule, FreezePolicy, LayerMap, LayerStack, StackTypes,
+    ChangeRateConfig, Evidence, EvidenceConfig, FixedSchedule, FreezePolicy, LayerMap, LayerStack,
+    StackTypes,
 };
 use burn_pipe::MicroBatchLoss;
 

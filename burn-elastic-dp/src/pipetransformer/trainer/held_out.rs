@@ -170,7 +170,11 @@ impl<TT: TrainerTypes> Trainer<TT> {
         } else {
             loss
         };
-        tracing::debug!(loss, millis = started.elapsed().as_secs_f64() * 1e3, "held-out loss");
+        tracing::debug!(
+            loss,
+            millis = started.elapsed().as_secs_f64() * 1e3,
+            "held-out loss"
+        );
         Ok(loss)
     }
 }

@@ -294,7 +294,10 @@ impl<TT: TrainerTypes> Trainer<TT> {
         }
         let trained = sampler.trained_per_epoch();
         if trained < needed {
-            return Err(TrainerError::DatasetTooSmall { len: trained, needed });
+            return Err(TrainerError::DatasetTooSmall {
+                len: trained,
+                needed,
+            });
         }
         if !self.mid_epoch && (self.epoch > 0 || sampler.remaining() != trained) {
             sampler.start_epoch();

@@ -195,19 +195,17 @@ impl FreezeRule {
                 }
                 Ok(())
             }
-            FreezeRule::Evidence { rule } => {
-                rule.check().map_err(|(field, value, accepted)| {
-                    let field = match field {
-                        "every_steps" => "freeze.rule.every_steps",
-                        "patience" => "freeze.rule.patience",
-                        "learned_drop" => "freeze.rule.learned_drop",
-                        "plateau_below" => "freeze.rule.plateau_below",
-                        "alpha" => "freeze.rule.alpha",
-                        _ => "freeze.rule.rise_tolerance",
-                    };
-                    invalid(field, value, accepted)
-                })
-            }
+            FreezeRule::Evidence { rule } => rule.check().map_err(|(field, value, accepted)| {
+                let field = match field {
+                    "every_steps" => "freeze.rule.every_steps",
+                    "patience" => "freeze.rule.patience",
+                    "learned_drop" => "freeze.rule.learned_drop",
+                    "plateau_below" => "freeze.rule.plateau_below",
+                    "alpha" => "freeze.rule.alpha",
+                    _ => "freeze.rule.rise_tolerance",
+                };
+                invalid(field, value, accepted)
+            }),
             // Any list: an entry below the one before thaws layers, and
             // one beyond the model is clamped to it (AutoFreeze).
             FreezeRule::Fronts { .. } => Ok(()),

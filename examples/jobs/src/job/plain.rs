@@ -107,7 +107,10 @@ where
         let start = Instant::now();
         let mut total = 0.0;
         let mut steps = 0;
-        while let Some(items) = sampler.next_items(data, 1) {
+        while let Some(items) = sampler
+            .next_items(data, 1)
+            .expect("the sampler was made with the dataset's length")
+        {
             let n = items.len();
             let (input, labels) = batcher.batch(items, &device);
             let loss = loss_fn.forward(forward::<S>(&model, input), labels);

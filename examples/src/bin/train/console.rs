@@ -163,7 +163,12 @@ pub(crate) fn print_summary(runs: &[RunRecord], samples: usize, strongest: Optio
         "run", "accuracy", "train s", "samples/s", "vs plain", "vs strongest", "final F/K/R"
     );
     for run in runs {
-        // A resumed run that had nothing left to train has no epoch.
+        // A resumed run that had nothing left to train has no epoch: no
+        // figure to show.
+        if run.epochs.is_empty() {
+            println!("{:<16} nothing left to train", run.name);
+            continue;
+        }
         let shape = run.epochs.last().map_or("-".into(), |last| {
             let last = &last.report;
             format!(
@@ -185,11 +190,14 @@ pub(crate) fn print_summary(runs: &[RunRecord], samples: usize, strongest: Optio
             shape,
         );
     }
-    let Some(pipe) = runs.iter().find(|r| r.name == "PipeTransformer") else {
+    let Some(pipe) = runs
+        .iter()
+        .find(|r| r.name == "PipeTransformer" && !r.epochs.is_empty())
+    else {
         return;
     };
     let against = |name: &str, what: &str| {
-        if let Some(base) = runs.iter().find(|r| r.name == name) {
+        if let Some(base) = runs.iter().find(|r| r.name == name && !r.epochs.is_empty()) {
             println!(
                 "PipeTransformer against {what}: {:.2}x the speed, accuracy {:+.1} points",
                 base.seconds / pipe.seconds,

@@ -173,7 +173,11 @@ fn print_exposure(pipelines: &[Exposure]) {
             p.exchange_ms,
             p.exposed_ms,
             100.0 * p.exposed_share,
-            if p.exposed_share <= 0.3 { "met" } else { "MISSED" }
+            if p.exposed_share <= 0.3 {
+                "met"
+            } else {
+                "MISSED"
+            }
         );
     }
 }

@@ -5,9 +5,7 @@
 
 use serde::Serialize;
 
-use super::configs::{
-    Configuration, DEVICES, SCHEDULE, Setting, configurations, parameter_costs,
-};
+use super::configs::{Configuration, DEVICES, SCHEDULE, Setting, configurations, parameter_costs};
 use super::memory;
 use super::real_rows::{self, RealRow};
 use super::shared::{Progress, find_pipelined, run_err};
