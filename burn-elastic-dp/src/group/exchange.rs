@@ -54,14 +54,6 @@ pub(super) struct StageExchange<'a, S: StackTypes, L> {
     arrived: Box<dyn Fn() + Send + Sync + 'a>,
 }
 
-/// What the exchanges of a pass came to.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Exchanged {
-    /// The time the pass waited on the exchanges after every stage had
-    /// finished computing: the communication the backward did not hide.
-    pub exposed: Duration,
-}
-
 impl<'a, S: StackTypes, L> StageExchange<'a, S, L> {
     /// The hook for a pass over `modules` (one per stage, in order);
     /// `arrived` is called once every stage has finished its passes.
@@ -91,14 +83,15 @@ impl<'a, S: StackTypes, L> StageExchange<'a, S, L> {
         lock(&self.error).take()
     }
 
-    /// The exchanges' figures, after the pass.
-    pub fn exchanged(&self) -> Exchanged {
+    /// After the pass: how long it waited on the exchanges after every
+    /// stage had finished computing, the communication the backward did not
+    /// hide.
+    pub fn exposed(&self) -> Duration {
         let timing = *lock(&self.timing);
-        let exposed = match (timing.computed, timing.exchanged) {
+        match (timing.computed, timing.exchanged) {
             (Some(computed), Some(exchanged)) => exchanged.saturating_duration_since(computed),
             _ => Duration::ZERO,
-        };
-        Exchanged { exposed }
+        }
     }
 
     /// Stops every wait for a turn.

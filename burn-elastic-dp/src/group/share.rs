@@ -118,7 +118,7 @@ pub(super) fn replica_share<S, O, T, L>(
             return Ok((report, Duration::ZERO));
         };
         match report {
-            Ok(report) => Ok((report, exchange.exchanged().exposed)),
+            Ok(report) => Ok((report, exchange.exposed())),
             // A hook that gave up: the exchange's own error says why.
             Err(source @ PipeError::GradientHook { .. }) => Err(exchange
                 .take_error()

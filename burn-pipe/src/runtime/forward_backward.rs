@@ -64,9 +64,7 @@ where
         T: Activation<S::Backend>,
         LossFn: MicroBatchLoss<S, T>,
     {
-        self.check_sizes(input.batch_size(), targets.batch_size())?;
-        let flows = flow_batch::<S>(Flow::Input(input.inner()));
-        self.run(flows, 0, targets, loss, None)
+        self.forward_backward_hooked(input, targets, loss, None)
     }
 
     /// [`forward_backward`](Pipeline::forward_backward) where each stage

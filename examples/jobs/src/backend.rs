@@ -15,7 +15,10 @@ mod chosen {
     /// GPUs (`.ci/gpu` sets it to the machine's count). A value that is
     /// not a count >= 1 is ignored with a warning.
     pub fn device(index: usize) -> burn::backend::cuda::CudaDevice {
-        let gpus = std::env::var("PIPETRANSFORMER_CUDA_GPUS").ok().and_then(|value| {
+        // Read once: devices are made in many places.
+        static GPUS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+        let gpus = GPUS.get_or_init(|| {
+            let value = std::env::var("PIPETRANSFORMER_CUDA_GPUS").ok()?;
             let count = value.trim().parse::<usize>().ok().filter(|&n| n >= 1);
             if count.is_none() {
                 tracing::warn!(%value, "PIPETRANSFORMER_CUDA_GPUS is not a count >= 1; ignored");

@@ -169,30 +169,20 @@ impl<TT: TrainerTypes> Trainer<TT> {
         let devices = trainer.devices.len();
         let saved_devices = shape.stages() * shape.replicas;
         if processes != state.processes || devices != saved_devices {
-            if trainer.config.parts.dp {
-                shape.replicas = devices / shape.stages();
-            }
-            if shape.replicas == 0 || shape.stages() * shape.replicas > devices {
+            // Under AutoDP K devices suffice (R = devices / K, derived again);
+            // without it the saved R must fit.
+            let dp = trainer.config.parts.dp;
+            let needed = if dp { shape.stages() } else { saved_devices };
+            if devices < needed {
                 return Err(TrainerError::Checkpoint(format!(
-                    "it was written at K={}, R={} ({saved_devices} devices); {devices} device(s) given cannot hold {}: resume on at least {} device(s){}",
-                    state.shape.stages(),
-                    state.shape.replicas,
-                    if shape.replicas == 0 {
-                        format!("one replica of {} stages", shape.stages())
-                    } else {
-                        format!(
-                            "{} replicas of {} stages without AutoDP",
-                            shape.replicas,
-                            shape.stages()
-                        )
-                    },
-                    shape.stages() * shape.replicas.max(1),
-                    if trainer.config.parts.dp {
-                        ""
-                    } else {
-                        ", or turn AutoDP on"
-                    },
+                    "it was written at K={}, R={} ({saved_devices} devices); {devices} device(s) given: resume on at least {needed}{}",
+                    shape.stages(),
+                    shape.replicas,
+                    if dp { "" } else { ", or turn AutoDP on" },
                 )));
+            }
+            if dp {
+                shape.replicas = devices / shape.stages();
             }
             tracing::info!(
                 written_by = state.processes,

@@ -134,20 +134,8 @@ pub(super) struct Exposure {
 /// The [`Exposure`] of a pipeline of `stages` stages from every rank's
 /// times over `steps` steps.
 pub(super) fn exposure(stages: usize, ranks: &[RankTimes], steps: usize) -> Exposure {
-    let least = |series: &dyn Fn(&RankTimes) -> &Vec<f64>| -> f64 {
-        median(
-            (0..steps)
-                .map(|s| {
-                    ranks
-                        .iter()
-                        .map(|r| series(r)[s])
-                        .fold(f64::INFINITY, f64::min)
-                })
-                .collect(),
-        )
-    };
-    let exchange_ms = least(&|r| &r.exchange.total_ms);
-    let exposed_ms = least(&|r| &r.all_reduce_ms);
+    let exchange_ms = median_of_least(ranks, steps, |r| &r.exchange.total_ms);
+    let exposed_ms = median_of_least(ranks, steps, |r| &r.all_reduce_ms);
     Exposure {
         stages,
         step_ms: median(ranks[0].step_ms.clone()),
@@ -155,6 +143,25 @@ pub(super) fn exposure(stages: usize, ranks: &[RankTimes], steps: usize) -> Expo
         exposed_ms,
         exposed_share: exposed_ms / exchange_ms,
     }
+}
+
+/// The median over `steps` steps of each step's smallest `series` figure
+/// over the ranks (the rank that arrived last waited for no one).
+fn median_of_least(
+    ranks: &[RankTimes],
+    steps: usize,
+    series: impl Fn(&RankTimes) -> &Vec<f64>,
+) -> f64 {
+    median(
+        (0..steps)
+            .map(|s| {
+                ranks
+                    .iter()
+                    .map(|r| series(r)[s])
+                    .fold(f64::INFINITY, f64::min)
+            })
+            .collect(),
+    )
 }
 
 /// The pipelines' exposed communication and the target's verdict.
@@ -194,15 +201,7 @@ pub(super) fn summarize(
     pipelines: Vec<Exposure>,
 ) -> Result<(), BenchError> {
     let steps = ranks[0].all_reduce_ms.len();
-    let per_step: Vec<f64> = (0..steps)
-        .map(|s| {
-            ranks
-                .iter()
-                .map(|r| r.all_reduce_ms[s])
-                .fold(f64::INFINITY, f64::min)
-        })
-        .collect();
-    let all_reduce_ms = median(per_step);
+    let all_reduce_ms = median_of_least(&ranks, steps, |r| &r.all_reduce_ms);
     let step_ms = median(ranks[0].step_ms.clone());
     let n = ranks.len() as f64;
     let algorithm = gradient_bytes as f64 / (all_reduce_ms * 1e-3) / 1e9;
