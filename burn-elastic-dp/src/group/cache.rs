@@ -64,8 +64,8 @@ where
         let start = Instant::now();
         self.alive()?;
         check_sample_ids(ids, input.batch_size())?;
+        let cached = self.replicas[0].cached_prefix();
         let first = self.replicas[0].stage(0);
-        let cached = first.frozen().units().end.min(self.num_units() - 1);
         let Some(cache) = self.cache.as_mut().filter(|_| cached > 0) else {
             return self.run_shards(Shard::Input(input), targets, loss, start);
         };

@@ -16,6 +16,25 @@ use crate::runtime::pass::run_pass;
 use crate::runtime::pipeline::Pipeline;
 use crate::runtime::report::StepReport;
 
+/// The units a cache serves ahead of a pipeline of stages `balance` (units
+/// per stage) at freeze front `front`: stage 0's frozen units, never the
+/// stack's last unit (a pass runs at least one); 0 when there is nothing
+/// to serve. Every caller that serves or plans a cached prefix asks this.
+///
+/// ```
+/// use burn_pipe::cached_prefix;
+///
+/// assert_eq!(cached_prefix(2, &[3, 3]), 2); // 2 frozen units on stage 0
+/// assert_eq!(cached_prefix(5, &[3, 3]), 3); // stage 0 holds 3
+/// assert_eq!(cached_prefix(6, &[6]), 5); // never the last unit
+/// assert_eq!(cached_prefix(0, &[3, 3]), 0);
+/// ```
+pub fn cached_prefix(front: usize, balance: &[usize]) -> usize {
+    let units: usize = balance.iter().sum();
+    let first = balance.first().copied().unwrap_or(0);
+    front.min(first).min(units.saturating_sub(1))
+}
+
 /// A whole batch as a flow, with its size.
 fn flow_batch<S: StackTypes>(flow: InnerFlow<S>) -> (InnerFlow<S>, usize) {
     let batch = match &flow {
@@ -121,8 +140,8 @@ where
     {
         self.check_sizes(input.batch_size(), targets.batch_size())?;
         check_sample_ids(ids, input.batch_size())?;
+        let cached = self.cached_prefix();
         let first = &self.stages[0];
-        let cached = first.units().frozen().units().end.min(self.num_units() - 1);
         let Some(cache) = self.cache.as_mut().filter(|_| cached > 0) else {
             return self.forward_backward(input, targets, loss);
         };
@@ -169,11 +188,10 @@ where
         LossFn: MicroBatchLoss<S, T>,
     {
         self.check_hook(hook)?;
-        let frozen_on_first = self.stages[0].units().frozen().units().end;
-        if entry == 0 || entry > frozen_on_first.min(self.num_units() - 1) {
+        if entry == 0 || entry > self.cached_prefix() {
             return Err(PipeError::BadEntry {
                 entry,
-                frozen_on_first,
+                frozen_on_first: self.stages[0].units().frozen().units().end,
             });
         }
         self.check_sizes(hidden.batch_size(), targets.batch_size())?;

@@ -122,6 +122,12 @@ where
         self.front
     }
 
+    /// The units a cache serves ahead of this pipeline at its front (see
+    /// [`cached_prefix`](crate::cached_prefix)).
+    pub fn cached_prefix(&self) -> usize {
+        crate::cached_prefix(self.front, &self.balance())
+    }
+
     /// The configuration.
     pub fn config(&self) -> &PipelineConfig {
         &self.config

@@ -57,9 +57,6 @@ pub type TrainerBackend<TT> = <<TT as TrainerTypes>::Stack as StackTypes>::Backe
 /// The input of a trainer's batches (its stack's input).
 pub type TrainerInput<TT> = <<TT as TrainerTypes>::Stack as StackTypes>::Input;
 
-/// The stack's output, which the loss scores.
-pub(crate) type TrainerOutput<TT> = <<TT as TrainerTypes>::Stack as StackTypes>::Output;
-
 /// What a stage's optimizer records (its state, checkpointed).
 pub(crate) type OptimizerRecord<TT> = <<TT as TrainerTypes>::Optimizer as Optimizer<
     TrainableUnits<<TT as TrainerTypes>::Stack>,

@@ -10,9 +10,11 @@ use burn_freeze::{FreezeState, PolicyState};
 use serde::{Deserialize, Serialize};
 
 use super::config::TrainerConfig;
+use super::cursor::CursorState;
 use super::error::{TrainerError, invalid, io};
+use super::learning_rate::RateState;
+use super::measure::MeasuredState;
 use crate::pipetransformer::shape::Shape;
-use burn_pipe::UnitCosts;
 
 /// When and where a [`Trainer`](super::Trainer) writes checkpoints.
 ///
@@ -54,42 +56,30 @@ pub(super) const MODEL: &str = "model.bin";
 pub(super) const OPTIMIZER: &str = "optimizer.bin";
 pub(super) const STATE: &str = "state.json";
 
-/// Everything of a run but its weights and optimizer state.
+/// Everything of a run but its weights and optimizer state: a field per
+/// part of the trainer, the parts' own fields flattened into one object.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct RunState {
     pub format: u32,
-    /// Optimizer steps taken.
-    pub steps: usize,
-    /// Epochs finished.
-    pub epoch: usize,
-    /// Whether the checkpoint falls inside an epoch.
-    pub mid_epoch: bool,
-    /// The sampler's epoch and position, and the dataset's length.
-    pub sampler: Option<(usize, usize, usize)>,
+    /// Steps, epochs and the sampler's place.
+    #[serde(flatten)]
+    pub cursor: CursorState,
     pub freeze: FreezeState,
     pub policy: Option<PolicyState>,
     pub front: usize,
     pub shape: Shape,
-    pub costs: UnitCosts,
-    pub initial_largest: f64,
-    pub base_replicas: usize,
-    pub profile_pending: bool,
-    /// The units' memory figures (absent in checkpoints from before
-    /// memory-aware AutoPipe).
-    #[serde(default)]
-    pub memory: Option<burn_pipe::UnitMemory>,
-    #[serde(default)]
-    pub memory_pending: bool,
+    /// Costs, memory and what is still to measure.
+    #[serde(flatten)]
+    pub measured: MeasuredState,
+    /// The learning rate's reference and schedule.
+    #[serde(flatten)]
+    pub rate: RateState,
     /// Processes of the group that wrote it (1 for one process).
     #[serde(default = "one")]
     pub processes: usize,
     /// Replicas of the whole group, every process's.
     #[serde(default)]
     pub total_replicas: usize,
-    /// The learning-rate scheduler's record (Burn's binary recorder), when
-    /// one with a state is set.
-    #[serde(default)]
-    pub lr_schedule: Option<Vec<u8>>,
     /// (file, CRC-32, length) of the weights and optimizer files.
     pub files: Vec<(String, u32, u64)>,
 }
@@ -138,8 +128,10 @@ pub(super) fn write(
     optimizer: &[u8],
 ) -> Result<PathBuf, TrainerError> {
     fs::create_dir_all(&config.dir).map_err(io(&config.dir))?;
-    let final_dir = config.dir.join(name(state.steps));
-    let temporary = config.dir.join(format!(".tmp-{}", name(state.steps)));
+    let final_dir = config.dir.join(name(state.cursor.steps));
+    let temporary = config
+        .dir
+        .join(format!(".tmp-{}", name(state.cursor.steps)));
     let _ = fs::remove_dir_all(&temporary);
     fs::create_dir(&temporary).map_err(io(&temporary))?;
     state.format = FORMAT;

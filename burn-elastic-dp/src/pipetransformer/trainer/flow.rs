@@ -3,11 +3,6 @@
 
 use std::ops::ControlFlow;
 
-use super::Trainer;
-use super::bounds::TrainerTypes;
-use super::epoch::{EpochEnd, EpochTally};
-use super::log::EpochReport;
-
 /// The result of [`Trainer::fit_epoch_observed`]'s observer: `()` goes on,
 /// a [`ControlFlow`] goes on or stops the epoch after the step.
 ///
@@ -40,37 +35,5 @@ impl StepFlow for () {
 impl StepFlow for ControlFlow<()> {
     fn into_flow(self) -> ControlFlow<()> {
         self
-    }
-}
-
-impl<TT: TrainerTypes> Trainer<TT> {
-    /// Whether an epoch is under way: started, not finished (it stopped
-    /// part-way, by its observer, an error, or a checkpoint taken inside
-    /// it); the next [`fit_epoch`](Self::fit_epoch) goes on with it.
-    pub fn epoch_in_progress(&self) -> bool {
-        self.mid_epoch
-    }
-
-    /// Whether the epoch under way has samples left.
-    pub(super) fn epoch_left(&self) -> bool {
-        self.sampler.as_ref().is_some_and(|s| s.remaining() > 0)
-    }
-
-    /// What the epoch's end adds to `tally`.
-    pub(super) fn epoch_end(&self, tally: &EpochTally) -> EpochEnd {
-        EpochEnd {
-            epoch: self.epoch,
-            frozen_layers: self.auto.frozen_layers(),
-            front: self.front(),
-            micro_batches: self.micro_batches(tally.ran_with().stages()),
-            cache_after: self.cache_counts(),
-        }
-    }
-
-    /// The report of an epoch its observer stopped: the steps this call
-    /// ran; the epoch stays open (not logged, not counted).
-    pub(super) fn stopped_report(&self, tally: EpochTally) -> EpochReport {
-        let end = self.epoch_end(&tally);
-        tally.report(end)
     }
 }

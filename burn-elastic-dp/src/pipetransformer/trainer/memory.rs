@@ -2,11 +2,8 @@
 //! memory (parameters, measured activations), the start that fits and the fit later shapes keep.
 
 use burn::config::Config;
-use burn_freeze::{Differentiable, LayerStack, StackTypes};
-use burn_pipe::{HeapCounter, UnitMemory, measure_unit_memory};
+use burn_pipe::UnitMemory;
 
-use super::Trainer;
-use super::bounds::{TrainerBackend, TrainerInput, TrainerOutput, TrainerTypes};
 use super::config::TrainerConfig;
 use super::error::{TrainerError, invalid};
 use crate::pipetransformer::shape::{MemoryFit, Shape, starting_shape};
@@ -136,93 +133,5 @@ impl TrainerConfig {
             );
         }
         Ok((shape, largest))
-    }
-}
-
-/// The units' memory before the first batch: parameter bytes only.
-pub(super) fn starting_memory<S: StackTypes>(stack: &LayerStack<S>) -> UnitMemory {
-    UnitMemory::from_param_counts(&stack.unit_params(), burn_pipe::float_bytes::<S::Backend>())
-}
-
-/// Whether the first batch should measure the units' activations: a
-/// budget is given (without one every stage fits, and the measurement,
-/// two forward passes with graphs held, would decide nothing), the shape
-/// rule keeps a memory fit, and the heap is counted.
-pub(super) fn measure_pending(config: &TrainerConfig, memory: &UnitMemory) -> bool {
-    config.memory.device_bytes.is_some()
-        && config.memory_fit(memory).is_some()
-        && HeapCounter::installed()
-}
-
-impl<TT: TrainerTypes> Trainer<TT> {
-    /// The units' memory figures: parameter bytes, and the activation bytes
-    /// per sample measured on the first batch (0 until then, or where the
-    /// heap is not counted).
-    pub fn unit_memory(&self) -> &UnitMemory {
-        &self.memory
-    }
-
-    /// The estimate of what each stage of the current shape holds (see
-    /// [`UnitMemory::stages`]), at the current front.
-    pub fn stage_memory(&self) -> Vec<burn_pipe::StageMemory> {
-        let fit = self.memory_fit().unwrap_or_else(|| {
-            let unlimited = MemoryConfig::new();
-            MemoryFit::for_run(
-                None,
-                unlimited.device_bytes,
-                unlimited.optimizer_slots,
-                &self.memory,
-                self.config.batch,
-                self.config.replicas.pipeline.micro_batches,
-                self.config.replicas.pipeline.schedule,
-            )
-            .expect("a fit without stages")
-        });
-        fit.stage_memory(
-            &self.shape().balance,
-            self.group.front(),
-            self.devices.len(),
-        )
-    }
-
-    /// The fit the shape rule keeps now (see [`TrainerConfig::memory_fit`]).
-    pub(super) fn memory_fit(&self) -> Option<MemoryFit> {
-        self.config.memory_fit(&self.memory)
-    }
-
-    /// Before the first step, where pending: the units' activations
-    /// measured on `input`, then the starting shape decided again on them
-    /// (and on the profiled costs) and the group moved to it.
-    pub(super) fn measure_memory_if_pending(
-        &mut self,
-        input: &TrainerInput<TT>,
-    ) -> Result<(), TrainerError>
-    where
-        TrainerOutput<TT>: Differentiable<TrainerBackend<TT>>,
-    {
-        if !self.memory_pending {
-            return Ok(());
-        }
-        let stack = self.group.to_layer_stack();
-        let measured = measure_unit_memory(&stack, input.clone(), &self.devices[0]);
-        // Every process starts on the same figures: the largest measured.
-        self.memory = super::agree::unit_memory(&self.group, measured)?;
-        self.memory_pending = false;
-        tracing::info!(activations = ?self.memory.activations, "activation bytes per sample measured");
-        self.restart_shape()
-    }
-
-    /// The starting shape decided again (on new costs or memory figures),
-    /// the group moved to it.
-    pub(super) fn restart_shape(&mut self) -> Result<(), TrainerError> {
-        let current = self.shape();
-        let (shape, largest) =
-            self.config
-                .start_shape(&self.costs, &self.memory, self.devices.len())?;
-        if self.move_to(&current, &shape)? {
-            self.base_replicas = self.group.total_replicas();
-        }
-        self.initial_largest = largest;
-        Ok(())
     }
 }

@@ -8,19 +8,19 @@ mod build;
 mod checkpoint;
 mod checkpoint_files;
 mod config;
+mod cursor;
 mod epoch;
 mod error;
 mod flow;
 mod held_out;
 mod learning_rate;
 mod log;
+mod measure;
 mod memory;
 mod micro;
-mod micro_rule;
 mod recovery;
 mod rules;
 mod schedule;
-mod stop;
 mod transition;
 
 use std::sync::Arc;
@@ -45,11 +45,14 @@ pub(crate) use schedule::LrSource;
 
 use crate::error::ElasticError;
 use crate::group::{GroupReport, ReplicaGroup};
-use crate::sampler::ElasticSampler;
-use burn_pipe::UnitCosts;
-use epoch::EpochTally;
+use cursor::EpochCursor;
+use epoch::{EpochEnd, EpochTally};
+use held_out::HeldOut;
+use learning_rate::LearningRate;
 use log::JsonLog;
-use micro_rule::MicroBatchRule;
+use measure::Measurements;
+use micro::{micro_batches, min_batch};
+use transition::move_to;
 
 /// The loss, shared by every replica's thread: a micro-batch's output and
 /// targets to the mean loss over its samples.
@@ -135,46 +138,18 @@ pub(crate) type SharedLoss<S, T> = Arc<dyn MicroBatchLoss<S, T> + Send>;
 pub struct Trainer<TT: TrainerTypes> {
     group: ReplicaGroup<TT::Stack, TT::Optimizer>,
     loss: SharedLoss<TT::Stack, TT::Targets>,
-    costs: UnitCosts,
-    /// Whether the costs still wait for the first batch's profile.
-    profile_pending: bool,
-    /// The units' memory: parameters, and activations once measured.
-    memory: burn_pipe::UnitMemory,
-    /// Whether the activations still wait for the first batch.
-    memory_pending: bool,
-    /// The largest stage's cost at the start: no later stage exceeds it.
-    initial_largest: f64,
-    /// Replicas at the start (the learning rate's reference).
-    base_replicas: usize,
     config: TrainerConfig,
     devices: Vec<Device<TrainerBackend<TT>>>,
     auto: AutoFreeze<Box<dyn FreezePolicy + Send>>,
-    sampler: Option<ElasticSampler>,
-    /// The freeze rule's held-out batch: the user's validation batch
-    /// ([`set_validation`](Self::set_validation)), or the carved samples
-    /// once fetched (`held_out.rs`).
-    held_out_batch: Option<(TrainerInput<TT>, TT::Targets)>,
-    epoch: usize,
-    steps: usize,
-    /// Whether an epoch is under way (started, not finished).
-    mid_epoch: bool,
+    /// Costs, memory and the micro-batch rule (`measure.rs`).
+    measured: Measurements,
+    /// The learning rate (`learning_rate.rs`).
+    rate: LearningRate,
+    /// The sampler, the epoch and the steps (`cursor.rs`).
+    cursor: EpochCursor,
+    /// The freeze rule's held-out batch (`held_out.rs`).
+    held_out: HeldOut<TrainerInput<TT>, TT::Targets>,
     log: Option<JsonLog>,
-    /// The micro-batch count's times and choice (`micro.rs`).
-    micro: MicroBatchRule,
-    /// The learning-rate schedule (`schedule.rs`).
-    schedule: schedule::Schedule,
-    /// The unscaled rate of the last step (before the first: `config.lr`).
-    last_base_lr: f64,
-    /// Time spent measuring (activations, unit costs, micro-batch times)
-    /// since the epoch's tally last took it.
-    profiling: std::time::Duration,
-}
-
-/// A batch drawn from the sampler, and where the sampler stood before it
-/// (to put it back when it is not trained).
-struct Drawn {
-    indices: Vec<usize>,
-    from: (usize, usize),
 }
 
 /// Where AutoFreeze decides.
@@ -238,18 +213,23 @@ impl<TT: TrainerTypes> Trainer<TT> {
             self.group.total_replicas(),
         );
         self.begin_epoch(dataset.len())?;
-        while let Some(drawn) = self.next_batch(dataset.len())? {
-            let report = match self.train_batch(dataset, batcher, &drawn.indices) {
+        loop {
+            let shape = self.shape();
+            let replicas = self.group.total_replicas();
+            let min_batch = min_batch(&self.group, &self.config, shape.stages());
+            let Some(drawn) = self.cursor.next_batch(replicas, min_batch)? else {
+                break;
+            };
+            let report = match self.train_batch(dataset, batcher, &drawn.indices, &mut tally) {
                 Ok(report) => report,
                 Err(error) => {
-                    self.put_back(drawn)?;
+                    self.cursor.put_back(drawn)?;
                     return Err(error);
                 }
             };
-            self.steps += 1;
-            tally.profiling(std::mem::take(&mut self.profiling));
+            self.cursor.step_taken();
             let total = self.group.total_replicas();
-            let (lr, steps) = (self.learning_rate(), self.steps);
+            let (lr, steps) = (self.learning_rate(), self.cursor.steps());
             let progress = tally.step(
                 drawn.indices.len(),
                 &report,
@@ -262,88 +242,41 @@ impl<TT: TrainerTypes> Trainer<TT> {
             let thawed = self.guard_after_step(dataset, batcher, &mut tally)?;
             self.checkpoint_after_step(moved || thawed)?;
             self.stop_if_requested()?;
-            if flow.into_flow().is_break() && self.epoch_left() {
-                return Ok(self.stopped_report(tally));
+            if flow.into_flow().is_break() && self.cursor.epoch_left() {
+                let end = self.epoch_end(&tally);
+                return Ok(tally.report(end));
             }
         }
         self.decide(DecisionPoint::EpochEnd, &mut tally)?;
         self.end_epoch(tally)
     }
 
-    // The loop's parts follow, top-down: the epoch's start and batches, the
-    // step, the decision after it, the epoch's report.
+    // The loop's parts follow, top-down: the epoch's start, the step, the
+    // decision after it and the transition it makes, the epoch's report.
 
     /// Checks the group and the dataset and starts the sampler's epoch,
     /// unless one is under way (it stopped part-way: an error, or a
     /// checkpoint taken inside it), which goes on where it stopped.
     fn begin_epoch(&mut self, len: usize) -> Result<(), TrainerError> {
-        if self.sampler.is_none() {
-            self.sampler = Some(self.make_sampler(len)?);
-        }
         let shape = self.shape();
         if shape.replicas == 0 {
             return Err(ElasticError::GroupLost.into());
         }
-        let needed = self.group.total_replicas() * self.micro_batches(shape.stages());
-        let sampler = self.sampler.as_mut().expect("made above");
-        if sampler.len() != len {
-            return Err(TrainerError::DatasetChanged {
-                before: sampler.len(),
-                now: len,
-            });
-        }
-        let trained = sampler.trained_per_epoch();
-        if trained < needed {
-            return Err(TrainerError::DatasetTooSmall {
-                len: trained,
-                needed,
-            });
-        }
-        if !self.mid_epoch && (self.epoch > 0 || sampler.remaining() != trained) {
-            sampler.start_epoch();
-        }
-        self.mid_epoch = true;
-        Ok(())
+        let needed = min_batch(&self.group, &self.config, shape.stages());
+        let (held_out, config) = (&self.held_out, &self.config);
+        (self.cursor).begin(len, needed, |len| held_out.sampler(config, len))
     }
 
-    /// The epoch's next batch for the current replicas of every process
-    /// (`None` once every sample was drawn): at least a sample per
-    /// micro-batch of every replica of the whole group, the epoch's last
-    /// batch taking in a remainder too small.
-    fn next_batch(&mut self, len: usize) -> Result<Option<Drawn>, TrainerError> {
-        let shape = self.shape();
-        let replicas = self.group.total_replicas();
-        let min_batch = replicas * self.micro_batches(shape.stages());
-        let sampler = self.sampler.as_mut().expect("begin_epoch made the sampler");
-        let from = sampler.position();
-        let Some(indices) = sampler.next_batch_min(replicas, min_batch) else {
-            return Ok(None);
-        };
-        if indices.len() < min_batch {
-            sampler.seek(from.0, from.1)?;
-            return Err(TrainerError::DatasetTooSmall {
-                len,
-                needed: min_batch,
-            });
-        }
-        Ok(Some(Drawn { indices, from }))
-    }
-
-    /// A batch that was not trained goes back to the sampler.
-    fn put_back(&mut self, drawn: Drawn) -> Result<(), TrainerError> {
-        let sampler = self.sampler.as_mut().expect("the batch came from it");
-        let (epoch, cursor) = drawn.from;
-        Ok(sampler.seek(epoch, cursor)?)
-    }
-
-    /// One step on the samples `indices`: the group's forward and backward
-    /// pass (run again on the survivors when a replica failed and recovery
-    /// is on), then the optimizer step.
+    /// One step on the samples `indices`: before the first, what is to be
+    /// measured (its time added to `tally`); the group's forward and
+    /// backward pass (run again on the survivors when a replica failed and
+    /// recovery is on), then the optimizer step.
     fn train_batch<I, D, Bt>(
         &mut self,
         dataset: &D,
         batcher: &Bt,
         indices: &[usize],
+        tally: &mut EpochTally,
     ) -> Result<GroupReport, TrainerError>
     where
         TT::Stack: CacheableStack,
@@ -353,29 +286,48 @@ impl<TT: TrainerTypes> Trainer<TT> {
         let device = self.devices[0].clone();
         let batch = || fetch(dataset, batcher, indices, &device);
         let (mut input, mut targets) = batch()?;
-        // Memory first: measured activations may deepen a one-stage start,
-        // which then needs the profiled costs.
         let measuring = std::time::Instant::now();
-        self.measure_memory_if_pending(&input)?;
-        self.profile_if_pending(&input)?;
-        self.micro_batches_if_pending(&input)?;
-        self.profiling += measuring.elapsed();
-        let lr = self.next_learning_rate()?;
+        self.measure_if_pending(&input)?;
+        tally.profiling(measuring.elapsed());
+        let (step, replicas) = (self.cursor.steps(), self.group.total_replicas());
+        let sampler = self.cursor.sampler();
+        let lr = (self.rate).next(step, self.config.lr, sampler, replicas)?;
+        let recover = self.config.recover_replicas;
         let report = loop {
             match self.forward_backward(indices, input, targets) {
                 Ok(report) => break report,
-                Err(error) => self.recover_pass(error)?,
+                Err(error) => recovery::recover_pass(&mut self.group, recover, error)?,
             }
             // Nothing of the step was applied: the survivors run the same
             // batch again.
             (input, targets) = batch()?;
         };
-        self.optimizer_step(lr)?;
+        recovery::optimizer_step(&mut self.group, recover, lr)?;
         Ok(report)
     }
 
+    /// Before the first step (of a new or resumed trainer), where pending:
+    /// the units' memory and times measured on `input`, the start decided
+    /// again on them and the group moved to it (memory first: measured
+    /// activations may deepen a one-stage start, which then needs the
+    /// profiled costs); then the micro-batch count.
+    fn measure_if_pending(&mut self, input: &TrainerInput<TT>) -> Result<(), TrainerError>
+    where
+        TT::Stack: CacheableStack,
+    {
+        let (config, devices) = (&self.config, &self.devices);
+        if (self.measured).measure_first_batch(&self.group, config, devices, input)? {
+            let start = self.measured.start_shape(config, devices.len())?;
+            if move_to(&mut self.group, devices, &start)? {
+                self.rate.rebase(self.group.total_replicas());
+            }
+            tracing::info!(balance = ?start.balance, "the start decided again on what was measured");
+        }
+        (self.measured.micro).measure_if_pending(&mut self.group, config, &devices[0], input)
+    }
+
     /// The group's forward and backward pass on a batch, the frozen prefix
-    /// served from the cache when AutoCache runs and units are frozen.
+    /// served from the cache when the group holds one.
     fn forward_backward(
         &mut self,
         indices: &[usize],
@@ -387,8 +339,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
     {
         let loss = Arc::clone(&self.loss);
         let loss = move |output, targets| loss(output, targets);
-        let parts = self.config.parts;
-        if parts.cache && parts.freeze && self.group.front() > 0 {
+        if self.group.cache().is_some() {
             let ids: Vec<u64> = indices.iter().map(|&i| i as u64).collect();
             self.group
                 .forward_backward_cached(&ids, input, targets, loss)
@@ -414,9 +365,111 @@ impl<TT: TrainerTypes> Trainer<TT> {
             DecisionPoint::EpochEnd => self.auto.after_epoch(&mut self.group)?,
         };
         if moved.is_some() {
-            tally.transition(self.transition(front)?);
+            tally.transition(self.reshape_after_move(front)?);
         }
         Ok(moved.is_some())
+    }
+
+    /// After a step, when the freeze rule asks for it: the held-out loss,
+    /// fed to the rule, and the transition that follows when it moved the
+    /// front (a thaw); whether it moved.
+    fn guard_after_step<I, D, Bt>(
+        &mut self,
+        dataset: &D,
+        batcher: &Bt,
+        tally: &mut EpochTally,
+    ) -> Result<bool, TrainerError>
+    where
+        TT::Stack: CacheableStack,
+        D: Dataset<I>,
+        Bt: Batcher<TrainerBackend<TT>, I, (TrainerInput<TT>, TT::Targets)>,
+    {
+        if !self.config.parts.freeze || !self.auto.wants_held_out_loss() {
+            return Ok(false);
+        }
+        let carved = self.cursor.held_out();
+        let Some((input, targets)) =
+            (self.held_out).batch(dataset, batcher, carved, &self.devices[0])?
+        else {
+            return Ok(false);
+        };
+        let loss = held_out::held_out_loss(&self.group, &self.loss, input, targets)?;
+        let front = self.group.front();
+        let moved = self.auto.held_out_loss(&mut self.group, loss)?;
+        if self.group.front() != front {
+            tally.transition(self.reshape_after_move(front)?);
+            return Ok(true);
+        }
+        Ok(moved.is_some())
+    }
+
+    /// AutoPipe and AutoDP after the front moved from `front_before` (up,
+    /// or down: see [`Measurements::shape_after`]): the new shape, applied,
+    /// logged and returned as a [`Transition`].
+    fn reshape_after_move(&mut self, front_before: usize) -> Result<Transition, TrainerError> {
+        let start = std::time::Instant::now();
+        let front = self.group.front();
+        let before = self.shape();
+        let total_before = self.group.total_replicas();
+        let devices = self.devices.len();
+        let after =
+            (self.measured).shape_after(&self.config, devices, (front_before, front), &before)?;
+        move_to(&mut self.group, &self.devices, &after)?;
+        let micro_batch_choice = self.measured.micro.choose(&mut self.group, &self.config);
+        let record = Transition {
+            epoch: self.cursor.epoch(),
+            step: self.cursor.steps(),
+            frozen_layers: self.auto.frozen_layers(),
+            front: (front_before, front),
+            stages: (before.stages(), after.stages()),
+            replicas: (before.replicas, after.replicas),
+            total_replicas: (total_before, self.group.total_replicas()),
+            micro_batches: micro_batches(&self.group, &self.config, after.stages()),
+            micro_batch_choice,
+            balance: after.balance,
+            millis: start.elapsed().as_secs_f64() * 1e3,
+        };
+        record.log();
+        if let Some(log) = self.log.as_mut() {
+            log.transition(&record)?;
+        }
+        Ok(record)
+    }
+
+    /// After a step that left some of the epoch to run: a checkpoint when
+    /// the front `moved` or every `every_steps` steps (the epoch's last step
+    /// is saved by the epoch's end, at once).
+    fn checkpoint_after_step(&self, moved: bool) -> Result<(), TrainerError> {
+        if let Some(checkpoint) = &self.config.checkpoint
+            && self.cursor.epoch_left()
+            && (moved || self.cursor.steps().is_multiple_of(checkpoint.every_steps))
+        {
+            self.save_checkpoint()?;
+        }
+        Ok(())
+    }
+
+    /// After a step: when a stop was asked for, the checkpoint here (every
+    /// process after the same step) and [`TrainerError::Stopped`].
+    fn stop_if_requested(&mut self) -> Result<(), TrainerError> {
+        if !self.group.stop_requested() {
+            return Ok(());
+        }
+        let checkpoint = self.save_checkpoint()?;
+        let steps = self.cursor.steps();
+        tracing::warn!(steps, checkpoint = ?checkpoint, "stopped as asked");
+        Err(TrainerError::Stopped { steps, checkpoint })
+    }
+
+    /// What the epoch's end adds to `tally`.
+    fn epoch_end(&self, tally: &EpochTally) -> EpochEnd {
+        EpochEnd {
+            epoch: self.cursor.epoch(),
+            frozen_layers: self.auto.frozen_layers(),
+            front: self.front(),
+            micro_batches: micro_batches(&self.group, &self.config, tally.ran_with().stages()),
+            cache_after: self.cache_counts(),
+        }
     }
 
     /// The epoch's report (logged), and the epoch closed (checkpointed).
@@ -426,8 +479,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
         if let Some(log) = self.log.as_mut() {
             log.epoch(&report)?;
         }
-        self.epoch += 1;
-        self.mid_epoch = false;
+        self.cursor.end_epoch();
         self.save_checkpoint()?;
         Ok(report)
     }

@@ -33,6 +33,19 @@ pub struct Parts {
 }
 
 impl Parts {
+    /// Whether AutoCache serves anything: it caches the frozen prefix, so
+    /// only when AutoFreeze runs too.
+    ///
+    /// ```
+    /// use burn_elastic_dp::Parts;
+    ///
+    /// assert!(Parts::new().caches());
+    /// assert!(!Parts::new().with_freeze(false).caches());
+    /// ```
+    pub fn caches(self) -> bool {
+        self.cache && self.freeze
+    }
+
     /// What the shape rule may do when these parts run on `devices`
     /// devices, the largest stage at the start costing `initial_largest`.
     pub fn reshaping(self, devices: usize, initial_largest: f64) -> Reshaping {
