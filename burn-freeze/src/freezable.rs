@@ -5,7 +5,7 @@ use std::fmt;
 use burn::module::Module;
 use burn::optim::GradientsParams;
 
-use crate::cache::{Cacheable, StackCache, check_sample_ids, serve_prefix};
+use crate::cache::{Cacheable, CachedStart, StackCache, cached_prefix, serve_cached};
 use crate::error::{CacheError, FreezeError};
 use crate::flow::{Flow, InnerFlow, flow_from_inner};
 use crate::freeze_front::FreezeFront;
@@ -271,7 +271,7 @@ impl<S: StackTypes> FreezableStack<S> {
     }
 
     /// [`forward`](Self::forward) with the frozen prefix served by the
-    /// attached cache ([`serve_prefix`]): `ids[i]` names sample `i` of the
+    /// attached cache ([`serve_cached`]): `ids[i]` names sample `i` of the
     /// batch, the same id for the same sample in every epoch.
     ///
     /// The result equals [`forward`](Self::forward)'s. Without a cache, or
@@ -284,14 +284,13 @@ impl<S: StackTypes> FreezableStack<S> {
         InnerInput<S>: Cacheable<InnerBackendOf<S>>,
         InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
     {
-        use crate::activation::{Activation, AutodiffActivation};
-        check_sample_ids(ids, input.batch_size())?;
         let len = self.num_units();
-        let cached_units = self.front().min(len - 1);
-        let Some(cache) = self.cache.as_mut().filter(|_| cached_units > 0) else {
-            return Ok(self.forward(input));
+        let entry = cached_prefix(self.front(), &[len]);
+        let (cache, frozen) = (self.cache.as_mut(), self.units.frozen());
+        let (cached_units, hidden) = match serve_cached(cache, frozen, entry, ids, input, None)? {
+            CachedStart::Input(input) => return Ok(self.forward(input)),
+            CachedStart::Hidden { entry, hidden } => (entry, hidden),
         };
-        let hidden = serve_prefix(cache, self.units.frozen(), ids, input.inner(), cached_units)?;
         let flow: InnerFlow<S> = Flow::Hidden(hidden);
         let flow = if self.front() == len {
             self.units.frozen().forward_units(flow, len - 1, len)

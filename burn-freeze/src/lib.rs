@@ -32,7 +32,7 @@
 //!   schedules ([`FixedSchedule`]), fed per-layer gradient norms read from the
 //!   gradients the step already computed ([`LayerMap`], [`GradNorm`]).
 //! - **AutoCache** ([`ActivationCache`]): per-sample frozen-prefix outputs in
-//!   memory and spilled to disk, served by [`plumbing::serve_prefix`] (used
+//!   memory and spilled to disk, served by [`plumbing::serve_cached`] (used
 //!   by [`FreezableStack::forward_cached`] and by a pipeline's first stage).
 //!
 //! What a model's training code does not need stays apart: the building

@@ -1,7 +1,7 @@
 //! Building blocks for crates that run a layer stack's units themselves (`burn-pipe`'s stages,
 //! `burn-elastic-dp`'s replicas, and tests that check them); training a model needs none of it.
 
-pub use crate::cache::{check_sample_ids, serve_prefix};
+pub use crate::cache::{CachedStart, cached_prefix, serve_cached};
 pub use crate::flow::{
     Flow, InnerFlow, TrainFlow, flow_from_inner, flow_into_inner, flow_to_device,
 };

@@ -39,7 +39,6 @@ pub use balance::partition::{balance_exact, balance_greedy, compress, largest_st
 pub use balance::profile::{profile_micro_batches, profile_units};
 pub use runtime::config::PipelineConfig;
 pub use runtime::error::{PipeError, panic_message};
-pub use runtime::forward_backward::cached_prefix;
 pub use runtime::hook::StageGradients;
 pub use runtime::loss::MicroBatchLoss;
 pub use runtime::microbatch::micro_batch_sizes;

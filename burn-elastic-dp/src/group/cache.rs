@@ -3,10 +3,10 @@
 
 use std::time::Instant;
 
-use burn_freeze::plumbing::{check_sample_ids, serve_prefix};
+use burn_freeze::plumbing::{CachedStart, serve_cached};
 use burn_freeze::{
-    Activation, AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput, StackCache,
-    StackOptimizer, StackTypes,
+    Activation, Cacheable, InnerBackendOf, InnerHidden, InnerInput, StackCache, StackOptimizer,
+    StackTypes,
 };
 use burn_pipe::MicroBatchLoss;
 
@@ -38,7 +38,7 @@ where
 
     /// [`forward_backward`](Self::forward_backward) with the frozen units of
     /// stage 0 served by the attached AutoCache
-    /// ([`serve_prefix`](burn_freeze::plumbing::serve_prefix), on replica 0's first
+    /// ([`serve_cached`](burn_freeze::plumbing::serve_cached), on replica 0's first
     /// device, for the whole batch): `ids[i]` names sample `i`, the same id
     /// for the same sample in every epoch. Every replica's pipeline then
     /// starts after those units ([`Pipeline::forward_backward_from`](burn_pipe::Pipeline::forward_backward_from)), so no
@@ -63,15 +63,14 @@ where
     {
         let start = Instant::now();
         self.alive()?;
-        check_sample_ids(ids, input.batch_size())?;
-        let cached = self.replicas[0].cached_prefix();
-        let first = self.replicas[0].stage(0);
-        let Some(cache) = self.cache.as_mut().filter(|_| cached > 0) else {
-            return self.run_shards(Shard::Input(input), targets, loss, start);
-        };
-        let device = self.replicas[0].devices()[0].clone();
-        let input = input.inner().to_device(&device);
-        let hidden = serve_prefix(cache, first.frozen(), ids, input, cached)?;
-        self.run_shards(Shard::Hidden(cached, hidden), targets, loss, start)
+        let first = &self.replicas[0];
+        let (entry, device) = (first.cached_prefix(), &first.devices()[0]);
+        let frozen = first.stage(0).frozen();
+        let shard =
+            match serve_cached(self.cache.as_mut(), frozen, entry, ids, input, Some(device))? {
+                CachedStart::Input(input) => Shard::Input(input),
+                CachedStart::Hidden { entry, hidden } => Shard::Hidden(entry, hidden),
+            };
+        self.run_shards(shard, targets, loss, start)
     }
 }

@@ -18,7 +18,7 @@ pub use cacheable::Cacheable;
 use disk::DiskTier;
 use key::CacheKey;
 use memory::MemoryTier;
-pub use serve::{StackCache, check_sample_ids, serve_prefix};
+pub use serve::{CachedStart, StackCache, cached_prefix, serve_cached};
 
 use crate::error::CacheError;
 

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use super::{ActivationCache, Cacheable};
-use crate::activation::Activation;
+use crate::activation::{Activation, AutodiffActivation};
 use crate::error::CacheError;
 use crate::flow::Flow;
 use crate::frozen::FrozenUnits;
@@ -18,8 +18,74 @@ pub type StackCache<S> = ActivationCache<InnerBackendOf<S>, InnerHidden<S>>;
 /// cached value it starts from (`None`: from the input).
 type Start<S> = (usize, Option<InnerHidden<S>>);
 
+/// The units a cache serves ahead of a stack split into stages of
+/// `balance` units (one stage: the whole stack) at freeze front `front`:
+/// the first stage's frozen units, never the stack's last unit (a pass runs
+/// at least one); 0 when there is nothing to serve. Every caller that
+/// serves or plans a cached prefix asks this.
+///
+/// ```
+/// use burn_freeze::plumbing::cached_prefix;
+///
+/// assert_eq!(cached_prefix(2, &[3, 3]), 2); // 2 frozen units on stage 0
+/// assert_eq!(cached_prefix(5, &[3, 3]), 3); // stage 0 holds 3
+/// assert_eq!(cached_prefix(6, &[6]), 5); // never the last unit
+/// assert_eq!(cached_prefix(0, &[3, 3]), 0);
+/// ```
+pub fn cached_prefix(front: usize, balance: &[usize]) -> usize {
+    let units: usize = balance.iter().sum();
+    let first = balance.first().copied().unwrap_or(0);
+    front.min(first).min(units.saturating_sub(1))
+}
+
+/// Where a cached pass starts: from its own input (nothing to serve), or
+/// at unit `entry` with the served output of units `0..entry`.
+pub enum CachedStart<S: StackTypes> {
+    /// No cache, or no frozen unit to serve: the pass runs from the input.
+    Input(S::Input),
+    /// Units `0..entry` served from the cache (or computed and cached).
+    Hidden {
+        /// The first unit the pass runs.
+        entry: usize,
+        /// The output of units `0..entry`.
+        hidden: InnerHidden<S>,
+    },
+}
+
+/// The start of a cached pass, the one place its sample ids are checked:
+/// `ids` must name the samples of `input`, once each (whether or not
+/// anything is served); then units `0..entry` (`entry` from
+/// [`cached_prefix`], frozen in `frozen`) are served from `cache` on
+/// `device` (`None`: where the input is; see [`serve_prefix`]), unless
+/// there is no cache or `entry` is 0.
+///
+/// Fails, changing nothing in the cache, as [`serve_prefix`] does.
+pub fn serve_cached<S: StackTypes>(
+    cache: Option<&mut StackCache<S>>,
+    frozen: &FrozenUnits<S>,
+    entry: usize,
+    ids: &[u64],
+    input: S::Input,
+    device: Option<&burn::prelude::Device<InnerBackendOf<S>>>,
+) -> Result<CachedStart<S>, CacheError>
+where
+    InnerInput<S>: Cacheable<InnerBackendOf<S>>,
+    InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
+{
+    check_sample_ids(ids, input.batch_size())?;
+    let Some(cache) = cache.filter(|_| entry > 0) else {
+        return Ok(CachedStart::Input(input));
+    };
+    let input = match device {
+        Some(device) => input.inner().to_device(device),
+        None => input.inner(),
+    };
+    let hidden = serve_prefix(cache, frozen, ids, input, entry)?;
+    Ok(CachedStart::Hidden { entry, hidden })
+}
+
 /// Checks that `ids` name the `batch` samples of a batch, once each.
-pub fn check_sample_ids(ids: &[u64], batch: usize) -> Result<(), CacheError> {
+fn check_sample_ids(ids: &[u64], batch: usize) -> Result<(), CacheError> {
     if ids.len() != batch {
         return Err(CacheError::IdCount {
             batch,
@@ -43,14 +109,14 @@ pub fn check_sample_ids(ids: &[u64], batch: usize) -> Result<(), CacheError> {
 /// every computed output is cached. The result equals running `frozen` on
 /// `input`.
 ///
-/// Fails, changing nothing in the cache, when `ids` does not name the batch
-/// (count or duplicates) or a sample id comes back with inputs or outputs
-/// of another shape.
+/// Fails, changing nothing in the cache, when a sample id comes back with
+/// inputs or outputs of another shape. `ids` name the batch: callers go
+/// through [`serve_cached`], which checks them.
 ///
 /// # Panics
 /// When `units` is 0, reaches the stack's last unit, or is not frozen in
-/// `frozen`.
-pub fn serve_prefix<S: StackTypes>(
+/// `frozen` (a caller's bug: [`serve_cached`] asks [`cached_prefix`]).
+fn serve_prefix<S: StackTypes>(
     cache: &mut StackCache<S>,
     frozen: &FrozenUnits<S>,
     ids: &[u64],
@@ -66,7 +132,6 @@ where
         "serve_prefix: units 0..{units} are not frozen in {:?}",
         frozen.units()
     );
-    check_sample_ids(ids, input.batch_size())?;
     let input_shapes = check_inputs::<S>(cache, ids, &input)?;
     let device = input.device();
     // Where each sample starts: 0 (from the input) or a cached front.

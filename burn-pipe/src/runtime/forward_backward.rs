@@ -2,7 +2,7 @@
 //! through the stages, each stage's gradients accumulated until the step.
 
 use burn::optim::{GradientsAccumulator, Optimizer};
-use burn_freeze::plumbing::{Flow, InnerFlow, check_sample_ids, serve_prefix};
+use burn_freeze::plumbing::{CachedStart, Flow, InnerFlow, serve_cached};
 use burn_freeze::{
     Activation, AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput, StackTypes,
     TrainableUnits,
@@ -15,25 +15,6 @@ use crate::runtime::microbatch::micro_batch_sizes;
 use crate::runtime::pass::run_pass;
 use crate::runtime::pipeline::Pipeline;
 use crate::runtime::report::StepReport;
-
-/// The units a cache serves ahead of a pipeline of stages `balance` (units
-/// per stage) at freeze front `front`: stage 0's frozen units, never the
-/// stack's last unit (a pass runs at least one); 0 when there is nothing
-/// to serve. Every caller that serves or plans a cached prefix asks this.
-///
-/// ```
-/// use burn_pipe::cached_prefix;
-///
-/// assert_eq!(cached_prefix(2, &[3, 3]), 2); // 2 frozen units on stage 0
-/// assert_eq!(cached_prefix(5, &[3, 3]), 3); // stage 0 holds 3
-/// assert_eq!(cached_prefix(6, &[6]), 5); // never the last unit
-/// assert_eq!(cached_prefix(0, &[3, 3]), 0);
-/// ```
-pub fn cached_prefix(front: usize, balance: &[usize]) -> usize {
-    let units: usize = balance.iter().sum();
-    let first = balance.first().copied().unwrap_or(0);
-    front.min(first).min(units.saturating_sub(1))
-}
 
 /// A whole batch as a flow, with its size.
 fn flow_batch<S: StackTypes>(flow: InnerFlow<S>) -> (InnerFlow<S>, usize) {
@@ -115,7 +96,7 @@ where
 
     /// [`forward_backward`](Pipeline::forward_backward) with the frozen
     /// units of stage 0 served by the attached AutoCache
-    /// ([`serve_prefix`](burn_freeze::plumbing::serve_prefix)): `ids[i]` names sample
+    /// ([`serve_cached`](burn_freeze::plumbing::serve_cached)): `ids[i]` names sample
     /// `i` of the batch, the same id for the same sample in every epoch.
     /// The cache holds the output of the frozen units on stage 0 (at most
     /// every unit but the last); frozen units on later stages run as usual.
@@ -139,15 +120,15 @@ where
         InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
     {
         self.check_sizes(input.batch_size(), targets.batch_size())?;
-        check_sample_ids(ids, input.batch_size())?;
-        let cached = self.cached_prefix();
+        let entry = self.cached_prefix();
         let first = &self.stages[0];
-        let Some(cache) = self.cache.as_mut().filter(|_| cached > 0) else {
-            return self.forward_backward(input, targets, loss);
-        };
-        let input = input.inner().to_device(&first.device);
-        let hidden = serve_prefix(cache, first.units().frozen(), ids, input, cached)?;
-        self.forward_backward_from(cached, hidden, targets, loss)
+        let (frozen, device) = (first.units().frozen(), &first.device);
+        match serve_cached(self.cache.as_mut(), frozen, entry, ids, input, Some(device))? {
+            CachedStart::Input(input) => self.forward_backward(input, targets, loss),
+            CachedStart::Hidden { entry, hidden } => {
+                self.forward_backward_from(entry, hidden, targets, loss)
+            }
+        }
     }
 
     /// [`forward_backward`](Pipeline::forward_backward) for a batch that

@@ -123,9 +123,9 @@ where
     }
 
     /// The units a cache serves ahead of this pipeline at its front (see
-    /// [`cached_prefix`](crate::cached_prefix)).
+    /// [`cached_prefix`](burn_freeze::plumbing::cached_prefix)).
     pub fn cached_prefix(&self) -> usize {
-        crate::cached_prefix(self.front, &self.balance())
+        burn_freeze::plumbing::cached_prefix(self.front, &self.balance())
     }
 
     /// The configuration.

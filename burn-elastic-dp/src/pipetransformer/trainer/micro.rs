@@ -135,7 +135,7 @@ impl MicroBatchRule {
         // Stage 0's frozen units, as the pipeline serves them, when the
         // cache serves them.
         let cached = if group.cache().is_some() {
-            burn_pipe::cached_prefix(front, &shape.balance)
+            burn_freeze::plumbing::cached_prefix(front, &shape.balance)
         } else {
             0
         };
