@@ -166,12 +166,6 @@ pub(crate) fn dissolve<B: Backend>(generation: usize, replicas: usize) {
     }
 }
 
-/// Forgets every peer and drops every pending operation: blocked callers
-/// return with an error.
-pub(crate) fn reset<B: Backend>() {
-    reset_collective::<B>();
-}
-
 /// The sum over the group of `grads`, the gradients of `module`'s
 /// parameters on stage `stage` of replica `replica` (peer `peer`), as `mode`
 /// says: one collective call per tensor, or per bucket of tensors. Every

@@ -37,6 +37,23 @@ impl ReplicaConfig {
     {
         ReplicaGroup::new(stack, devices, self.clone(), make_optimizer)
     }
+
+    /// [`init`](Self::init) on a link to the other processes already joined
+    /// (`None`: join as `init` does); the group tells them its replica
+    /// count.
+    pub(crate) fn init_joined<S, O>(
+        &self,
+        stack: LayerStack<S>,
+        devices: Vec<Vec<Device<S::Backend>>>,
+        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
+        nodes: Option<OtherNodes>,
+    ) -> Result<ReplicaGroup<S, O>, ElasticError>
+    where
+        S: StackTypes,
+        O: StackOptimizer<S>,
+    {
+        ReplicaGroup::build(stack, devices, self.clone(), make_optimizer, nodes)
+    }
 }
 
 /// Checks that every replica's device list has one device per stage.
@@ -63,6 +80,17 @@ where
         config: ReplicaConfig,
         make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
     ) -> Result<Self, ElasticError> {
+        Self::build(stack, devices, config, make_optimizer, None)
+    }
+
+    /// See [`ReplicaConfig::init_joined`].
+    fn build(
+        stack: LayerStack<S>,
+        devices: Vec<Vec<Device<S::Backend>>>,
+        config: ReplicaConfig,
+        make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
+        joined: Option<OtherNodes>,
+    ) -> Result<Self, ElasticError> {
         let Some(first) = devices.first() else {
             return Err(ElasticError::NoReplicas);
         };
@@ -78,7 +106,14 @@ where
                 .map_err(|source| ElasticError::Replica { replica, source })?;
             replicas.push(pipeline);
         }
-        let nodes = OtherNodes::join(&config, replicas.len())?;
+        let nodes = match joined {
+            Some(nodes) => {
+                let timeout = Duration::from_millis(config.timeout_ms);
+                nodes.set_local(replicas.len(), std::time::Instant::now() + timeout)?;
+                nodes
+            }
+            None => OtherNodes::join(&config, replicas.len())?,
+        };
         Ok(Self {
             replicas,
             config,

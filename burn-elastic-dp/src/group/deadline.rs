@@ -9,7 +9,6 @@ use burn_pipe::{Pipeline, StepReport};
 use crossbeam_channel::Receiver;
 
 use super::nodes::OtherNodes;
-use crate::collective;
 use crate::error::ElasticError;
 
 /// What a replica's share of a step gives: its pipelined pass, and the time
@@ -89,7 +88,7 @@ where
             Ok(Progress::Done(replica, pipeline, result)) => {
                 arrived[replica] = true;
                 if result.is_err() && !reset && (count > 1 || nodes.exist()) {
-                    collective::reset::<B>();
+                    burn::collective::reset_collective::<B>();
                     nodes.abort();
                     reset = true;
                 }
@@ -101,7 +100,7 @@ where
                 if !reset {
                     collected.overdue = Some(overdue(&arrived, &collected.results, nodes));
                     nodes.abort();
-                    collective::reset::<B>();
+                    burn::collective::reset_collective::<B>();
                     reset = true;
                 }
             }

@@ -8,7 +8,7 @@ mod deadline;
 mod exchange;
 mod failure;
 mod freeze_front;
-mod nodes;
+pub(crate) mod nodes;
 mod reshape;
 mod share;
 mod span;

@@ -1,5 +1,6 @@
-//! The group's other processes, when it spans several ([`OtherNodes`]): every call of the group
-//! into `crate::nodes` stands here.
+//! The group's other processes, when it spans several ([`OtherNodes`]): every call into
+//! `crate::nodes` stands here, the group's and the trainer's (its checkpoints' agreement, the
+//! job's rank and size).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,7 +11,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::config::ReplicaConfig;
 use crate::error::ElasticError;
-use crate::nodes::shards::Shards;
+use crate::nodes::shards::{Shards, shards};
 use crate::nodes::{self, ExchangePhases, NodeLink, StepHeader};
 
 /// This process's link to the group's other processes; none when every
@@ -19,9 +20,20 @@ use crate::nodes::{self, ExchangePhases, NodeLink, StepHeader};
 /// batch is shared with them, how to sum gradients with them and how to
 /// release their waits.
 #[derive(Debug, Clone)]
-pub(super) struct OtherNodes(Option<Arc<NodeLink>>);
+pub(crate) struct OtherNodes(Option<Arc<NodeLink>>);
 
 impl OtherNodes {
+    /// This process's rank in the MPI job when the job has several
+    /// processes; `None` otherwise (and without the `mpi` feature).
+    pub fn job_rank() -> Option<usize> {
+        nodes::job_rank()
+    }
+
+    /// Processes in the MPI job when it has several; `None` otherwise.
+    pub fn job_size() -> Option<usize> {
+        nodes::job_size()
+    }
+
     /// Joins the other processes `config.nodes` names, waiting at most the
     /// configuration's bound; none without a node configuration or with one
     /// process. `replicas`: this process's.
@@ -49,7 +61,14 @@ impl OtherNodes {
         batch: usize,
         deadline: Instant,
     ) -> Result<Shards, ElasticError> {
-        nodes::shards(self.0.as_deref(), header, batch, deadline)
+        let local = header.local;
+        match self.0.as_deref() {
+            Some(link) => {
+                let counts = link.begin_step(header, deadline)?;
+                shards(Some((link.rank(), &counts)), batch, local)
+            }
+            None => shards(None, batch, local),
+        }
     }
 
     /// Processes of the group (1 without other processes).
@@ -82,6 +101,19 @@ impl OtherNodes {
         match &self.0 {
             Some(link) => link.set_local(local, deadline),
             None => Ok(()),
+        }
+    }
+
+    /// Every process's `record` (records of one length), ranks in order, by
+    /// `deadline`; `None` without other processes.
+    pub fn gather(
+        &self,
+        record: Vec<i64>,
+        deadline: Instant,
+    ) -> Result<Option<Vec<Vec<i64>>>, ElasticError> {
+        match &self.0 {
+            Some(link) => link.gather(record, deadline).map(Some),
+            None => Ok(None),
         }
     }
 

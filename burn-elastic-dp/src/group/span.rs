@@ -79,7 +79,7 @@ where
     pub fn agree_max(&self, values: Vec<f64>) -> Result<Vec<f64>, ElasticError> {
         if values.iter().any(|v| !v.is_finite()) {
             return Err(ElasticError::Node {
-                node: crate::nodes::job_rank().unwrap_or(0),
+                node: super::nodes::OtherNodes::job_rank().unwrap_or(0),
                 message: "a measurement to agree on is not finite".into(),
             });
         }

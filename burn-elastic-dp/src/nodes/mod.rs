@@ -8,7 +8,6 @@ use burn::config::Config;
 
 use crate::error::ElasticError;
 pub use phases::ExchangePhases;
-use shards::Shards;
 
 pub mod launcher;
 #[cfg(feature = "mpi")]
@@ -126,27 +125,6 @@ pub(crate) fn job_size() -> Option<usize> {
     None
 }
 
-/// This step's shards of a batch of `batch` samples between the `local`
-/// replicas of this process and those of the other processes of `link`;
-/// called once per step, it begins the step across the processes (their
-/// headers exchanged and checked: see [`NodeLink::begin_step`]), within
-/// `deadline`.
-pub(crate) fn shards(
-    link: Option<&NodeLink>,
-    header: StepHeader,
-    batch: usize,
-    deadline: std::time::Instant,
-) -> Result<Shards, ElasticError> {
-    let local = header.local;
-    match link {
-        Some(link) => {
-            let counts = link.begin_step(header, deadline)?;
-            crate::nodes::shards::shards(Some((link.rank(), &counts)), batch, local)
-        }
-        None => crate::nodes::shards::shards(None, batch, local),
-    }
-}
-
 /// What a rank says of itself at the start of every step (without the
 /// feature only this process's own, never exchanged).
 #[cfg(not(feature = "mpi"))]
@@ -172,7 +150,7 @@ impl NodeLink {
         match *self {}
     }
 
-    fn begin_step(
+    pub fn begin_step(
         &self,
         _header: StepHeader,
         _deadline: std::time::Instant,
@@ -180,7 +158,7 @@ impl NodeLink {
         match *self {}
     }
 
-    fn rank(&self) -> usize {
+    pub fn rank(&self) -> usize {
         match *self {}
     }
 

@@ -23,11 +23,14 @@ use super::learning_rate::LearningRate;
 use super::log::JsonLog;
 use super::measure::Measurements;
 use super::transition::{device_lists, through_one};
+use crate::group::nodes::OtherNodes;
 use crate::pipetransformer::shape::Shape;
 
 impl<TT: TrainerTypes> Trainer<TT> {
     /// See [`TrainerConfig::init`]; `resuming` appends to the output
-    /// directory's logs instead of starting them afresh.
+    /// directory's logs instead of starting them afresh; the group is built
+    /// on the link to the other processes `joined` (the one a checkpoint was
+    /// agreed on), if given.
     pub(super) fn new(
         stack: LayerStack<TT::Stack>,
         devices: Vec<Device<TrainerBackend<TT>>>,
@@ -35,11 +38,12 @@ impl<TT: TrainerTypes> Trainer<TT> {
         make_optimizer: impl Fn() -> TT::Optimizer + Clone + Send + Sync + 'static,
         loss: impl MicroBatchLoss<TT::Stack, TT::Targets> + Send + 'static,
         resuming: bool,
+        joined: Option<OtherNodes>,
     ) -> Result<Self, TrainerError> {
         // A group across processes: every process runs this rule on its
         // own devices, so the whole group is `processes` times as large.
         let processes = match config.replicas.nodes {
-            Some(_) => crate::nodes::job_size().unwrap_or(1),
+            Some(_) => OtherNodes::job_size().unwrap_or(1),
             None => 1,
         };
         config.check_on(devices.len(), processes)?;
@@ -58,11 +62,14 @@ impl<TT: TrainerTypes> Trainer<TT> {
         let mut measured = Measurements::start(&stack, &config);
         let shape = measured.start_shape(&config, devices.len())?;
         let pipeline = (config.replicas.pipeline.clone()).with_balance(Some(shape.balance.clone()));
-        let mut group = (config.replicas.clone()).with_pipeline(pipeline).init(
-            stack,
-            device_lists(&devices, &shape),
-            make_optimizer,
-        )?;
+        let mut group = (config.replicas.clone())
+            .with_pipeline(pipeline)
+            .init_joined(
+                stack,
+                device_lists(&devices, &shape),
+                make_optimizer,
+                joined,
+            )?;
         let auto = AutoFreeze::new(policy, map);
         if config.parts.freeze {
             // The argmin of accumulated gradients: every stage sums its
@@ -191,7 +198,7 @@ where
     where
         O::Record: Clone,
     {
-        let config = config.for_rank(crate::nodes::job_rank());
+        let config = config.for_rank(OtherNodes::job_rank());
         let Some(checkpoint) = &config.checkpoint else {
             return Err(TrainerError::InvalidConfig {
                 field: "checkpoint",
@@ -199,11 +206,15 @@ where
                 accepted: "a checkpoint directory to resume from",
             });
         };
-        let across = config.replicas.nodes.is_some() && crate::nodes::job_size().is_some();
-        let loaded = if across {
-            read_agreed(&checkpoint.dir, &config)?
+        // Across processes, the ranks agree on the checkpoint over the link
+        // the group is then built on.
+        let (loaded, nodes) = if config.replicas.nodes.is_some() && OtherNodes::job_size().is_some()
+        {
+            let nodes = OtherNodes::join(&config.replicas, 1)?;
+            let timeout = std::time::Duration::from_millis(config.replicas.timeout_ms);
+            (read_agreed(&checkpoint.dir, &nodes, timeout)?, Some(nodes))
         } else {
-            read_latest(&one_process_dir(&checkpoint.dir)?)?
+            (read_latest(&one_process_dir(&checkpoint.dir)?)?, None)
         };
         let device = devices.first().cloned().unwrap_or_default();
         let Loaded {
@@ -213,7 +224,7 @@ where
             optimizer,
         } = loaded;
         let (stack, optimizer) = load_weights::<S, O>(stack, model, optimizer, &path, &device)?;
-        let mut trainer = Self::new(stack, devices, config, make_optimizer, loss, true)?;
+        let mut trainer = Self::new(stack, devices, config, make_optimizer, loss, true, nodes)?;
         trainer.restore(state, optimizer)?;
         tracing::info!(
             checkpoint = %path.display(),

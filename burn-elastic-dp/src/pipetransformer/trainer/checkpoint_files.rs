@@ -9,11 +9,11 @@ use burn::config::Config;
 use burn_freeze::{FreezeState, PolicyState};
 use serde::{Deserialize, Serialize};
 
-use super::config::TrainerConfig;
 use super::cursor::CursorState;
 use super::error::{TrainerError, invalid, io};
 use super::learning_rate::RateState;
 use super::measure::MeasuredState;
+use crate::group::nodes::OtherNodes;
 use crate::pipetransformer::shape::Shape;
 
 /// When and where a [`Trainer`](super::Trainer) writes checkpoints.
@@ -230,8 +230,13 @@ fn step_of(path: &Path) -> Option<i64> {
 /// newest checkpoint is newer than that (it wrote one more before the job
 /// ended) resumes from the common one too, so that every process resumes
 /// at the same step; with no common step the resume is refused on every
-/// process, naming each one's steps.
-pub(super) fn read_agreed(dir: &Path, config: &TrainerConfig) -> Result<Loaded, TrainerError> {
+/// process, naming each one's steps. The gather goes over `nodes` (the
+/// link the group is then built on), waiting at most `timeout`.
+pub(super) fn read_agreed(
+    dir: &Path,
+    nodes: &OtherNodes,
+    timeout: std::time::Duration,
+) -> Result<Loaded, TrainerError> {
     let all = if dir.exists() { list(dir)? } else { Vec::new() };
     let mut verified: Vec<(i64, Loaded)> = Vec::new();
     for path in all.iter().rev() {
@@ -246,13 +251,9 @@ pub(super) fn read_agreed(dir: &Path, config: &TrainerConfig) -> Result<Loaded, 
     }
     let mut record: Vec<i64> = verified.iter().map(|(step, _)| *step).collect();
     record.resize(AGREED_STEPS, -1);
-    let timeout = std::time::Duration::from_millis(config.replicas.timeout_ms);
-    let link = crate::nodes::join(config.replicas.nodes.as_ref(), 1, timeout)?;
-    let Some(link) = link else {
+    let Some(steps) = nodes.gather(record, std::time::Instant::now() + timeout)? else {
         return read_latest(dir);
     };
-    let steps = link.gather(record, std::time::Instant::now() + timeout)?;
-    drop(link);
     let held =
         |rank: usize| -> Vec<i64> { steps[rank].iter().copied().filter(|&s| s >= 0).collect() };
     let common = held(0)

@@ -203,8 +203,7 @@ impl TrainerConfig {
             {
                 let replicas = local * processes;
                 let micro = self.replicas.pipeline.micro_batches_for(stages);
-                let needed = replicas * micro;
-                if self.batch.global_batch(replicas) < needed {
+                if self.batch.global_batch(replicas) < super::micro::min_batch(replicas, micro) {
                     return Err(TrainerError::BatchTooSmall {
                         batch: self.batch.global_batch(replicas),
                         stages,
@@ -324,7 +323,9 @@ impl TrainerConfig {
         O: StackOptimizer<S>,
         T: Activation<S::Backend> + Send + 'static,
     {
-        let config = self.clone().for_rank(crate::nodes::job_rank());
-        Trainer::new(stack, devices, config, make_optimizer, loss, false)
+        let config = self
+            .clone()
+            .for_rank(crate::group::nodes::OtherNodes::job_rank());
+        Trainer::new(stack, devices, config, make_optimizer, loss, false, None)
     }
 }

@@ -198,12 +198,18 @@ pub(super) fn micro_batches<S: StackTypes, O: StackOptimizer<S>>(
     }
 }
 
-/// The fewest samples a step of `group` at `stages` stages takes: one per
-/// micro-batch of every replica of the whole group.
-pub(super) fn min_batch<S: StackTypes, O: StackOptimizer<S>>(
+/// The fewest samples a step takes with `replicas` replicas (the whole
+/// group's) of `micro_batches` micro-batches each: one per micro-batch of
+/// every replica. The configuration's check and every step ask this.
+pub(super) fn min_batch(replicas: usize, micro_batches: usize) -> usize {
+    replicas * micro_batches
+}
+
+/// [`min_batch`] of `group` at `stages` stages.
+pub(super) fn group_min_batch<S: StackTypes, O: StackOptimizer<S>>(
     group: &ReplicaGroup<S, O>,
     config: &TrainerConfig,
     stages: usize,
 ) -> usize {
-    group.total_replicas() * micro_batches(group, config, stages)
+    min_batch(group.total_replicas(), micro_batches(group, config, stages))
 }

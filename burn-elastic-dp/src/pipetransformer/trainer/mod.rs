@@ -51,7 +51,7 @@ use held_out::HeldOut;
 use learning_rate::LearningRate;
 use log::JsonLog;
 use measure::Measurements;
-use micro::{micro_batches, min_batch};
+use micro::{group_min_batch, micro_batches};
 use transition::move_to;
 
 /// The loss, shared by every replica's thread: a micro-batch's output and
@@ -216,7 +216,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
         loop {
             let shape = self.shape();
             let replicas = self.group.total_replicas();
-            let min_batch = min_batch(&self.group, &self.config, shape.stages());
+            let min_batch = group_min_batch(&self.group, &self.config, shape.stages());
             let Some(drawn) = self.cursor.next_batch(replicas, min_batch)? else {
                 break;
             };
@@ -262,7 +262,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
         if shape.replicas == 0 {
             return Err(ElasticError::GroupLost.into());
         }
-        let needed = min_batch(&self.group, &self.config, shape.stages());
+        let needed = group_min_batch(&self.group, &self.config, shape.stages());
         let (held_out, config) = (&self.held_out, &self.config);
         (self.cursor).begin(len, needed, |len| held_out.sampler(config, len))
     }
