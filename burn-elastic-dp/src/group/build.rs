@@ -119,7 +119,6 @@ where
             config,
             formed: false,
             generation: 0,
-            cache: None,
             nodes,
             stop: None,
             _token: token,

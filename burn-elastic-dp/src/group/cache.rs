@@ -1,9 +1,10 @@
-//! The AutoCache shared by every replica: attached to the group, it serves stage 0's frozen prefix
-//! once per batch, on the calling thread, before the batch is shared between the replicas.
+//! The AutoCache shared by every replica: held by the first replica's pipeline (its one owner), it
+//! serves stage 0's frozen prefix once per batch, on the calling thread, before the batch is
+//! shared between the replicas.
 
 use std::time::Instant;
 
-use burn_freeze::plumbing::{CachedStart, serve_cached};
+use burn_freeze::plumbing::CachedStart;
 use burn_freeze::{
     Activation, Cacheable, InnerBackendOf, InnerHidden, InnerInput, StackCache, StackOptimizer,
     StackTypes,
@@ -19,26 +20,31 @@ where
     S: StackTypes,
     O: StackOptimizer<S>,
 {
-    /// Attaches an AutoCache for the frozen prefix, shared by every replica
-    /// (served once per batch on the calling thread, before the batch is
-    /// split); returns the one it replaces.
+    /// Attaches an AutoCache for the frozen prefix, shared by every replica:
+    /// the first replica's pipeline holds it and serves it once per batch on
+    /// the calling thread, before the batch is split (it follows the first
+    /// replica through every resize). Returns the one it replaces; a group
+    /// that lost every replica holds none, and gives `cache` back.
     pub fn attach_cache(&mut self, cache: StackCache<S>) -> Option<StackCache<S>> {
-        self.cache.replace(cache)
+        match self.replicas.first_mut() {
+            Some(first) => first.attach_cache(cache),
+            None => Some(cache),
+        }
     }
 
     /// The attached AutoCache.
     pub fn cache(&self) -> Option<&StackCache<S>> {
-        self.cache.as_ref()
+        self.replicas.first()?.cache()
     }
 
     /// Detaches the AutoCache.
     pub fn detach_cache(&mut self) -> Option<StackCache<S>> {
-        self.cache.take()
+        self.replicas.first_mut()?.detach_cache()
     }
 
     /// [`forward_backward`](Self::forward_backward) with the frozen units of
     /// stage 0 served by the attached AutoCache
-    /// ([`serve_cached`](burn_freeze::plumbing::serve_cached), on replica 0's first
+    /// ([`Pipeline::serve_prefix`](burn_pipe::Pipeline::serve_prefix), on replica 0's first
     /// device, for the whole batch): `ids[i]` names sample `i`, the same id
     /// for the same sample in every epoch. Every replica's pipeline then
     /// starts after those units ([`Pipeline::forward_backward_from`](burn_pipe::Pipeline::forward_backward_from)), so no
@@ -63,14 +69,10 @@ where
     {
         let start = Instant::now();
         self.alive()?;
-        let first = &self.replicas[0];
-        let (entry, device) = (first.cached_prefix(), &first.devices()[0]);
-        let frozen = first.stage(0).frozen();
-        let shard =
-            match serve_cached(self.cache.as_mut(), frozen, entry, ids, input, Some(device))? {
-                CachedStart::Input(input) => Shard::Input(input),
-                CachedStart::Hidden { entry, hidden } => Shard::Hidden(entry, hidden),
-            };
+        let shard = match self.replicas[0].serve_prefix(ids, input)? {
+            CachedStart::Input(input) => Shard::Input(input),
+            CachedStart::Hidden { entry, hidden } => Shard::Hidden(entry, hidden),
+        };
         self.run_shards(shard, targets, loss, start)
     }
 }

@@ -19,8 +19,7 @@ use std::time::{Duration, Instant};
 
 use burn::prelude::*;
 use burn_freeze::{
-    Activation, InnerBackendOf, InnerInput, InnerOutput, LayerStack, StackCache, StackOptimizer,
-    StackTypes,
+    Activation, InnerBackendOf, InnerInput, InnerOutput, LayerStack, StackOptimizer, StackTypes,
 };
 use burn_pipe::{MicroBatchLoss, Pipeline, StepReport};
 
@@ -107,8 +106,6 @@ pub struct ReplicaGroup<S: StackTypes, O> {
     /// The current formation of the collective group: each formation (of
     /// any group of the process) has peer ids of its own.
     generation: usize,
-    /// AutoCache for the frozen prefix, shared by every replica.
-    cache: Option<StackCache<S>>,
     /// The other processes of the group, when it spans several (`node.rs`).
     nodes: OtherNodes,
     /// Raised to ask the run to stop at the next step boundary (a SIGTERM,

@@ -54,8 +54,12 @@ where
         self.dissolve();
         let from = self.replicas.len();
         self.replicas.truncate(devices.len());
-        for (replica, copy) in copies {
+        for (replica, mut copy) in copies {
             if replica < self.replicas.len() {
+                // The cache follows the first replica.
+                if let Some(cache) = self.replicas[replica].detach_cache() {
+                    copy.attach_cache(cache);
+                }
                 self.replicas[replica] = copy;
             } else {
                 self.replicas.push(copy);
@@ -93,7 +97,12 @@ where
             left = self.replicas.len() - 1,
             "replica removed from the group"
         );
-        Ok(self.replicas.remove(replica))
+        let mut removed = self.replicas.remove(replica);
+        // The cache follows the first replica.
+        if let Some(cache) = removed.detach_cache() {
+            self.replicas[0].attach_cache(cache);
+        }
+        Ok(removed)
     }
 
     /// Moves every replica's units between its stages (see
@@ -220,9 +229,6 @@ where
             pipeline
                 .unfreeze_to(front)
                 .map_err(|source| ElasticError::Replica { replica, source })?;
-        }
-        if let Some(cache) = self.cache.as_mut() {
-            cache.invalidate_above(front);
         }
         Ok(())
     }

@@ -120,15 +120,38 @@ where
         InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
     {
         self.check_sizes(input.batch_size(), targets.batch_size())?;
-        let entry = self.cached_prefix();
-        let first = &self.stages[0];
-        let (frozen, device) = (first.units().frozen(), &first.device);
-        match serve_cached(self.cache.as_mut(), frozen, entry, ids, input, Some(device))? {
+        match self.serve_prefix(ids, input)? {
             CachedStart::Input(input) => self.forward_backward(input, targets, loss),
             CachedStart::Hidden { entry, hidden } => {
                 self.forward_backward_from(entry, hidden, targets, loss)
             }
         }
+    }
+
+    /// Where a cached pass of the batch `input` starts: the output of the
+    /// frozen units of stage 0 ([`cached_prefix`](Self::cached_prefix)
+    /// units) served by the attached AutoCache on stage 0's device, or the
+    /// input itself without a cache or frozen unit there (see
+    /// [`serve_cached`]); `ids` name the samples, as in
+    /// [`forward_backward_cached`](Self::forward_backward_cached). A group of
+    /// replicas serves its batch from its first replica's cache this way,
+    /// then shares the served batch among every replica.
+    ///
+    /// Fails, changing nothing, when `ids` does not name the batch or a
+    /// sample comes back with another shape.
+    pub fn serve_prefix(
+        &mut self,
+        ids: &[u64],
+        input: S::Input,
+    ) -> Result<CachedStart<S>, burn_freeze::CacheError>
+    where
+        InnerInput<S>: Cacheable<InnerBackendOf<S>>,
+        InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
+    {
+        let entry = self.cached_prefix();
+        let first = &self.stages[0];
+        let (frozen, device) = (first.units().frozen(), &first.device);
+        serve_cached(self.cache.as_mut(), frozen, entry, ids, input, Some(device))
     }
 
     /// [`forward_backward`](Pipeline::forward_backward) for a batch that

@@ -128,7 +128,7 @@ impl EpochTally {
     }
 
     /// Adds a transition made during the epoch or at its end.
-    pub(super) fn transition(&mut self, record: Transition) {
+    pub(super) fn add_transition(&mut self, record: Transition) {
         self.transitions.push(record);
     }
 

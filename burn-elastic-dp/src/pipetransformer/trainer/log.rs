@@ -180,11 +180,11 @@ impl JsonLog {
         })
     }
 
-    pub(crate) fn transition(&mut self, record: &Transition) -> Result<(), TrainerError> {
+    pub(crate) fn write_transition(&mut self, record: &Transition) -> Result<(), TrainerError> {
         append(&mut self.transitions, record)
     }
 
-    pub(crate) fn epoch(&mut self, record: &EpochReport) -> Result<(), TrainerError> {
+    pub(crate) fn write_epoch(&mut self, record: &EpochReport) -> Result<(), TrainerError> {
         append(&mut self.epochs, record)
     }
 }

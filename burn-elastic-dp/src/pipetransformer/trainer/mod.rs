@@ -365,7 +365,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
             DecisionPoint::EpochEnd => self.auto.after_epoch(&mut self.group)?,
         };
         if moved.is_some() {
-            tally.transition(self.reshape_after_move(front)?);
+            tally.add_transition(self.reshape_after_move(front)?);
         }
         Ok(moved.is_some())
     }
@@ -397,7 +397,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
         let front = self.group.front();
         let moved = self.auto.held_out_loss(&mut self.group, loss)?;
         if self.group.front() != front {
-            tally.transition(self.reshape_after_move(front)?);
+            tally.add_transition(self.reshape_after_move(front)?);
             return Ok(true);
         }
         Ok(moved.is_some())
@@ -431,7 +431,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
         };
         record.log();
         if let Some(log) = self.log.as_mut() {
-            log.transition(&record)?;
+            log.write_transition(&record)?;
         }
         Ok(record)
     }
@@ -477,7 +477,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
         let end = self.epoch_end(&tally);
         let report = tally.report(end);
         if let Some(log) = self.log.as_mut() {
-            log.epoch(&report)?;
+            log.write_epoch(&report)?;
         }
         self.cursor.end_epoch();
         self.save_checkpoint()?;
