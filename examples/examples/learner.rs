@@ -128,7 +128,7 @@ fn run(args: &Args) -> Result<f64, Box<dyn std::error::Error>> {
     let (blocks, samples, epochs) = preset(args.size);
     let device = Default::default();
     <Train as Backend>::seed(&device, args.seed);
-    let devices = vec![device.clone(); args.devices as usize];
+    let devices = vec![device; args.devices as usize];
     let task = BandImages::new(4, 3, 16, args.seed);
     let ids = |range: std::ops::Range<usize>| InMemDataset::new(range.collect::<Vec<usize>>());
     let valid_ids = 1_000_000..1_000_000 + VALID;
