@@ -8,11 +8,17 @@
 //! cargo run --release -p examples --example learner
 //! cargo run --release -p examples --example learner -- --size ci --output-dir target/learner-ci
 //! ```
+//!
+//! Copied alone, it needs `burn` (features `autodiff`, `flex`, `train` and,
+//! for the dashboard, `tui`), `burn-freeze`, `burn-elastic-dp` (feature
+//! `burn-train`), `pipetransformer-models` (feature `burn-train`; named
+//! `models` in this package) and `clap` (feature `derive`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use burn::backend::{Autodiff, Flex};
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataset::InMemDataset;
 use burn::lr_scheduler::cosine::CosineAnnealingLrSchedulerConfig;
@@ -27,8 +33,9 @@ use burn_freeze::{EvidenceConfig, TypesOf};
 use clap::{Parser, ValueEnum};
 use models::synthetic::BandImages;
 use models::vit::{Vit, VitConfig};
-use pipetransformer_jobs::backend::{self, Train};
-use pipetransformer_jobs::cli::parse_accepted;
+
+/// The CPU backend with autodiff; every logical device is the one CPU.
+type Train = Autodiff<Flex>;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Size {
@@ -53,10 +60,10 @@ struct Args {
     /// The most of the active blocks one freeze decision takes, in (0, 1)
     /// (the default rule freezes on evidence: a held-out loss that has
     /// learned and stopped improving).
-    #[arg(long, default_value_t = 0.5, value_parser = |t: &str| parse_accepted(t, |a: f64| a > 0.0 && a < 1.0, "a number in (0, 1)"))]
+    #[arg(long, default_value_t = 0.5, value_parser = |t: &str| number_in(t, |a| a > 0.0 && a < 1.0, "a number in (0, 1)"))]
     freeze_alpha: f64,
     /// Peak learning rate (cosine-annealed over the run), in (0, 1].
-    #[arg(long, default_value_t = 3e-3, value_parser = |t: &str| parse_accepted(t, |a: f64| a > 0.0 && a <= 1.0, "a number in (0, 1]"))]
+    #[arg(long, default_value_t = 3e-3, value_parser = |t: &str| number_in(t, |a| a > 0.0 && a <= 1.0, "a number in (0, 1]"))]
     lr: f64,
     /// burn-train's directory: its logs, metrics per epoch and checkpoints.
     #[arg(long, default_value = "target/learner")]
@@ -64,6 +71,15 @@ struct Args {
     /// Seeds the weights, the generated images and the sample order.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+}
+
+/// `text` as a number that `accepts` takes, or a one-line error naming
+/// what was `expected`.
+fn number_in(text: &str, accepts: impl Fn(f64) -> bool, expected: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(value) if accepts(value) => Ok(value),
+        _ => Err(format!("expected {expected}, got {text}")),
+    }
 }
 
 /// (blocks, training images, epochs) of a size.
@@ -78,7 +94,6 @@ const BATCH: usize = 32;
 const VALID: usize = 256;
 
 fn main() -> ExitCode {
-    pipetransformer_jobs::allocator::keep_freed_memory();
     let args = match Args::try_parse() {
         Ok(args) => args,
         Err(e) if !e.use_stderr() => e.exit(),
@@ -111,9 +126,9 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<f64, Box<dyn std::error::Error>> {
     let (blocks, samples, epochs) = preset(args.size);
-    let device = backend::device(0);
+    let device = Default::default();
     <Train as Backend>::seed(&device, args.seed);
-    let devices = (0..args.devices as usize).map(backend::device).collect();
+    let devices = vec![device; args.devices as usize];
     let task = BandImages::new(4, 3, 16, args.seed);
     let ids = |range: std::ops::Range<usize>| InMemDataset::new(range.collect::<Vec<usize>>());
     let valid_ids = 1_000_000..1_000_000 + VALID;
