@@ -58,7 +58,7 @@ pub use nodes::{ExchangePhases, NodeConfig};
 pub use pipetransformer::trainer::{
     CacheableStack, CheckpointConfig, CostModel, EpochReport, FreezeRule, LayerSpec, MemoryConfig,
     Parts, StepFlow, StepProgress, Trainer, TrainerBackend, TrainerConfig, TrainerError,
-    TrainerInput, TrainerParts, TrainerTypes, Transition,
+    TrainerInput, TrainerTypes, TrainerTypesOf, Transition,
 };
 pub use sampler::{BatchPolicy, ElasticSampler};
 pub use stop::{STOPPED_EXIT_CODE, StopSignal};

@@ -38,7 +38,7 @@ use burn::prelude::*;
 use burn_elastic_dp::plan::{ClusterConfig, Link, ModelSpec, PlanConfig, UnitSpec, plan};
 use burn_elastic_dp::{
     BatchPolicy, CheckpointConfig, CostModel, EpochReport, FreezeRule, LayerSpec, MemoryConfig,
-    Mpi, NodeConfig, ReplicaConfig, Trainer, TrainerConfig, TrainerParts,
+    Mpi, NodeConfig, ReplicaConfig, Trainer, TrainerConfig, TrainerTypesOf,
 };
 use burn_freeze::TrainableUnits;
 use burn_pipe::PipelineConfig;
@@ -54,7 +54,7 @@ const OUT: &str = "LOCKSTEP_OUT";
 
 type Item = ([f32; WIDTH], i64);
 type Job = Trainer<
-    TrainerParts<
+    TrainerTypesOf<
         Types,
         OptimizerAdaptor<burn::optim::Adam, TrainableUnits<Types>, B>,
         Tensor<B, 1, Int>,

@@ -75,7 +75,7 @@ fn init(
     config: TrainerConfig,
 ) -> Result<
     burn_elastic_dp::Trainer<
-        burn_elastic_dp::TrainerParts<
+        burn_elastic_dp::TrainerTypesOf<
             Types,
             burn::optim::adaptor::OptimizerAdaptor<
                 burn::optim::Adam,

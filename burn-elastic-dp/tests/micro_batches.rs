@@ -10,7 +10,7 @@ use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn_elastic_dp::{
     BatchPolicy, CostModel, FreezeRule, ReplicaConfig, Trainer, TrainerConfig, TrainerError,
-    TrainerParts,
+    TrainerTypesOf,
 };
 use burn_freeze::{LayerStack, TrainableUnits};
 use burn_pipe::{
@@ -63,7 +63,7 @@ fn config() -> TrainerConfig {
 }
 
 type Run = Trainer<
-    TrainerParts<
+    TrainerTypesOf<
         Types,
         burn::optim::adaptor::OptimizerAdaptor<burn::optim::Adam, TrainableUnits<Types>, B>,
         Tensor<B, 1, Int>,

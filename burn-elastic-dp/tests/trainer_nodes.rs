@@ -240,12 +240,12 @@ fn autodp_and_profiled_costs_are_accepted_across_processes_and_the_batch_is_chec
         .clone()
         .with_parts(Parts::new())
         .with_costs(CostModel::Profiled { repeats: 1 });
-    assert!(every_part.check_on(4, 2).is_ok());
+    assert!(every_part.validate_on(4, 2).is_ok());
     // A global batch of 16 with M = 2: 8 replicas in all at the most. On
     // 4 ranks of 4 devices, K = 1 would hold 16 of them.
-    let error = every_part.check_on(4, 4).unwrap_err().to_string();
+    let error = every_part.validate_on(4, 4).unwrap_err().to_string();
     assert!(error.contains("16 replicas"), "{error}");
-    let error = across.check_on(4, 0).unwrap_err().to_string();
+    let error = across.validate_on(4, 0).unwrap_err().to_string();
     assert!(
         error.starts_with("processes = 0 is not accepted"),
         "{error}"

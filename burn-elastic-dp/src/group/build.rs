@@ -95,7 +95,7 @@ where
             return Err(ElasticError::NoReplicas);
         };
         check_stages(&devices, first.len())?;
-        config.check()?;
+        config.validate()?;
         let token = GroupToken::acquire(Duration::from_millis(config.timeout_ms))?;
         stack.materialize();
         let mut replicas = Vec::with_capacity(devices.len());

@@ -52,12 +52,12 @@ impl ReplicaConfig {
     /// ```
     /// use burn_elastic_dp::ReplicaConfig;
     ///
-    /// assert!(ReplicaConfig::new().check().is_ok());
-    /// let error = ReplicaConfig::new().with_timeout_ms(0).check().unwrap_err();
+    /// assert!(ReplicaConfig::new().validate().is_ok());
+    /// let error = ReplicaConfig::new().with_timeout_ms(0).validate().unwrap_err();
     /// assert_eq!(error.to_string(), "timeout_ms must be at least 1, got 0");
     /// ```
-    pub fn check(&self) -> Result<(), ElasticError> {
-        self.pipeline.check()?;
+    pub fn validate(&self) -> Result<(), ElasticError> {
+        self.pipeline.validate()?;
         if self.timeout_ms == 0 {
             return Err(ElasticError::NoTimeout);
         }

@@ -111,7 +111,7 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         &mut self,
         target: &mut T,
     ) -> Result<Option<usize>, T::Error> {
-        self.check(target.num_units())?;
+        self.validate(target.num_units())?;
         self.prepare(target);
         self.state.step += 1;
         let norms = self.map.layer_norms(&target.last_gradient_norms());
@@ -137,7 +137,7 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         target: &mut T,
         loss: f64,
     ) -> Result<Option<usize>, T::Error> {
-        self.check(target.num_units())?;
+        self.validate(target.num_units())?;
         let decision = self.policy.held_out_loss(self.state, loss);
         self.apply(target, decision)
     }
@@ -153,7 +153,7 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         &mut self,
         target: &mut T,
     ) -> Result<Option<usize>, T::Error> {
-        self.check(target.num_units())?;
+        self.validate(target.num_units())?;
         let sums = self.policy.needs_gradient_sums();
         if sums {
             let norms = self.map.layer_norms(&target.gradient_sum_norms());
@@ -167,7 +167,7 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         self.apply(target, decision)
     }
 
-    fn check(&self, len: usize) -> Result<(), FreezeError> {
+    fn validate(&self, len: usize) -> Result<(), FreezeError> {
         if self.map.num_units() != len {
             return Err(FreezeError::MapBeyondStack {
                 map_end: self.map.num_units(),

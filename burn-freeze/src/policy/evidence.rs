@@ -38,7 +38,7 @@ pub struct EvidenceConfig {
 impl EvidenceConfig {
     /// Checks the values: on a value out of range, the field's name, the
     /// value and the accepted range.
-    pub fn check(&self) -> Result<(), (&'static str, String, &'static str)> {
+    pub fn validate(&self) -> Result<(), (&'static str, String, &'static str)> {
         let fail =
             |field, value: &dyn std::fmt::Display, range| Err((field, value.to_string(), range));
         if self.every_steps == 0 {
@@ -471,8 +471,8 @@ mod tests {
     #[test]
     fn the_checks_name_the_field() {
         let bad = EvidenceConfig::new().with_plateau_below(1.5);
-        assert_eq!(bad.check().unwrap_err().0, "plateau_below");
-        assert!(EvidenceConfig::new().with_alpha(0.0).check().is_err());
-        assert!(EvidenceConfig::new().check().is_ok());
+        assert_eq!(bad.validate().unwrap_err().0, "plateau_below");
+        assert!(EvidenceConfig::new().with_alpha(0.0).validate().is_err());
+        assert!(EvidenceConfig::new().validate().is_ok());
     }
 }

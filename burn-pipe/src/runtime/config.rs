@@ -59,13 +59,13 @@ impl PipelineConfig {
     /// ```
     /// use burn_pipe::{PipeError, PipelineConfig};
     ///
-    /// assert!(PipelineConfig::new().check().is_ok());
+    /// assert!(PipelineConfig::new().validate().is_ok());
     /// let none = PipelineConfig::new().with_micro_batches(Some(0));
-    /// assert!(matches!(none.check(), Err(PipeError::NoMicroBatches)));
+    /// assert!(matches!(none.validate(), Err(PipeError::NoMicroBatches)));
     /// let never = PipelineConfig::new().with_timeout_ms(0);
-    /// assert!(matches!(never.check(), Err(PipeError::NoTimeout)));
+    /// assert!(matches!(never.validate(), Err(PipeError::NoTimeout)));
     /// ```
-    pub fn check(&self) -> Result<(), PipeError> {
+    pub fn validate(&self) -> Result<(), PipeError> {
         if self.micro_batches == Some(0) {
             return Err(PipeError::NoMicroBatches);
         }

@@ -342,7 +342,7 @@ impl<S: StackTypes, O> Pipeline<S, O> {
             micro_batches,
             ..self.config.clone()
         };
-        config.check()?;
+        config.validate()?;
         self.config = config;
         Ok(())
     }

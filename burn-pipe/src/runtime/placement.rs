@@ -69,7 +69,7 @@ pub(crate) fn validate(
             stages: balance.len(),
         });
     }
-    config.check()
+    config.validate()
 }
 
 /// Places a stack on stages: stage `s` holds the next `balance[s]` units

@@ -226,7 +226,7 @@ pub fn find(
             replicas: devices / k,
             micro_batches: micro_batches(k),
         };
-        fits(k) && no_freeze_config(base, candidate).check(devices).is_ok()
+        fits(k) && no_freeze_config(base, candidate).validate(devices).is_ok()
     };
     let mut timed = Vec::new();
     for candidate in candidates(devices, accepted, micro_batches) {

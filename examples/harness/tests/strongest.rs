@@ -96,7 +96,7 @@ fn the_baseline_freezes_nothing_in_the_shape_found() {
     assert_eq!(config.stages, Some(2));
     assert_eq!(config.replicas.pipeline.micro_batches_for(2), 4);
     assert!(config.checkpoint.is_none() && config.output_dir.is_none());
-    assert!(config.check(4).is_ok());
+    assert!(config.validate(4).is_ok());
 }
 
 /// A two-layer ViT job of `batch` samples a step, small enough that the

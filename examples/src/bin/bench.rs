@@ -179,7 +179,7 @@ fn main() {
     | Bench::SelectTask {
         seeds: Some(seeds), ..
     } = &args.bench
-        && let Err(message) = headline::check_seeds(seeds)
+        && let Err(message) = headline::validate_seeds(seeds)
     {
         eprintln!("error: {message}");
         std::process::exit(2);
@@ -187,7 +187,7 @@ fn main() {
     if let Bench::Tasks {
         tasks: Some(tasks), ..
     } = &args.bench
-        && let Err(message) = suite::check_tasks(tasks)
+        && let Err(message) = suite::validate_tasks(tasks)
     {
         eprintln!("error: {message}");
         std::process::exit(2);

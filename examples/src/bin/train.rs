@@ -104,7 +104,7 @@ fn main() {
 /// rank 0 of a job across processes; see `train/mpi_job.rs`).
 fn run(args: &Args, job: &MpiJob) -> Result<(), Failure> {
     let args = &job.adapt_args(args)?;
-    let (mut spec, config) = args.check()?;
+    let (mut spec, config) = args.validate()?;
     let config = job.adapt_config(config, args.devices as usize)?;
     let prepared = prepare(args, &mut spec)?;
     let (runs, strongest, trained) = finetune_runs(args, &spec, config, &prepared)?;

@@ -22,7 +22,7 @@ use burn_pipe::MicroBatchLoss;
 pub use item::{FromTrainStep, StepInfo};
 
 use crate::pipetransformer::trainer::{
-    CacheableStack, SharedLoss, Trainer, TrainerConfig, TrainerError, TrainerParts,
+    CacheableStack, SharedLoss, Trainer, TrainerConfig, TrainerError, TrainerTypesOf,
 };
 use item::Scored;
 use learner_lr::LearnerLr;
@@ -94,7 +94,7 @@ where
         make_optimizer: impl Fn() -> O + Send + Sync + 'static,
         loss: impl MicroBatchLoss<S, T> + Send + 'static,
     ) -> Result<Self, TrainerError> {
-        config.check(devices.len())?;
+        config.validate(devices.len())?;
         Ok(Self {
             config,
             devices,
@@ -123,7 +123,7 @@ where
         stack: LayerStack<S>,
         resume: bool,
         scored: Scored<<S as StackTypes>::Output, T>,
-    ) -> Result<Trainer<TrainerParts<S, O, T>>, TrainerError>
+    ) -> Result<Trainer<TrainerTypesOf<S, O, T>>, TrainerError>
     where
         O::Record: Clone,
     {
@@ -253,7 +253,7 @@ where
     /// a step when the interrupter is set.
     fn train_epoch(
         &mut self,
-        trainer: &mut Trainer<TrainerParts<S, O, T>>,
+        trainer: &mut Trainer<TrainerTypesOf<S, O, T>>,
         global: &Progress,
     ) -> Result<(), TrainerError> {
         let dataset = &self.strategy.dataset;
@@ -304,7 +304,7 @@ where
     }
 
     /// The trainer's weights into the learner's model.
-    fn write_back(&self, trainer: &Trainer<TrainerParts<S, O, T>>) -> Result<(), TrainerError> {
+    fn write_back(&self, trainer: &Trainer<TrainerTypesOf<S, O, T>>) -> Result<(), TrainerError> {
         let stack = trainer
             .to_layer_stack()
             .to_device(&self.strategy.devices[0]);

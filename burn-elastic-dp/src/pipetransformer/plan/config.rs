@@ -230,7 +230,7 @@ impl PlanConfig {
                 "the freeze rule must be AlphaSchedule, AlphaArgmin or Fronts (ChangeRate and Evidence decide from the run's gradients and cannot be planned)".into(),
             ));
         }
-        self.freeze.check().map_err(refused)?;
+        self.freeze.validate().map_err(refused)?;
         if let FreezeRule::Fronts { layers: fronts } = &self.freeze {
             check(fronts.iter().all(|&f| f <= layers), || {
                 format!("fronts must be in 0..={layers} layers, got {fronts:?}")
@@ -261,7 +261,7 @@ impl PlanConfig {
                 },
             )?;
         }
-        self.memory.check().map_err(refused)?;
+        self.memory.validate().map_err(refused)?;
         let batch = match self.batch {
             BatchPolicy::FixedGlobal { batch } | BatchPolicy::PerReplica { batch } => batch,
         };
@@ -274,7 +274,7 @@ impl PlanConfig {
 
     /// The cost model, transitions, cache, overheads and buckets.
     fn validate_costs(&self) -> Result<(), PlanError> {
-        self.costs.check().map_err(refused)?;
+        self.costs.validate().map_err(refused)?;
         let t = &self.transitions;
         let ok = |x: f64| x.is_finite() && x >= 0.0;
         check(

@@ -9,7 +9,9 @@ use crate::pipetransformer::plan::model::ModelSpec;
 use crate::pipetransformer::plan::outcome::{EpochPlan, EpochTime, Plan};
 use crate::pipetransformer::plan::step::{Layout, simulate_step};
 use crate::pipetransformer::plan::transition::transition_cost;
-use crate::pipetransformer::shape::{MemoryFit, Shape, StartError, reshape, starting_shape};
+use crate::pipetransformer::shape::{
+    MemoryFit, PipelineShape, StartError, reshape, starting_shape,
+};
 use crate::sampler::BatchPolicy;
 
 /// Plans every epoch of `config` on `model`, and the baseline. Each
@@ -127,7 +129,7 @@ struct EpochFront {
 fn plan_epoch(
     config: &PlanConfig,
     model: &ModelSpec,
-    shape: &Shape,
+    shape: &PipelineShape,
     at: EpochFront,
     previous: Option<&EpochPlan>,
 ) -> Result<EpochPlan, PlanError> {

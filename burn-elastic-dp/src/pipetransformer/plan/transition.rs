@@ -4,7 +4,7 @@
 use crate::pipetransformer::plan::config::PlanConfig;
 use crate::pipetransformer::plan::model::ModelSpec;
 use crate::pipetransformer::plan::outcome::EpochPlan;
-use crate::pipetransformer::shape::Shape;
+use crate::pipetransformer::shape::PipelineShape;
 
 /// Seconds between two epochs: a pipeline rebuild when the boundaries move,
 /// plus a group rebuild and copies of the weights and optimizer state to
@@ -13,7 +13,7 @@ pub(crate) fn transition_cost(
     config: &PlanConfig,
     model: &ModelSpec,
     previous: &EpochPlan,
-    shape: &Shape,
+    shape: &PipelineShape,
     front: usize,
 ) -> f64 {
     let (stages, replicas) = (shape.stages(), shape.replicas);

@@ -5,22 +5,22 @@ use serde::{Deserialize, Serialize};
 
 /// A pipeline shape: stages, units per stage, replicas.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Shape {
+pub struct PipelineShape {
     /// Units per stage (K = its length).
     pub balance: Vec<usize>,
     /// Data-parallel replicas (R).
     pub replicas: usize,
 }
 
-impl Shape {
+impl PipelineShape {
     /// K.
     pub fn stages(&self) -> usize {
         self.balance.len()
     }
 
     /// The same pipeline with `replicas` replicas.
-    pub fn with_replicas(&self, replicas: usize) -> Shape {
-        Shape {
+    pub fn with_replicas(&self, replicas: usize) -> PipelineShape {
+        PipelineShape {
             balance: self.balance.clone(),
             replicas,
         }
@@ -49,8 +49,8 @@ pub(super) fn balance_for(
 
 /// The starting shape: `stages` stages balanced exactly on the active
 /// costs, and its largest stage's cost.
-pub fn initial_shape(costs: &UnitCosts, stages: usize, replicas: usize) -> (Shape, f64) {
+pub fn initial_shape(costs: &UnitCosts, stages: usize, replicas: usize) -> (PipelineShape, f64) {
     let balance = balance_exact(&costs.active, stages);
     let largest = largest_stage(&costs.active, &balance);
-    (Shape { balance, replicas }, largest)
+    (PipelineShape { balance, replicas }, largest)
 }

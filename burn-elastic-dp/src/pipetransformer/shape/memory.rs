@@ -7,7 +7,7 @@ use burn_pipe::{
 
 use crate::sampler::BatchPolicy;
 
-use super::form::{Shape, initial_shape};
+use super::form::{PipelineShape, initial_shape};
 
 /// Memory-aware AutoPipe's budget, and what its estimate of a stage's
 /// memory needs (see [`UnitMemory::stages`]).
@@ -216,14 +216,14 @@ pub fn fitting_start(
     costs: &UnitCosts,
     fit: &MemoryFit,
     devices: usize,
-) -> Result<(Shape, f64), NoFit> {
+) -> Result<(PipelineShape, f64), NoFit> {
     let counts = stage_counts(devices, costs.len());
     for &stages in &counts {
         let balanced = balance_exact(&costs.active, stages);
         if let Some(balance) = fit.fitting_balance(balanced, 0, devices, true) {
             let largest = largest_stage(&costs.active, &balance);
             let replicas = (devices / stages).max(1);
-            return Ok((Shape { balance, replicas }, largest));
+            return Ok((PipelineShape { balance, replicas }, largest));
         }
     }
     let longest = *counts.last().unwrap_or(&1);
@@ -269,7 +269,7 @@ pub fn starting_shape(
     fixed: Option<(usize, usize)>,
     fit: Option<&MemoryFit>,
     devices: usize,
-) -> Result<(Shape, f64), StartError> {
+) -> Result<(PipelineShape, f64), StartError> {
     let (shape, largest) = match (fixed, fit) {
         (Some((stages, replicas)), _) => initial_shape(costs, stages, replicas),
         (None, Some(fit)) => fitting_start(costs, fit, devices).map_err(StartError::NoFit)?,

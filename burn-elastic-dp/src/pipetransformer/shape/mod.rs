@@ -5,7 +5,7 @@ mod form;
 mod memory;
 mod reshape;
 
-pub use form::{Shape, initial_shape};
+pub use form::{PipelineShape, initial_shape};
 pub use memory::{
     MemoryFit, NoFit, StageOver, StartError, fitting_start, stage_counts, starting_shape,
 };

@@ -2,7 +2,7 @@
 
 use burn_pipe::{UnitCosts, compress};
 
-use super::form::{Shape, balance_for};
+use super::form::{PipelineShape, balance_for};
 use super::memory::{MemoryFit, modelled_step, stage_counts};
 
 /// What AutoPipe and AutoDP may do.
@@ -61,7 +61,7 @@ impl Reshaping {
 /// ([`UnitCosts`]).
 ///
 /// ```
-/// use burn_elastic_dp::shape::{Reshaping, Shape, initial_shape, reshape};
+/// use burn_elastic_dp::shape::{PipelineShape, Reshaping, initial_shape, reshape};
 /// use burn_pipe::UnitCosts;
 ///
 /// let costs = UnitCosts::from_params(&[1; 8], 1.0 / 3.0);
@@ -69,9 +69,14 @@ impl Reshaping {
 /// let rules = Reshaping { pipe: true, dp: true, cache: true, devices: 4, initial_largest: largest, memory: None };
 /// // Half the units frozen and cached: 2 stages do what 4 did, on 2 replicas.
 /// let next = reshape(&costs, 4, &start, &rules);
-/// assert_eq!(next, Shape { balance: vec![6, 2], replicas: 2 });
+/// assert_eq!(next, PipelineShape { balance: vec![6, 2], replicas: 2 });
 /// ```
-pub fn reshape(costs: &UnitCosts, front: usize, current: &Shape, rules: &Reshaping) -> Shape {
+pub fn reshape(
+    costs: &UnitCosts,
+    front: usize,
+    current: &PipelineShape,
+    rules: &Reshaping,
+) -> PipelineShape {
     let units = costs.active.len();
     let trainable = units - front.min(units);
     let balance = if rules.pipe && trainable > 0 && rules.memory.is_some() {
@@ -97,7 +102,7 @@ pub fn reshape(costs: &UnitCosts, front: usize, current: &Shape, rules: &Reshapi
     } else {
         current.replicas
     };
-    Shape { balance, replicas }
+    PipelineShape { balance, replicas }
 }
 
 /// Memory-aware AutoPipe after the front moved: the fewest stages (a
@@ -107,7 +112,7 @@ pub fn reshape(costs: &UnitCosts, front: usize, current: &Shape, rules: &Reshapi
 fn fitting_reshape(
     costs: &UnitCosts,
     front: usize,
-    current: &Shape,
+    current: &PipelineShape,
     rules: &Reshaping,
     fit: &MemoryFit,
 ) -> Vec<usize> {

@@ -14,7 +14,7 @@ use super::schedule::{Closure, LrSource, Scheduler};
 use super::transition::shape_of;
 use super::{Trainer, TrainerConfig};
 use crate::group::ReplicaGroup;
-use crate::pipetransformer::shape::Shape;
+use crate::pipetransformer::shape::PipelineShape;
 use crate::{StopSignal, TrainerError};
 
 /// The shape, the measurements and the epoch's state.
@@ -22,7 +22,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
     /// The current shape, as the group runs it: units per stage (replica
     /// 0's; every replica has the same), replicas. A group that lost every
     /// replica has no stage.
-    pub fn shape(&self) -> Shape {
+    pub fn shape(&self) -> PipelineShape {
         shape_of(&self.group)
     }
 

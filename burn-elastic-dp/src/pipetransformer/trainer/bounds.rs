@@ -12,7 +12,7 @@ use burn_freeze::{
 /// The three types a [`Trainer`](super::Trainer) is made of, named once
 /// (burn-train's habit with its `LearningComponentsTypes`): the layer stack,
 /// the optimizer that steps each stage, and the targets the loss scores.
-/// Every trainer is a `Trainer<TrainerParts<S, O, T>>`, which
+/// Every trainer is a `Trainer<TrainerTypesOf<S, O, T>>`, which
 /// [`TrainerConfig::init`](super::TrainerConfig::init) builds from a stack
 /// of types `S`, an optimizer factory and a loss; code generic over trainers
 /// names this one bound.
@@ -36,11 +36,11 @@ pub trait TrainerTypes {
 
 /// The [`TrainerTypes`] of a stack of types `S`, an optimizer `O` and
 /// targets `T`: a marker, never made.
-pub struct TrainerParts<S, O, T> {
+pub struct TrainerTypesOf<S, O, T> {
     _types: PhantomData<fn() -> (S, O, T)>,
 }
 
-impl<S, O, T> TrainerTypes for TrainerParts<S, O, T>
+impl<S, O, T> TrainerTypes for TrainerTypesOf<S, O, T>
 where
     S: StackTypes,
     O: StackOptimizer<S>,

@@ -12,7 +12,7 @@ use burn_freeze::{
 use burn_pipe::MicroBatchLoss;
 
 use super::Trainer;
-use super::bounds::{OptimizerRecord, TrainerBackend, TrainerParts, TrainerTypes};
+use super::bounds::{OptimizerRecord, TrainerBackend, TrainerTypes, TrainerTypesOf};
 use super::checkpoint::load_weights;
 use super::checkpoint_files::{Loaded, RunState, one_process_dir, read_agreed, read_latest};
 use super::config::TrainerConfig;
@@ -24,7 +24,7 @@ use super::log::JsonLog;
 use super::measure::Measurements;
 use super::transition::{device_lists, through_one};
 use crate::group::nodes::OtherNodes;
-use crate::pipetransformer::shape::Shape;
+use crate::pipetransformer::shape::PipelineShape;
 
 impl<TT: TrainerTypes> Trainer<TT> {
     /// See [`TrainerConfig::init`]; `resuming` appends to the output
@@ -46,7 +46,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
             Some(_) => OtherNodes::job_size().unwrap_or(1),
             None => 1,
         };
-        config.check_on(devices.len(), processes)?;
+        config.validate_on(devices.len(), processes)?;
         let units = stack.num_units();
         if let Some(stages) = config.stages
             && stages > units
@@ -137,7 +137,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
     /// processes or devices, under AutoDP as many replicas as the devices
     /// hold at the saved K (the global batch is shared among them all);
     /// without AutoDP the saved R must fit.
-    fn resumed_shape(&self, state: &RunState) -> Result<Shape, TrainerError> {
+    fn resumed_shape(&self, state: &RunState) -> Result<PipelineShape, TrainerError> {
         let mut shape = state.shape.clone();
         let processes = self.group.processes();
         let devices = self.devices.len();
@@ -173,7 +173,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
 
 /// Resuming takes the parts a trainer is made of, as
 /// [`TrainerConfig::init`] does.
-impl<S, O, T> Trainer<TrainerParts<S, O, T>>
+impl<S, O, T> Trainer<TrainerTypesOf<S, O, T>>
 where
     S: StackTypes,
     O: StackOptimizer<S>,

@@ -14,7 +14,7 @@ use super::error::{TrainerError, invalid, io};
 use super::learning_rate::RateState;
 use super::measure::MeasuredState;
 use crate::group::nodes::OtherNodes;
-use crate::pipetransformer::shape::Shape;
+use crate::pipetransformer::shape::PipelineShape;
 
 /// When and where a [`Trainer`](super::Trainer) writes checkpoints.
 ///
@@ -39,7 +39,7 @@ pub struct CheckpointConfig {
 
 impl CheckpointConfig {
     /// Checks the values; the error names the field and its range.
-    pub fn check(&self) -> Result<(), TrainerError> {
+    pub fn validate(&self) -> Result<(), TrainerError> {
         if self.every_steps == 0 {
             return Err(invalid("checkpoint.every_steps", 0, "at least 1"));
         }
@@ -67,7 +67,7 @@ pub(super) struct RunState {
     pub freeze: FreezeState,
     pub policy: Option<PolicyState>,
     pub front: usize,
-    pub shape: Shape,
+    pub shape: PipelineShape,
     /// Costs, memory and what is still to measure.
     #[serde(flatten)]
     pub measured: MeasuredState,

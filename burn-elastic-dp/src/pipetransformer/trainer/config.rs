@@ -13,7 +13,7 @@ use burn_freeze::{
 use burn_pipe::MicroBatchLoss;
 
 use super::Trainer;
-use super::bounds::TrainerParts;
+use super::bounds::TrainerTypesOf;
 use super::error::{TrainerError, invalid};
 use super::rules::{CostModel, FreezeRule, LayerSpec, Parts};
 use crate::ReplicaConfig;
@@ -30,8 +30,8 @@ use burn_freeze::StackOptimizer;
 ///     .with_freeze(FreezeRule::AlphaSchedule { alpha: 1.0 / 3.0 })
 ///     .with_batch(BatchPolicy::FixedGlobal { batch: 64 })
 ///     .with_parts(Parts::new().with_dp(false)); // an ablation: no AutoDP
-/// assert!(config.check(4).is_ok());
-/// assert!(config.clone().with_lr(0.0).check(4).is_err());
+/// assert!(config.validate(4).is_ok());
+/// assert!(config.clone().with_lr(0.0).validate(4).is_err());
 /// ```
 #[derive(Config, Debug)]
 pub struct TrainerConfig {
@@ -111,11 +111,11 @@ pub struct TrainerConfig {
 impl TrainerConfig {
     /// Checks every value against a run on `devices` devices, before any
     /// work: one error naming the field and the accepted range.
-    pub fn check(&self, devices: usize) -> Result<(), TrainerError> {
-        self.check_on(devices, 1)
+    pub fn validate(&self, devices: usize) -> Result<(), TrainerError> {
+        self.validate_on(devices, 1)
     }
 
-    /// [`check`](Self::check) for a group across `processes` processes of
+    /// [`validate`](Self::validate) for a group across `processes` processes of
     /// `devices` devices each (a rank of an MPI job with
     /// [`ReplicaConfig::nodes`]): every shape the run can reach must give
     /// every replica of every process a sample per micro-batch. Every
@@ -132,19 +132,19 @@ impl TrainerConfig {
     /// let config = TrainerConfig::new()
     ///     .with_batch(BatchPolicy::FixedGlobal { batch: 8 })
     ///     .with_replicas(one);
-    /// assert!(config.check_on(4, 2).is_ok());
-    /// assert!(config.check_on(4, 3).is_err()); // 12 replicas, 8 samples
+    /// assert!(config.validate_on(4, 2).is_ok());
+    /// assert!(config.validate_on(4, 3).is_err()); // 12 replicas, 8 samples
     /// ```
-    pub fn check_on(&self, devices: usize, processes: usize) -> Result<(), TrainerError> {
+    pub fn validate_on(&self, devices: usize, processes: usize) -> Result<(), TrainerError> {
         if processes == 0 {
             return Err(invalid("processes", 0, "at least 1 process"));
         }
         if devices == 0 {
             return Err(invalid("devices", 0, "at least 1 device"));
         }
-        self.freeze.check()?;
-        self.layers.check()?;
-        self.memory.check()?;
+        self.freeze.validate()?;
+        self.layers.validate()?;
+        self.memory.validate()?;
         if let Some(stages) = self.stages
             && !(1..=devices).contains(&stages)
         {
@@ -163,11 +163,11 @@ impl TrainerConfig {
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return Err(invalid("lr", self.lr, "a finite number above 0"));
         }
-        self.costs.check()?;
+        self.costs.validate()?;
         if let Some(checkpoint) = &self.checkpoint {
-            checkpoint.check()?;
+            checkpoint.validate()?;
         }
-        self.replicas.check()?;
+        self.replicas.validate()?;
         if self.replicas.pipeline.balance.is_some() {
             return Err(invalid(
                 "replicas.pipeline.balance",
@@ -175,12 +175,12 @@ impl TrainerConfig {
                 "None (AutoPipe balances the stages)",
             ));
         }
-        self.check_reachable(devices, processes)
+        self.validate_reachable(devices, processes)
     }
 
     /// Checks that every shape the run can reach gives every replica of
     /// every process a sample per micro-batch.
-    fn check_reachable(&self, devices: usize, processes: usize) -> Result<(), TrainerError> {
+    fn validate_reachable(&self, devices: usize, processes: usize) -> Result<(), TrainerError> {
         // Every shape the run can reach must have a sample per micro-batch
         // of every replica: K halves from its start (the paper's rule) or
         // falls to any divisor of the devices (memory-aware), R = devices /
@@ -308,7 +308,7 @@ impl TrainerConfig {
     /// the first step.
     ///
     /// Fails, before any work, on a value outside its range (see
-    /// [`check`](Self::check)), more stages than units, a layer map that
+    /// [`validate`](Self::validate)), more stages than units, a layer map that
     /// does not fit the stack, an output directory that cannot be made or
     /// an unusable cache spill directory.
     pub fn init<S, O, T>(
@@ -317,7 +317,7 @@ impl TrainerConfig {
         devices: Vec<Device<S::Backend>>,
         make_optimizer: impl Fn() -> O + Clone + Send + Sync + 'static,
         loss: impl MicroBatchLoss<S, T> + Send + 'static,
-    ) -> Result<Trainer<TrainerParts<S, O, T>>, TrainerError>
+    ) -> Result<Trainer<TrainerTypesOf<S, O, T>>, TrainerError>
     where
         S: StackTypes,
         O: StackOptimizer<S>,

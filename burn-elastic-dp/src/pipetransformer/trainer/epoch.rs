@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::log::{EpochReport, Transition};
 use crate::group::GroupReport;
-use crate::pipetransformer::shape::Shape;
+use crate::pipetransformer::shape::PipelineShape;
 
 /// How far an epoch has come, told to
 /// [`Trainer::fit_epoch_observed`](super::Trainer::fit_epoch_observed)'s observer after each step.
@@ -43,7 +43,7 @@ pub(super) struct EpochTally {
     bubble: f64,
     transitions: Vec<Transition>,
     /// The shape the epoch's last step ran with.
-    ran_with: Shape,
+    ran_with: PipelineShape,
     /// The whole group's replicas at its last step (every process's).
     ran_total: usize,
     /// The micro-batch count its last step ran with.
@@ -69,7 +69,7 @@ impl EpochTally {
     /// An epoch starting now at `shape` (`total` replicas in every
     /// process), the cache having counted
     /// `cache_before` hits and misses.
-    pub(super) fn start(cache_before: (u64, u64), shape: Shape, total: usize) -> Self {
+    pub(super) fn start(cache_before: (u64, u64), shape: PipelineShape, total: usize) -> Self {
         Self {
             ran_total: total,
             started: Instant::now(),
@@ -99,7 +99,7 @@ impl EpochTally {
         &mut self,
         samples: usize,
         report: &GroupReport,
-        shape: Shape,
+        shape: PipelineShape,
         total: usize,
         (lr, steps): (f64, usize),
     ) -> StepProgress {
@@ -133,7 +133,7 @@ impl EpochTally {
     }
 
     /// The shape the epoch's last step ran with.
-    pub(super) fn ran_with(&self) -> &Shape {
+    pub(super) fn ran_with(&self) -> &PipelineShape {
         &self.ran_with
     }
 

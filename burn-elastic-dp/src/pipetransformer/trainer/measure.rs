@@ -16,7 +16,7 @@ use super::micro::MicroBatchRule;
 use super::rules::CostModel;
 use super::transition::shape_of;
 use crate::group::ReplicaGroup;
-use crate::pipetransformer::shape::{MemoryFit, Shape, reshape};
+use crate::pipetransformer::shape::{MemoryFit, PipelineShape, reshape};
 
 /// The measurements a run's shapes are decided on.
 pub(super) struct Measurements {
@@ -91,7 +91,7 @@ impl Measurements {
         &mut self,
         config: &TrainerConfig,
         devices: usize,
-    ) -> Result<Shape, TrainerError> {
+    ) -> Result<PipelineShape, TrainerError> {
         let (shape, largest) = config.start_shape(&self.costs, &self.memory, devices)?;
         self.initial_largest = largest;
         Ok(shape)
@@ -166,8 +166,8 @@ impl Measurements {
         config: &TrainerConfig,
         devices: usize,
         (front_before, front): (usize, usize),
-        before: &Shape,
-    ) -> Result<Shape, TrainerError> {
+        before: &PipelineShape,
+    ) -> Result<PipelineShape, TrainerError> {
         let start = if front < front_before {
             let (start, _) = config.start_shape(&self.costs, &self.memory, devices)?;
             if front == 0 {

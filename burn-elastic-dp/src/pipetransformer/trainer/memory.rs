@@ -6,7 +6,7 @@ use burn_pipe::UnitMemory;
 
 use super::config::TrainerConfig;
 use super::error::{TrainerError, invalid};
-use crate::pipetransformer::shape::{MemoryFit, Shape, starting_shape};
+use crate::pipetransformer::shape::{MemoryFit, PipelineShape, starting_shape};
 use burn_pipe::UnitCosts;
 
 /// What one device may hold, for memory-aware AutoPipe.
@@ -30,7 +30,7 @@ use burn_pipe::UnitCosts;
 /// use burn_elastic_dp::{MemoryConfig, TrainerConfig};
 ///
 /// let config = TrainerConfig::new().with_memory(MemoryConfig::new().with_device_bytes(Some(8 << 30)));
-/// assert!(config.check(4).is_ok());
+/// assert!(config.validate(4).is_ok());
 /// ```
 #[derive(Config, Debug, PartialEq)]
 pub struct MemoryConfig {
@@ -49,7 +49,7 @@ pub struct MemoryConfig {
 
 impl MemoryConfig {
     /// Checks the budget's values; the error names the field and its range.
-    pub fn check(&self) -> Result<(), TrainerError> {
+    pub fn validate(&self) -> Result<(), TrainerError> {
         if self.device_bytes == Some(0) {
             return Err(invalid("memory.device_bytes", 0, "at least 1 byte"));
         }
@@ -91,18 +91,18 @@ impl TrainerConfig {
     ///
     /// let config = TrainerConfig::new().with_memory(MemoryConfig::new().with_device_bytes(Some(1000)));
     /// // Each unit: 100 parameters of 4 bytes, with gradients and Adam 1600 bytes.
-    /// let error = config.check_memory(&[100; 8], 4, 4).unwrap_err();
+    /// let error = config.validate_memory(&[100; 8], 4, 4).unwrap_err();
     /// assert!(matches!(error, TrainerError::DoesNotFit { unit: 0, alone: true, .. }));
-    /// let start = TrainerConfig::new().check_memory(&[100; 8], 4, 4).unwrap();
+    /// let start = TrainerConfig::new().validate_memory(&[100; 8], 4, 4).unwrap();
     /// assert_eq!((start.stages(), start.replicas), (1, 4));
     /// ```
-    pub fn check_memory(
+    pub fn validate_memory(
         &self,
         unit_params: &[usize],
         element_bytes: usize,
         devices: usize,
-    ) -> Result<Shape, TrainerError> {
-        self.check(devices)?;
+    ) -> Result<PipelineShape, TrainerError> {
+        self.validate(devices)?;
         let memory = UnitMemory::from_param_counts(unit_params, element_bytes);
         let costs = UnitCosts::from_params(unit_params, 1.0 / 3.0);
         Ok(self.start_shape(&costs, &memory, devices)?.0)
@@ -116,7 +116,7 @@ impl TrainerConfig {
         costs: &UnitCosts,
         memory: &UnitMemory,
         devices: usize,
-    ) -> Result<(Shape, f64), TrainerError> {
+    ) -> Result<(PipelineShape, f64), TrainerError> {
         let fit = self.memory_fit(memory);
         let fixed = self
             .stages

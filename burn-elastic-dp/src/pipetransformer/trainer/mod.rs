@@ -31,7 +31,7 @@ use burn::prelude::*;
 use burn_freeze::{AutoFreeze, FreezePolicy};
 use burn_pipe::MicroBatchLoss;
 
-pub use bounds::{CacheableStack, TrainerBackend, TrainerInput, TrainerParts, TrainerTypes};
+pub use bounds::{CacheableStack, TrainerBackend, TrainerInput, TrainerTypes, TrainerTypesOf};
 pub use checkpoint_files::CheckpointConfig;
 pub use config::TrainerConfig;
 pub use epoch::StepProgress;
@@ -67,7 +67,7 @@ pub(crate) type SharedLoss<S, T> = Arc<dyn MicroBatchLoss<S, T> + Send>;
 /// ([`Parts`]). Built by [`TrainerConfig::init`], which takes the loss, once.
 /// `TT` bundles its types ([`TrainerTypes`]): a trainer of a stack of types
 /// `S`, stepped by optimizers `O`, whose loss scores targets `T`, is a
-/// `Trainer<TrainerParts<S, O, T>>`.
+/// `Trainer<TrainerTypesOf<S, O, T>>`.
 ///
 /// Each epoch ([`fit_epoch`](Self::fit_epoch)) sees every sample of the
 /// dataset exactly once, whatever R does within it. Decision points: after

@@ -81,7 +81,7 @@ pub enum FreezeRule {
     ///     alpha: 1.0 / 3.0,
     ///     statistic: Some(ArgminStatistic::SummedStepNorms),
     /// };
-    /// assert!(TrainerConfig::new().with_freeze(steps).check(4).is_ok());
+    /// assert!(TrainerConfig::new().with_freeze(steps).validate(4).is_ok());
     /// // A configuration written before the statistic existed still parses.
     /// let old: FreezeRule = serde_json::from_str(r#"{"AlphaArgmin":{"alpha":0.5}}"#).unwrap();
     /// assert_eq!(old, FreezeRule::AlphaArgmin { alpha: 0.5, statistic: None });
@@ -116,9 +116,9 @@ pub enum FreezeRule {
     /// let default = TrainerConfig::new();
     /// assert_eq!(default.freeze, FreezeRule::Evidence { rule: EvidenceConfig::new() });
     /// let patient = FreezeRule::Evidence { rule: EvidenceConfig::new().with_patience(5) };
-    /// assert!(default.with_freeze(patient).check(4).is_ok());
+    /// assert!(default.with_freeze(patient).validate(4).is_ok());
     /// let bad = FreezeRule::Evidence { rule: EvidenceConfig::new().with_alpha(2.0) };
-    /// assert!(TrainerConfig::new().with_freeze(bad).check(4).is_err());
+    /// assert!(TrainerConfig::new().with_freeze(bad).validate(4).is_err());
     /// ```
     Evidence {
         /// The rule's settings.
@@ -133,7 +133,7 @@ pub enum FreezeRule {
     /// use burn_elastic_dp::{FreezeRule, TrainerConfig};
     ///
     /// let up_and_down = FreezeRule::Fronts { layers: vec![0, 2, 3, 1, 2] };
-    /// assert!(TrainerConfig::new().with_freeze(up_and_down).check(4).is_ok());
+    /// assert!(TrainerConfig::new().with_freeze(up_and_down).validate(4).is_ok());
     /// ```
     Fronts {
         /// `layers[T]` layers frozen in epoch `T`.
@@ -191,7 +191,7 @@ pub enum CostModel {
 
 impl FreezeRule {
     /// Checks the rule's values; the error names the field and its range.
-    pub fn check(&self) -> Result<(), TrainerError> {
+    pub fn validate(&self) -> Result<(), TrainerError> {
         match self {
             FreezeRule::AlphaSchedule { alpha } | FreezeRule::AlphaArgmin { alpha, .. } => {
                 check_alpha(*alpha)
@@ -208,7 +208,7 @@ impl FreezeRule {
                 }
                 Ok(())
             }
-            FreezeRule::Evidence { rule } => rule.check().map_err(|(field, value, accepted)| {
+            FreezeRule::Evidence { rule } => rule.validate().map_err(|(field, value, accepted)| {
                 let field = match field {
                     "every_steps" => "freeze.rule.every_steps",
                     "patience" => "freeze.rule.patience",
@@ -228,7 +228,7 @@ impl FreezeRule {
 
 impl LayerSpec {
     /// Checks the map's values; the error names the field and its range.
-    pub fn check(&self) -> Result<(), TrainerError> {
+    pub fn validate(&self) -> Result<(), TrainerError> {
         if let LayerSpec::Uniform {
             per_layer, layers, ..
         } = *self
@@ -246,7 +246,7 @@ impl LayerSpec {
 
 impl CostModel {
     /// Checks the model's values; the error names the field and its range.
-    pub fn check(&self) -> Result<(), TrainerError> {
+    pub fn validate(&self) -> Result<(), TrainerError> {
         match *self {
             CostModel::Profiled { repeats: 0 } => Err(invalid("costs.repeats", 0, "at least 1")),
             CostModel::Parameters { frozen_factor } if !(0.0..=1.0).contains(&frozen_factor) => {

@@ -7,21 +7,23 @@ use burn_freeze::{StackOptimizer, StackTypes};
 use super::error::TrainerError;
 use crate::error::ElasticError;
 use crate::group::ReplicaGroup;
-use crate::pipetransformer::shape::Shape;
+use crate::pipetransformer::shape::PipelineShape;
 
 /// The shape `group` runs: units per stage (replica 0's; every replica has
 /// the same), replicas. A group that lost every replica has no stage.
-pub(super) fn shape_of<S: StackTypes, O: StackOptimizer<S>>(group: &ReplicaGroup<S, O>) -> Shape {
+pub(super) fn shape_of<S: StackTypes, O: StackOptimizer<S>>(
+    group: &ReplicaGroup<S, O>,
+) -> PipelineShape {
     let replicas = group.num_replicas();
     let balance = match replicas {
         0 => Vec::new(),
         _ => group.replica(0).balance(),
     };
-    Shape { balance, replicas }
+    PipelineShape { balance, replicas }
 }
 
 /// Device lists of a shape: replica `r` on the next `K` devices.
-pub(super) fn device_lists<D: Clone>(devices: &[D], shape: &Shape) -> Vec<Vec<D>> {
+pub(super) fn device_lists<D: Clone>(devices: &[D], shape: &PipelineShape) -> Vec<Vec<D>> {
     let k = shape.stages();
     (0..shape.replicas)
         .map(|r| devices[r * k..(r + 1) * k].to_vec())
@@ -33,7 +35,7 @@ pub(super) fn device_lists<D: Clone>(devices: &[D], shape: &Shape) -> Vec<Vec<D>
 pub(super) fn move_to<S: StackTypes, O: StackOptimizer<S>>(
     group: &mut ReplicaGroup<S, O>,
     devices: &[Device<S::Backend>],
-    target: &Shape,
+    target: &PipelineShape,
 ) -> Result<bool, TrainerError> {
     let current = shape_of(group);
     if target.stages() == current.stages() && target.replicas == current.replicas {
@@ -56,7 +58,7 @@ pub(super) fn move_to<S: StackTypes, O: StackOptimizer<S>>(
 pub(super) fn through_one<S: StackTypes, O: StackOptimizer<S>>(
     group: &mut ReplicaGroup<S, O>,
     devices: &[Device<S::Backend>],
-    after: &Shape,
+    after: &PipelineShape,
     on_one: impl FnOnce(&mut ReplicaGroup<S, O>) -> Result<(), ElasticError>,
 ) -> Result<(), TrainerError> {
     let current = shape_of(group);

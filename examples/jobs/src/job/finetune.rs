@@ -8,7 +8,7 @@ use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{Adam, AdamConfig};
 use burn::prelude::*;
 use burn_elastic_dp::{
-    BatchPolicy, EpochReport, StepProgress, Trainer, TrainerConfig, TrainerError, TrainerParts,
+    BatchPolicy, EpochReport, StepProgress, Trainer, TrainerConfig, TrainerError, TrainerTypesOf,
 };
 use burn_freeze::{
     AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput, LayerStack, StackTypes,
@@ -22,7 +22,7 @@ use crate::task::accuracy;
 
 /// The trainer of the job: Adam, as plain Burn's.
 type JobTrainer<S> = Trainer<
-    TrainerParts<S, OptimizerAdaptor<Adam, TrainableUnits<S>, Train>, Tensor<Train, 1, Int>>,
+    TrainerTypesOf<S, OptimizerAdaptor<Adam, TrainableUnits<S>, Train>, Tensor<Train, 1, Int>>,
 >;
 
 impl JobSpec {

@@ -174,7 +174,7 @@ const FINETUNE_DATA: u64 = 0x4649_4E45;
 
 impl JobSpec {
     /// Checks the sizes before any work.
-    pub fn check(&self) -> Result<(), JobError> {
+    pub fn validate(&self) -> Result<(), JobError> {
         let fail = |what: String| Err(JobError::Spec(what));
         if self.layers == 0 || self.layers > 48 {
             return fail(format!("layers must be 1 to 48, got {}", self.layers));
@@ -242,7 +242,7 @@ impl JobSpec {
     }
 
     /// The spec pretraining runs with: this one at `pretraining`'s
-    /// learning rate and batch ([`check`](Self::check) it before
+    /// learning rate and batch ([`validate`](Self::validate) it before
     /// [`pretrain_with`](Self::pretrain_with)).
     pub fn for_pretraining(&self, pretraining: PretrainSettings) -> JobSpec {
         JobSpec {
@@ -267,7 +267,7 @@ impl JobSpec {
         method: &Method,
         observer: &mut impl Observer,
     ) -> Result<(RunRecord, Pretrained), JobError> {
-        self.check()?;
+        self.validate()?;
         with_model!(pretrained, M, stack => {
             let task = M::task(FINETUNE_CLASSES, self.task, self.seed ^ FINETUNE_DATA);
             let (record, stack) =

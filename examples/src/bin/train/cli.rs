@@ -232,7 +232,7 @@ impl Args {
     /// configuration (exit 2), then that the output directory can be
     /// written (exit 1, as for other paths the file system refuses). Gives
     /// the job's sizes and the trainer's configuration.
-    pub(crate) fn check(&self) -> Result<(JobSpec, TrainerConfig), Failure> {
+    pub(crate) fn validate(&self) -> Result<(JobSpec, TrainerConfig), Failure> {
         self.check_backend()?;
         if let Some(stages) = self.stages
             && stages > self.devices
@@ -244,16 +244,16 @@ impl Args {
         }
         self.check_real_path()?;
         let spec = self.spec();
-        spec.check().map_err(Failure::usage)?;
+        spec.validate().map_err(Failure::usage)?;
         if spec.pretrain_epochs > 0 && self.real().is_none() {
             spec.for_pretraining(self.pretraining())
-                .check()
+                .validate()
                 .map_err(|e| Failure::usage(format!("pretraining: {e}")))?;
         }
         let config = self.trainer_config(&spec);
         if !self.plain {
             config
-                .check(self.devices as usize)
+                .validate(self.devices as usize)
                 .map_err(Failure::usage)?;
         }
         // The budget against the fine-tuned model's parameters (the real
@@ -262,7 +262,7 @@ impl Args {
         if self.device_memory.is_some() && !self.plain && self.real().is_none() {
             let params = spec.fresh_model().unit_params();
             config
-                .check_memory(&params, 4, self.devices as usize)
+                .validate_memory(&params, 4, self.devices as usize)
                 .map_err(Failure::usage)?;
         }
         check_writable(&self.output_dir)?;

@@ -111,7 +111,7 @@ impl MpiJob {
         let replicas = config.replicas.clone().with_nodes(Some(NodeConfig::new()));
         let config = config.with_replicas(replicas);
         config
-            .check_on(devices, self.size)
+            .validate_on(devices, self.size)
             .map_err(Failure::usage)?;
         Ok(config)
     }

@@ -16,7 +16,7 @@ mod tasks;
 
 pub use configs::default_task;
 pub use nodes::run_mpi;
-pub use seeds::{MAX_SEEDS, check_seeds, default_seeds};
+pub use seeds::{MAX_SEEDS, default_seeds, validate_seeds};
 pub use tasks::{DEFAULT_TASKS, run_select_task};
 
 use std::path::PathBuf;
@@ -75,7 +75,7 @@ struct Report {
 }
 
 /// Runs the headline benchmark on `model` fine-tuned on `task` (None:
-/// [`default_task`]) over `seeds` (checked with [`check_seeds`]; the first
+/// [`default_task`]) over `seeds` (checked with [`validate_seeds`]; the first
 /// seed runs every table).
 ///
 /// `bench headline`: the same fine-tuning job (`pipetransformer_jobs::job`), in one
@@ -272,13 +272,13 @@ fn first_spec(
     task: Option<FinetuneTask>,
     seeds: &[u64],
 ) -> Result<JobSpec, BenchError> {
-    check_seeds(seeds).map_err(BenchError::Run)?;
+    validate_seeds(seeds).map_err(BenchError::Run)?;
     let first = JobSpec {
         seed: seeds[0],
         task: task.unwrap_or_else(|| default_task(model)),
         ..spec(model, quick)
     };
-    first.check().map_err(run_err)?;
+    first.validate().map_err(run_err)?;
     Ok(first)
 }
 

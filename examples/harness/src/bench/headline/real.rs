@@ -211,7 +211,7 @@ fn bounded_costs() -> CostModel {
 }
 
 /// Runs the real headline on the checked `paths`, over `seeds` where
-/// given (checked with [`check_seeds`](super::check_seeds)), else the
+/// given (checked with [`validate_seeds`](super::validate_seeds)), else the
 /// run's own (full: 1, 2, 3; `--quick`: 1).
 ///
 /// `bench headline --real`: the headline's configurations on the real
@@ -241,7 +241,10 @@ pub fn run(quick: bool, paths: &RealPaths, seeds: Option<&[u64]>) -> Result<(), 
     let start = Instant::now();
     let sizes = sizes_of(quick, seeds)?;
     // MiniLM's 6 blocks until the checkpoint says otherwise.
-    sizes.spec(sizes.subset_seed, 6).check().map_err(run_err)?;
+    sizes
+        .spec(sizes.subset_seed, 6)
+        .validate()
+        .map_err(run_err)?;
     let saved = saved_headline()?;
     print_start(&sizes, paths, quick);
     let (first, job) = load(&sizes, paths, sizes.subset_seed, true)?;
@@ -312,7 +315,7 @@ pub fn run(quick: bool, paths: &RealPaths, seeds: Option<&[u64]>) -> Result<(), 
 }
 
 /// The run's sizes (full, or `--quick`), over `seeds` where given (checked
-/// with [`check_seeds`](super::check_seeds)).
+/// with [`validate_seeds`](super::validate_seeds)).
 fn sizes_of(quick: bool, seeds: Option<&[u64]>) -> Result<RealSizes, BenchError> {
     let sizes = if quick {
         RealSizes::quick()
@@ -321,7 +324,7 @@ fn sizes_of(quick: bool, seeds: Option<&[u64]>) -> Result<RealSizes, BenchError>
     };
     Ok(match seeds {
         Some(seeds) => {
-            super::seeds::check_seeds(seeds).map_err(BenchError::Run)?;
+            super::seeds::validate_seeds(seeds).map_err(BenchError::Run)?;
             sizes.with_seeds(seeds.to_vec())
         }
         None => sizes,

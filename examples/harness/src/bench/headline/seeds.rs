@@ -25,13 +25,13 @@ pub fn default_seeds(quick: bool) -> Vec<u64> {
 /// Checks the seeds a user gives: 1 to [`MAX_SEEDS`] of them, each once.
 ///
 /// ```
-/// use pipetransformer_harness::bench::headline::check_seeds;
+/// use pipetransformer_harness::bench::headline::validate_seeds;
 ///
-/// assert!(check_seeds(&[1, 2, 3]).is_ok());
-/// assert!(check_seeds(&[]).unwrap_err().contains("1 to 10"));
-/// assert!(check_seeds(&[1, 2, 1]).unwrap_err().contains("seed 1"));
+/// assert!(validate_seeds(&[1, 2, 3]).is_ok());
+/// assert!(validate_seeds(&[]).unwrap_err().contains("1 to 10"));
+/// assert!(validate_seeds(&[1, 2, 1]).unwrap_err().contains("seed 1"));
 /// ```
-pub fn check_seeds(seeds: &[u64]) -> Result<(), String> {
+pub fn validate_seeds(seeds: &[u64]) -> Result<(), String> {
     if seeds.is_empty() || seeds.len() > MAX_SEEDS {
         return Err(format!(
             "--seeds takes 1 to {MAX_SEEDS} seeds, comma-separated (got {})",
@@ -286,15 +286,15 @@ mod tests {
 
     #[test]
     fn seeds_are_one_to_ten_and_distinct() {
-        assert!(check_seeds(&[7]).is_ok());
-        assert!(check_seeds(&(0..10).collect::<Vec<_>>()).is_ok());
-        let error = check_seeds(&(0..11).collect::<Vec<_>>()).unwrap_err();
+        assert!(validate_seeds(&[7]).is_ok());
+        assert!(validate_seeds(&(0..10).collect::<Vec<_>>()).is_ok());
+        let error = validate_seeds(&(0..11).collect::<Vec<_>>()).unwrap_err();
         assert!(error.contains("got 11"), "{error}");
-        assert!(check_seeds(&[]).is_err());
-        let error = check_seeds(&[3, 4, 4]).unwrap_err();
+        assert!(validate_seeds(&[]).is_err());
+        let error = validate_seeds(&[3, 4, 4]).unwrap_err();
         assert!(error.contains("seed 4 twice"), "{error}");
         assert_eq!(default_seeds(true).len(), 1);
         assert_eq!(default_seeds(false).len(), 3);
-        check_seeds(&default_seeds(false)).unwrap();
+        validate_seeds(&default_seeds(false)).unwrap();
     }
 }

@@ -83,7 +83,7 @@ pub fn run_select_task(
     lrs: &[f64],
     seeds: &[u64],
 ) -> Result<(), BenchError> {
-    super::check_seeds(seeds).map_err(BenchError::Run)?;
+    super::validate_seeds(seeds).map_err(BenchError::Run)?;
     if tasks.is_empty() || lrs.is_empty() {
         return Err(BenchError::Run(
             "bench select-task needs at least one task and one learning rate".into(),
@@ -92,7 +92,7 @@ pub fn run_select_task(
     let base = spec(ModelKind::Bert, quick);
     let pretraining = super::configs::pretraining(&base);
     for &lr in lrs {
-        JobSpec { lr, ..base.clone() }.check().map_err(run_err)?;
+        JobSpec { lr, ..base.clone() }.validate().map_err(run_err)?;
     }
     let details = format!(
         "Bert {} layers, hidden {}; {} samples/epoch, batch {}, {} epochs, one device; tasks {tasks:?}, fine-tuning lr {lrs:?}, seeds {seeds:?}",

@@ -89,7 +89,7 @@ impl TaskData for Generated<'_> {
         if let Some((_, model)) = self.pretrains.models.iter().find(|(k, _)| *k == key) {
             return Ok(model.clone());
         }
-        spec.for_pretraining(settings).check().map_err(run_err)?;
+        spec.for_pretraining(settings).validate().map_err(run_err)?;
         let start = Instant::now();
         let model = spec.pretrain_with(settings, &mut Progress);
         println!(
@@ -142,7 +142,7 @@ impl Sst {
     ) -> Result<Self, BenchError> {
         let sizes = sst_sizes(labels, quick);
         let spec = sizes.spec(sizes.subset_seed, 6);
-        spec.check().map_err(run_err)?;
+        spec.validate().map_err(run_err)?;
         let (model, job) = spec
             .load_sst_labelled(&paths.weights, &paths.data, sizes.max_length, labels)
             .map_err(run_err)?;

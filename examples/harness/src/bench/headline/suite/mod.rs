@@ -74,7 +74,7 @@ struct TaskReport {
 }
 
 /// Runs `tasks` over `seeds` (checked with
-/// [`check_seeds`](super::check_seeds)); the SST tasks read MiniLM and
+/// [`validate_seeds`](super::validate_seeds)); the SST tasks read MiniLM and
 /// SST from `paths` (the resolved directories, or why they are missing:
 /// the full run refuses, `--quick` skips them).
 ///
@@ -107,7 +107,7 @@ pub fn run(
     paths: Result<RealPaths, String>,
 ) -> Result<(), BenchError> {
     let start = Instant::now();
-    super::check_seeds(seeds).map_err(BenchError::Run)?;
+    super::validate_seeds(seeds).map_err(BenchError::Run)?;
     let (tasks, skipped) = runnable(quick, tasks, &paths)?;
     let details = format!(
         "tasks {}; seeds {seeds:?} interleaved; (b*), alpha 1/3 and the default freeze rule on {DEVICES} logical devices sharing this machine's CPU; shared 2-core machine: times are noisy",
@@ -164,13 +164,13 @@ pub fn run(
 /// Checks the tasks a user gives: at least one, each once.
 ///
 /// ```
-/// use pipetransformer_harness::bench::headline::suite::{SuiteTask, check_tasks};
+/// use pipetransformer_harness::bench::headline::suite::{SuiteTask, validate_tasks};
 ///
-/// assert!(check_tasks(&[SuiteTask::Same, SuiteTask::Sst5]).is_ok());
-/// assert!(check_tasks(&[]).is_err());
-/// assert!(check_tasks(&[SuiteTask::Vit, SuiteTask::Vit]).unwrap_err().contains("vit twice"));
+/// assert!(validate_tasks(&[SuiteTask::Same, SuiteTask::Sst5]).is_ok());
+/// assert!(validate_tasks(&[]).is_err());
+/// assert!(validate_tasks(&[SuiteTask::Vit, SuiteTask::Vit]).unwrap_err().contains("vit twice"));
 /// ```
-pub fn check_tasks(tasks: &[SuiteTask]) -> Result<(), String> {
+pub fn validate_tasks(tasks: &[SuiteTask]) -> Result<(), String> {
     if tasks.is_empty() {
         return Err("--tasks takes at least one task".into());
     }
@@ -193,7 +193,7 @@ fn runnable(
     tasks: &[SuiteTask],
     paths: &Result<RealPaths, String>,
 ) -> Result<(Vec<SuiteTask>, Skipped), BenchError> {
-    check_tasks(tasks).map_err(BenchError::Run)?;
+    validate_tasks(tasks).map_err(BenchError::Run)?;
     let mut run = Vec::new();
     let mut skipped = Vec::new();
     for &task in tasks {
@@ -215,7 +215,7 @@ fn run_task<D: TaskData>(
 ) -> Result<TaskReport, BenchError> {
     let start = Instant::now();
     let spec = data.spec(seeds[0]);
-    spec.check().map_err(run_err)?;
+    spec.validate().map_err(run_err)?;
     let first = data.model(seeds[0])?;
     let (setting, setting_name) = setting_of(data, &spec, &first)?;
     let strongest = search(data, &spec, &setting, &first)?;
