@@ -62,14 +62,15 @@ where
         LossFn: MicroBatchLoss<S, T> + Send + 'static,
     {
         let start = Instant::now();
-        self.alive()?;
+        // The field, not `live()`: the cache is borrowed beside it.
+        let replica = self.replicas.first().ok_or(ElasticError::GroupLost)?;
         check_sample_ids(ids, input.batch_size())?;
-        let first = self.replicas[0].stage(0);
-        let cached = first.frozen().units().end.min(self.num_units() - 1);
+        let first = replica.stage(0);
+        let cached = first.frozen().units().end.min(replica.num_units() - 1);
+        let device = replica.devices()[0].clone();
         let Some(cache) = self.cache.as_mut().filter(|_| cached > 0) else {
             return self.run_shards(Shard::Input(input), targets, loss, start);
         };
-        let device = self.replicas[0].devices()[0].clone();
         let input = input.inner().to_device(&device);
         let hidden = serve_prefix(cache, first.frozen(), ids, input, cached)?;
         self.run_shards(Shard::Hidden(cached, hidden), targets, loss, start)

@@ -98,12 +98,12 @@ impl<TT: TrainerTypes> Trainer<TT> {
             return Ok(None);
         };
         let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
-        let model = self.group.to_layer_stack().into_parts().into_record();
+        let model = self.group.to_layer_stack()?.into_parts().into_record();
         let model = recorder
             .record(model, ())
             .map_err(|e| TrainerError::Checkpoint(format!("the weights: {e}")))?;
         let optimizer = recorder
-            .record(self.group.optimizer_record(), ())
+            .record(self.group.optimizer_record()?, ())
             .map_err(|e| TrainerError::Checkpoint(format!("the optimizer state: {e}")))?;
         let (freeze, policy) = self.auto.save_state();
         let state = RunState {

@@ -162,7 +162,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
         TT::Stack: CacheableStack,
     {
         let started = std::time::Instant::now();
-        let output = self.group.forward_inner(input.inner());
+        let output = self.group.forward_inner(input.inner())?;
         let output = <TrainerOutput<TT> as AutodiffActivation<_>>::from_inner(output);
         let loss: f64 = (*self.loss)(output, targets).into_scalar().elem();
         let loss = if self.group.spans_processes() {

@@ -203,7 +203,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
         if !self.memory_pending {
             return Ok(());
         }
-        let stack = self.group.to_layer_stack();
+        let stack = self.group.to_layer_stack()?;
         let measured = measure_unit_memory(&stack, input.clone(), &self.devices[0]);
         // Every process starts on the same figures: the largest measured.
         self.memory = super::agree::unit_memory(&self.group, measured)?;

@@ -75,7 +75,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
             // The largest batch a replica can get: the global batch of one.
             let largest = self.config.batch.global_batch(1).min(input.batch_size());
             let sizes = micro_batch_profile_sizes(largest);
-            let stack = self.group.to_layer_stack();
+            let stack = self.group.to_layer_stack()?;
             let device = &self.devices[0];
             let measured = profile_micro_batches(&stack, input.clone(), device, &sizes, repeats)
                 .map_err(|error| {

@@ -100,7 +100,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
             tracing::info!("one stage throughout: unit costs not profiled");
             return Ok(());
         }
-        let stack = self.group.to_layer_stack();
+        let stack = self.group.to_layer_stack()?;
         let profile = profile_units(&stack, input.clone(), &self.devices[0], repeats);
         // Every process balances on the same times: the slowest's.
         let profile = super::agree::unit_profiles(&self.group, profile)?;
