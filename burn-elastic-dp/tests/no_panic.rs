@@ -378,3 +378,22 @@ fn a_thread_that_cannot_start_is_an_error_naming_the_replica_and_changes_nothing
     assert_ne!(after, before);
     assert_eq!(flat_weights(&group.replica(1).to_layer_stack()), after);
 }
+
+#[test]
+fn a_repartition_into_no_stage_is_refused_naming_the_replica() {
+    let _serial = serial();
+    let mut group = group(2, 5_000, 0, &Tripwire::new());
+    let balance = group.balance();
+    let error = group.repartition(&[], vec![Vec::new(); 2]).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ElasticError::Replica {
+                replica: 0,
+                source: PipeError::NoStages
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(group.balance(), balance);
+}

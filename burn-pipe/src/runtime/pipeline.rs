@@ -143,6 +143,9 @@ where
     }
 
     /// Gradients stage `stage` accumulated since the last optimizer step, if any.
+    ///
+    /// # Panics
+    /// When `stage >= num_stages()`.
     pub fn gradients(&self, stage: usize) -> Option<&burn::optim::GradientsParams> {
         self.stages[stage].pending.as_ref()
     }
