@@ -92,7 +92,8 @@ pub(crate) fn peer(generation: usize, replica: usize) -> PeerId {
 /// Registers `devices.len()` peers (one per replica, on that replica's
 /// device) with backend `B`, from one thread each, waiting at most
 /// `timeout`, all-reducing with `strategy` between them. On failure the
-/// collective is reset.
+/// collective is reset; a registration thread that cannot start fails
+/// first, no peer registered ([`ElasticError::Spawn`]).
 ///
 /// burn-collective 0.21 keeps one local server per backend type per process
 /// and its calls have no timeout: a registration waits for every peer, an
@@ -110,19 +111,41 @@ pub(crate) fn form<B: Backend>(
         .with_num_devices(devices.len())
         .with_local_all_reduce_strategy(strategy);
     let (tx, rx) = crossbeam_channel::unbounded();
+    // Every registration thread starts first, each waiting for the word to
+    // register: one that cannot start leaves no peer registered (the others,
+    // their word dropped, end at once).
+    let mut go = Vec::with_capacity(devices.len());
     for (replica, device) in devices.iter().enumerate() {
         let (tx, device, config) = (tx.clone(), device.clone(), config.clone());
+        let spawn_failed = |message: String| ElasticError::Spawn {
+            replica,
+            what: "registration",
+            message,
+        };
+        burn_freeze::fault::check(crate::fault::REGISTER_THREAD, Some(replica), None)
+            .map_err(|injected| spawn_failed(injected.to_string()))?;
+        let (word, wait) = bounded::<()>(1);
         // Detached: a registration only waits for the others, and a reset
         // releases it; nothing else runs on these threads.
         thread::Builder::new()
             .name(format!("burn-elastic-dp register {replica}"))
             .spawn(move || {
-                let result = register::<B>(peer(generation, replica), device, config);
-                let _ = tx.send((replica, result));
+                burn_pipe::quiet_worker_panics();
+                // Bounded: the word comes, or is dropped, as soon as every
+                // registration thread has started.
+                if wait.recv().is_ok() {
+                    let result = register::<B>(peer(generation, replica), device, config);
+                    let _ = tx.send((replica, result));
+                }
             })
-            .expect("spawning a registration thread");
+            .map_err(|error| spawn_failed(error.to_string()))?;
+        go.push(word);
     }
     drop(tx);
+    for word in go {
+        // The thread waits for its word: the slot is empty.
+        let _ = word.send(());
+    }
     let deadline = Instant::now() + timeout;
     let mut done = vec![false; devices.len()];
     while done.iter().any(|d| !d) {

@@ -111,11 +111,15 @@ pub enum ElasticError {
         /// in order.
         lost: Vec<usize>,
     },
-    /// A replica's thread could not be started.
-    #[error("replica {replica}: could not start its thread: {message}")]
+    /// A replica's thread could not be started (the operating system
+    /// refused it): the call stopped before any replica's work began.
+    #[error("replica {replica}: could not start its {what} thread: {message}")]
     Spawn {
         /// The replica.
         replica: usize,
+        /// `"step"` (its share of a step), `"optimizer step"` or
+        /// `"registration"` (its peer's registration with the collective).
+        what: &'static str,
         /// The operating system's error.
         message: String,
     },

@@ -37,6 +37,7 @@
 
 mod collective;
 mod error;
+pub mod fault;
 mod group;
 mod nodes;
 mod pipetransformer;

@@ -156,7 +156,7 @@ fn train(
     let reports = (trainer.epoch()..epochs)
         .map(|_| trainer.fit_epoch(data, &Rows).unwrap())
         .collect();
-    (flat_weights(&trainer.to_layer_stack()), reports)
+    (flat_weights(&trainer.to_layer_stack().unwrap()), reports)
 }
 
 fn to_bytes(weights: &[f32]) -> Vec<u8> {
@@ -630,7 +630,7 @@ fn resume_rank(role: &str) {
             })
             .unwrap();
     }
-    let weights = flat_weights(&trainer.to_layer_stack());
+    let weights = flat_weights(&trainer.to_layer_stack().unwrap());
     std::fs::write(out.join(format!("final-{rank}")), to_bytes(&weights)).unwrap();
 }
 

@@ -169,7 +169,7 @@ fn a_scheduled_run_equals_plain_burn_with_the_same_scheduler() {
     // The rate moved: the schedule was followed, not the configured lr.
     assert!(steps[0].1 > steps[9].1 * 5.0, "{steps:?}");
     let (trained, expected) = (
-        weights(&trainer.to_layer_stack()),
+        weights(&trainer.to_layer_stack().unwrap()),
         weights(&plain.to_layer_stack()),
     );
     let worst = trained

@@ -145,16 +145,21 @@ fn child() {
             std::process::exit(3);
         }
         let model = recorder
-            .record(group.to_layer_stack().into_parts().into_record(), ())
+            .record(
+                group.to_layer_stack().unwrap().into_parts().into_record(),
+                (),
+            )
             .unwrap();
-        let optimizer = recorder.record(group.optimizer_record(), ()).unwrap();
+        let optimizer = recorder
+            .record(group.optimizer_record().unwrap(), ())
+            .unwrap();
         write_atomic(&checkpoint.join("model"), &model);
         write_atomic(&checkpoint.join("optimizer"), &optimizer);
         write_atomic(&checkpoint.join("step"), (step + 1).to_string().as_bytes());
     }
     write_atomic(
         &dir.join(format!("final-{rank}")),
-        &weight_bytes(&group.to_layer_stack()),
+        &weight_bytes(&group.to_layer_stack().unwrap()),
     );
 }
 

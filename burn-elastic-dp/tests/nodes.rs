@@ -167,7 +167,7 @@ fn child(role: &str) {
                 assert_eq!(report.shards.len(), replicas);
             }
         }
-        let bytes: Vec<u8> = flat_weights(&group.to_layer_stack())
+        let bytes: Vec<u8> = flat_weights(&group.to_layer_stack().unwrap())
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();
@@ -247,7 +247,7 @@ fn in_one_process(replicas: usize) -> (Vec<f32>, Vec<f32>) {
     let expected = flat_weights(&single.to_layer_stack());
     // Training moved the weights.
     assert!(initial.iter().zip(&expected).any(|(a, b)| a != b));
-    (expected, flat_weights(&group.to_layer_stack()))
+    (expected, flat_weights(&group.to_layer_stack().unwrap()))
 }
 
 /// The largest difference between `actual` and `expected`, against 1e-4
@@ -434,9 +434,9 @@ fn buffers_kept_across_steps_sum_as_fresh_ones_while_the_gradients_change_size()
             SgdConfig::new().init()
         })
         .unwrap();
-    let initial = flat_weights(&one_process.to_layer_stack());
+    let initial = flat_weights(&one_process.to_layer_stack().unwrap());
     reshaping_steps!(&mut one_process, 4);
-    let expected = flat_weights(&one_process.to_layer_stack());
+    let expected = flat_weights(&one_process.to_layer_stack().unwrap());
     assert!(initial.iter().zip(&expected).any(|(a, b)| a != b));
     let out = std::env::temp_dir().join(format!(
         "burn-elastic-dp-nodes-reshape-{}",

@@ -305,7 +305,7 @@ fn a_failing_replica_is_named_and_the_step_changes_nothing() {
             SgdConfig::new().init()
         })
         .unwrap();
-    let before = weights(&group.to_layer_stack());
+    let before = weights(&group.to_layer_stack().unwrap());
     let (x, y) = batch(400, 5);
     let error = group.train_step(x, y, loss, 0.1).unwrap_err();
     match &error {
@@ -324,7 +324,7 @@ fn a_failing_replica_is_named_and_the_step_changes_nothing() {
     for r in 0..2 {
         assert!(group.replica(r).gradients(0).is_none() && group.replica(r).gradients(1).is_none());
     }
-    let after = weights(&group.to_layer_stack());
+    let after = weights(&group.to_layer_stack().unwrap());
     assert!(
         before
             .iter()
@@ -435,7 +435,7 @@ fn a_stalled_replica_is_left_behind_within_the_bound_and_the_group_goes_on() {
         .with_pipeline(pipeline_config())
         .with_timeout_ms(300);
     let mut group = init_when_free(&config, stalling_stack(0, (2, 1500)), 2);
-    let before = weights(&group.to_layer_stack());
+    let before = weights(&group.to_layer_stack().unwrap());
     let (x, y) = batch(600, 5);
     let started = std::time::Instant::now();
     let error = group.train_step(x, y, loss, 0.1).unwrap_err();
@@ -457,7 +457,7 @@ fn a_stalled_replica_is_left_behind_within_the_bound_and_the_group_goes_on() {
         "the step waited {returned_after:?} for a stalled replica"
     );
     assert_eq!(group.num_replicas(), 1);
-    let after = weights(&group.to_layer_stack());
+    let after = weights(&group.to_layer_stack().unwrap());
     assert!(
         before
             .iter()
@@ -489,7 +489,7 @@ fn a_replica_left_behind_cannot_join_the_survivors_all_reduce() {
         other => panic!("unexpected error: {other}"),
     }
     assert_eq!(group.num_replicas(), 2);
-    let survivors = group.to_layer_stack();
+    let survivors = group.to_layer_stack().unwrap();
     let mut steps = 0u64;
     // Until well after the stalled replica woke (at most 5000 steps).
     while started.elapsed() < std::time::Duration::from_millis(1800) && steps < 5000 {
@@ -497,7 +497,7 @@ fn a_replica_left_behind_cannot_join_the_survivors_all_reduce() {
         group.train_step(x, y, loss, 0.05).unwrap();
         steps += 1;
     }
-    let trained = weights(&group.to_layer_stack());
+    let trained = weights(&group.to_layer_stack().unwrap());
     assert!(
         (0..2).all(|r| weights(&group.replica(r).to_layer_stack())
             .iter()
@@ -516,7 +516,7 @@ fn a_replica_left_behind_cannot_join_the_survivors_all_reduce() {
         let (x, y) = batch(900 + step, 4);
         fresh.train_step(x, y, loss, 0.05).unwrap();
     }
-    let expected = weights(&fresh.to_layer_stack());
+    let expected = weights(&fresh.to_layer_stack().unwrap());
     assert!(
         trained
             .iter()
@@ -567,7 +567,7 @@ fn the_group_shrinks_to_the_survivors_and_redoes_the_step_losing_nothing() {
     single.train_step(x, y, loss, 1e-2).unwrap();
     single.train_step(x2, y2, loss, 1e-2).unwrap();
     let expected = weights(&single.to_layer_stack());
-    let actual = weights(&group.to_layer_stack());
+    let actual = weights(&group.to_layer_stack().unwrap());
     assert!(
         expected
             .iter()

@@ -59,7 +59,7 @@ fn rank() {
         shapes.push((report.stages, report.total_replicas, report.front));
     }
     let rank = mpi.rank();
-    let weights: Vec<u8> = flat_weights(&trainer.to_layer_stack())
+    let weights: Vec<u8> = flat_weights(&trainer.to_layer_stack().unwrap())
         .iter()
         .flat_map(|v| v.to_le_bytes())
         .collect();

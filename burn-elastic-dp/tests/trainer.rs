@@ -221,7 +221,7 @@ fn an_elastic_run_sees_every_sample_once_and_trains_as_plain_training() {
     // rounding of about 1e-7 per gradient, which 12 Adam steps keep well
     // inside 1e-4 of the weights' scale.
     let worst = worst_difference(
-        &weights(&trainer.to_layer_stack()),
+        &weights(&trainer.to_layer_stack().unwrap()),
         &weights(&plain.to_layer_stack()),
     );
     assert!(worst <= 1e-4, "weights differ by {worst}");
@@ -262,7 +262,7 @@ fn run(config: TrainerConfig) -> (Vec<f64>, Vec<Vec<f32>>, Option<burn_freeze::C
         .map(|_| trainer.fit_epoch(&data, &batcher).unwrap().loss)
         .collect();
     let stats = trainer.group().cache().map(|c| c.stats());
-    (losses, weights(&trainer.to_layer_stack()), stats)
+    (losses, weights(&trainer.to_layer_stack().unwrap()), stats)
 }
 
 #[test]
@@ -589,7 +589,7 @@ fn a_run_resumed_from_a_checkpoint_gives_the_losses_of_an_uninterrupted_one() {
         .unwrap();
     train_to_three_epochs!(trainer, &data, &never, expected);
     assert_eq!(expected.len(), 12);
-    let expected_weights = weights(&trainer.to_layer_stack());
+    let expected_weights = weights(&trainer.to_layer_stack().unwrap());
     drop(trainer);
 
     // Crashes before step 6 (the last checkpoint after step 4, a transition's)
@@ -624,7 +624,10 @@ fn a_run_resumed_from_a_checkpoint_gives_the_losses_of_an_uninterrupted_one() {
             expected[checkpoint_step..],
             "crash before step {crash_at}"
         );
-        assert_eq!(weights(&resumed.to_layer_stack()), expected_weights);
+        assert_eq!(
+            weights(&resumed.to_layer_stack().unwrap()),
+            expected_weights
+        );
         drop(resumed);
 
         // A truncated newest checkpoint is rejected; the one before is used.

@@ -115,7 +115,10 @@ fn train(config: &TrainerConfig, devices: usize) -> (Vec<f32>, Vec<(usize, usize
     let reports: Vec<EpochReport> = (0..EPOCHS)
         .map(|_| trainer.fit_epoch(&data, &Rows).unwrap())
         .collect();
-    (flat_weights(&trainer.to_layer_stack()), shapes(&reports))
+    (
+        flat_weights(&trainer.to_layer_stack().unwrap()),
+        shapes(&reports),
+    )
 }
 
 /// A rank: joins the group with `ELASTIC_DP_TRAINER_NODE_DEVICES` devices

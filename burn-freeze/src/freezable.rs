@@ -165,8 +165,8 @@ impl<S: StackTypes> FreezableStack<S> {
     /// only moves down ([`check_unfreeze`]); on error nothing changes.
     ///
     /// The optimizer is the caller's, so this stack cannot drop its state:
-    /// to give the thawed units a fresh state, as `burn_pipe::Pipeline`
-    /// does (see [`FreezeFront::unfreeze_to`]), remove their parameters
+    /// to give the thawed units a fresh state (as [`FreezeFront::unfreeze_to`]
+    /// describes), remove their parameters
     /// from the optimizer's record when they freeze or thaw
     /// (`to_record`, remove the ids, `load_record`).
     ///

@@ -10,8 +10,8 @@ use crate::policy::GradNorm;
 ///
 /// [`AutoFreeze`](crate::AutoFreeze) drives any implementation with any
 /// [`FreezePolicy`](crate::FreezePolicy): [`FreezableStack`](crate::FreezableStack)
-/// in this crate, `burn_pipe::Pipeline` and the replica groups of
-/// `burn-elastic-dp`.
+/// in this crate, and whatever crates built on it implement it for (a
+/// pipeline of stages, a group of data-parallel replicas).
 ///
 /// ```
 /// use burn_freeze::{FreezeFront, FreezeError, GradNorm};

@@ -15,10 +15,11 @@ use burn::tensor::backend::AutodiffBackend;
 ///
 /// Its memory is one tensor per parameter that got a gradient (as much as
 /// the trainable weights); a step costs one add per parameter tensor and
-/// reads nothing back from the device. [`FreezableStack`](crate::FreezableStack),
-/// `burn_pipe::Pipeline` (each stage its own units, on its own thread) and
-/// the replica groups of `burn-elastic-dp` keep one when a policy asks for
-/// it ([`FreezeFront::set_gradient_sums`](crate::FreezeFront::set_gradient_sums)).
+/// reads nothing back from the device. [`FreezableStack`](crate::FreezableStack)
+/// keeps one when a policy asks for it
+/// ([`FreezeFront::set_gradient_sums`](crate::FreezeFront::set_gradient_sums)),
+/// as can any other freeze front (a pipeline, each stage its own units on
+/// its own thread).
 ///
 /// ```
 /// use burn::backend::{Autodiff, Flex};

@@ -6,8 +6,9 @@
 //! one hidden activation type between them ([`Activation`]). The first unit
 //! may take another input type and the last may return another output type;
 //! the compiler checks the chain, and [`StackTypes`] bundles the types so
-//! generic code carries one bound. `burn-pipe` partitions such stacks into
-//! pipeline stages and `burn-elastic-dp` replicates the pipelines.
+//! generic code carries one bound. Crates built on it partition such stacks
+//! into pipeline stages and replicate the pipelines; this one knows none of
+//! them.
 //!
 //! A unit runs on the autodiff backend while it trains and on the inner
 //! backend once frozen ([`Unit::forward_inner`]), so a frozen prefix records
@@ -19,14 +20,14 @@
 //! - **Frozen execution** ([`UnitRange`]): a contiguous range of units, its
 //!   frozen prefix on the inner backend ([`FrozenUnits`]) and its trainable
 //!   rest as one module for one optimizer ([`TrainableUnits`]). It is the one
-//!   implementation: [`FreezableStack`] holds one range, every `burn-pipe`
-//!   stage holds one. [`check_freeze`] is the one rule for what may be
+//!   implementation: [`FreezableStack`] holds one range, every pipeline
+//!   stage built on this crate holds one. [`check_freeze`] is the one rule for what may be
 //!   frozen ([`check_unfreeze`] for what may thaw) and
 //!   [`plumbing::optimizer_for`] the one helper that keeps the optimizer
 //!   state of the units that still train.
 //! - **The freeze front** ([`FreezeFront`]): implemented by
-//!   [`FreezableStack`] here and by `burn_pipe::Pipeline`, so one policy
-//!   drives either.
+//!   [`FreezableStack`] here and by what crates built on it train (a
+//!   pipeline, say), so one policy drives any of them.
 //! - **AutoFreeze** ([`FreezePolicy`], [`AutoFreeze`]): the paper's rule
 //!   ([`AlphaArgmin`]), the gradient-change rule ([`ChangeRate`]) and fixed
 //!   schedules ([`FixedSchedule`]), fed per-layer gradient norms read from the
@@ -36,9 +37,10 @@
 //!   by [`FreezableStack::forward_cached`] and by a pipeline's first stage).
 //!
 //! What a model's training code does not need stays apart: the building
-//! blocks that `burn-pipe` and `burn-elastic-dp` run units with
-//! ([`plumbing`]), the fault-injection points of the reliability tests
-//! ([`fault`], live only with the `fault-injection` cargo feature), and what
+//! blocks that crates which run units themselves use ([`plumbing`]), the
+//! fault-injection registry of the reliability tests ([`fault`], live only
+//! with the `fault-injection` cargo feature; each crate names its own fault
+//! points), and what
 //! the workspace's tests share (`testing`, with the `testing` cargo feature).
 //!
 //! Burn initialises parameters lazily: two clones of a module whose weights

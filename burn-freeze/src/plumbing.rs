@@ -1,5 +1,5 @@
-//! Building blocks for crates that run a layer stack's units themselves (`burn-pipe`'s stages,
-//! `burn-elastic-dp`'s replicas, and tests that check them); training a model needs none of it.
+//! Building blocks for crates that run a layer stack's units themselves (a pipeline's stages,
+//! data-parallel replicas, and tests that check them); training a model needs none of it.
 
 pub use crate::cache::{CachedStart, cached_prefix, serve_cached};
 pub use crate::flow::{

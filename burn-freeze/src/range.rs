@@ -52,7 +52,7 @@ pub fn check_unfreeze(requested: usize, frozen: usize) -> Result<(), FreezeError
 /// the inner backend, the others trainable in one module.
 ///
 /// [`FreezableStack`](crate::FreezableStack) holds one range (the whole
-/// stack); every stage of a `burn-pipe` pipeline holds one range each, so
+/// stack); every stage of a pipeline built on this crate holds one, so
 /// the way units are frozen, run and joined is written once, here, and
 /// follows the one rule for what may be frozen ([`check_freeze`]).
 ///

@@ -1,12 +1,15 @@
 //! What the workspace's integration tests share (the `testing` cargo feature):
-//! the test backend, a residual unit, seeded numbers, weight comparisons and
-//! plain Burn training with a freeze front applied by hand ([`PlainFronts`]).
+//! the test backend, a residual unit, seeded numbers, weight comparisons,
+//! plain Burn training with a freeze front applied by hand ([`PlainFronts`])
+//! and an optimizer that panics on purpose ([`PanickingOptimizer`]).
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 
+mod panicking;
 mod plain;
+pub use panicking::{PanickingOptimizer, Tripwire};
 pub use plain::{PlainFronts, StackParts};
 
 /// Declares the tests' backend in the calling module: `Inner` (Flex, or

@@ -23,6 +23,7 @@
 //! budget.
 
 mod balance;
+pub mod fault;
 mod runtime;
 
 pub use balance::costs::{UnitCosts, UnitProfile, UnitState, unit_param_costs};
@@ -43,5 +44,6 @@ pub use runtime::hook::StageGradients;
 pub use runtime::loss::MicroBatchLoss;
 pub use runtime::microbatch::micro_batch_sizes;
 pub use runtime::pipeline::Pipeline;
+pub use runtime::quiet::quiet_worker_panics;
 pub use runtime::report::StepReport;
 pub use runtime::schedule::{Op, Schedule, peak_in_flight, stage_ops};

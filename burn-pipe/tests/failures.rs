@@ -417,3 +417,69 @@ fn a_non_finite_loss_or_gradient_refuses_the_step_and_changes_nothing() {
         .unwrap();
     assert_ne!(all_weights(&pipeline), before);
 }
+
+/// A middle unit `x + tanh(linear(x))`, or, when `ignores`, `linear(0)`: an
+/// output that does not depend on the input.
+#[derive(Module, Debug)]
+pub struct Ignoring<B: Backend> {
+    linear: Linear<B>,
+    ignores: bool,
+}
+
+impl<B: Backend> Ignoring<B> {
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        if self.ignores {
+            self.linear.forward(x.zeros_like())
+        } else {
+            x.clone() + self.linear.forward(x).tanh()
+        }
+    }
+}
+
+burn_freeze::unit!(Ignoring<B>: Tensor<B, 2> => Tensor<B, 2>);
+
+/// The user stack with `Ignoring` middle units.
+type IgnoringTypes = StackMarker<B, Project<B>, Ignoring<B>, Classify<B>>;
+
+#[test]
+fn a_stage_whose_output_ignores_its_input_is_an_error_naming_it() {
+    let device = Default::default();
+    let (first, _, last) = user_stack(4, 8, 1, 2).into_parts();
+    let ignoring = |ignores| Ignoring {
+        linear: LinearConfig::new(8, 8).init(&device),
+        ignores,
+    };
+    // Stage 1 starts with the unit that ignores its input: no gradient can
+    // reach stage 0, which trains.
+    let stack: LayerStack<IgnoringTypes> =
+        LayerStack::new(first, vec![ignoring(false), ignoring(true)], last);
+    let mut pipeline = PipelineConfig::new()
+        .with_micro_batches(Some(2))
+        .with_balance(Some(vec![2, 2]))
+        .init(stack, vec![device; 2], || SgdConfig::new().init())
+        .unwrap();
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let (x, labels) = user_batch(5, 8, 4, 2);
+    let error = pipeline
+        .forward_backward(x, labels, |logits, t| loss_fn.forward(logits, t))
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            PipeError::OutputIgnoresInput {
+                stage: 1,
+                micro_batch: 0
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(
+        error
+            .to_string()
+            .starts_with("stage 1's output does not depend on its input"),
+        "{error}"
+    );
+    assert!((0..2).all(|s| pipeline.gradients(s).is_none()));
+    // Every unit is still there.
+    assert_eq!(pipeline.into_layer_stack().num_units(), 4);
+}

@@ -9,6 +9,7 @@ mod common;
 
 use burn::optim::SgdConfig;
 use burn_freeze::fault::{self, Fault, Phase};
+use burn_pipe::fault::{FORWARD, REPARTITION, REPLICATE, STAGE_THREAD, STEP};
 use burn_pipe::{PipeError, Pipeline, PipelineConfig};
 use common::{B, UserTypes, Weights, user_batch, user_stack};
 
@@ -38,7 +39,7 @@ fn each_pipeline_fault_point_fails_cleanly_and_the_next_call_works() {
 
     // A stage's forward pass: the pass fails naming stage and micro-batch,
     // and keeps no gradient.
-    fault::arm(fault_at(Phase::Forward, Some(1), Some(2)));
+    fault::arm(fault_at(FORWARD, Some(1), Some(2)));
     let error = pipeline
         .forward_backward(x.clone(), labels.clone(), loss)
         .unwrap_err();
@@ -55,7 +56,7 @@ fn each_pipeline_fault_point_fails_cleanly_and_the_next_call_works() {
 
     // The optimizer step: refused, the gradients dropped, no weight moved.
     let before = weights(&pipeline);
-    fault::arm(fault_at(Phase::Step, None, None));
+    fault::arm(fault_at(STEP, None, None));
     let error = pipeline.step(0.1).unwrap_err();
     assert!(matches!(error, PipeError::Injected(_)), "{error}");
     assert!((0..3).all(|s| pipeline.gradients(s).is_none()));
@@ -66,7 +67,7 @@ fn each_pipeline_fault_point_fails_cleanly_and_the_next_call_works() {
     assert!(weights(&pipeline).relative_diff(&before) > 0.0);
 
     // Repartition and replica spawn: refused, the shape unchanged.
-    fault::arm(fault_at(Phase::Repartition, None, None));
+    fault::arm(fault_at(REPARTITION, None, None));
     let error = pipeline
         .repartition(&[1, units - 1], vec![device; 2])
         .unwrap_err();
@@ -77,13 +78,63 @@ fn each_pipeline_fault_point_fails_cleanly_and_the_next_call_works() {
         .unwrap();
     assert_eq!(pipeline.balance(), [1, units - 1]);
 
-    fault::arm(fault_at(Phase::Spawn, None, None));
+    fault::arm(fault_at(REPLICATE, None, None));
     let error = pipeline.replicate(vec![device; 2]).err().unwrap();
     assert!(error.to_string().contains("replica spawn"), "{error}");
     assert_eq!(
         pipeline.replicate(vec![device; 2]).unwrap().balance(),
         [1, units - 1]
     );
+
+    // A stage's worker thread that cannot start: the pass fails before any
+    // stage runs, naming the stage, and loses no unit.
+    let (x, labels) = user_batch(8, 12, 4, 2);
+    let before = weights(&pipeline);
+    fault::arm(fault_at(STAGE_THREAD, Some(1), None));
+    let error = pipeline
+        .forward_backward(x.clone(), labels.clone(), loss)
+        .unwrap_err();
+    assert!(!fault::disarm(), "the fault fired");
+    assert!(
+        matches!(
+            error,
+            PipeError::Spawn {
+                stage: 1,
+                what: "stage",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "stage 1: could not start its stage thread: injected fault in stage thread start at stage 1"
+    );
+    assert!((0..2).all(|s| pipeline.gradients(s).is_none()));
+    pipeline
+        .forward_backward(x.clone(), labels.clone(), loss)
+        .unwrap();
+
+    // A step thread that cannot start: the step is refused, the gradients
+    // dropped, no weight moved; the next step goes through.
+    fault::arm(fault_at(STAGE_THREAD, Some(0), None));
+    let error = pipeline.step(0.1).unwrap_err();
+    assert!(!fault::disarm(), "the fault fired");
+    assert!(
+        matches!(
+            error,
+            PipeError::Spawn {
+                stage: 0,
+                what: "step",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert!((0..2).all(|s| pipeline.gradients(s).is_none()));
+    assert_eq!(weights(&pipeline).relative_diff(&before), 0.0);
+    pipeline.train_step(x, labels, loss, 0.1).unwrap();
+    assert!(weights(&pipeline).relative_diff(&before) > 0.0);
 }
 
 /// Every weight of the pipeline's units.

@@ -70,7 +70,7 @@ fn train() -> Result<(), Box<dyn std::error::Error>> {
     if trainer.front() == 0 {
         return Err("AutoFreeze froze nothing in this run".into());
     }
-    let vit = Vit::from_layer_stack(trainer.into_layer_stack())?;
+    let vit = Vit::from_layer_stack(trainer.into_layer_stack()?)?;
     let (test, labels) = task.samples::<B>(&(10_000..10_256).collect::<Vec<_>>(), &device);
     let predicted = vit.forward(test).argmax(1).flatten::<1>(0, 1);
     let correct: f64 = predicted.equal(labels).int().sum().into_scalar().elem();

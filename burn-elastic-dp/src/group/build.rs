@@ -3,9 +3,9 @@
 use burn::prelude::*;
 use burn_freeze::{LayerStack, StackOptimizer, StackTypes};
 
-use super::ReplicaGroup;
 use super::config::ReplicaConfig;
 use super::nodes::OtherNodes;
+use super::{Outline, ReplicaGroup};
 use crate::collective::GroupToken;
 use crate::error::ElasticError;
 use std::time::Duration;
@@ -114,8 +114,10 @@ where
             }
             None => OtherNodes::join(&config, replicas.len())?,
         };
+        let outline = Outline::of(&replicas[0]);
         Ok(Self {
             replicas,
+            outline,
             config,
             formed: false,
             generation: 0,

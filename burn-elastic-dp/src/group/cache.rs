@@ -68,8 +68,8 @@ where
         LossFn: MicroBatchLoss<S, T> + Send + 'static,
     {
         let start = Instant::now();
-        self.alive()?;
-        let shard = match self.replicas[0].serve_prefix(ids, input)? {
+        let first = self.replicas.first_mut().ok_or(ElasticError::GroupLost)?;
+        let shard = match first.serve_prefix(ids, input)? {
             CachedStart::Input(input) => Shard::Input(input),
             CachedStart::Hidden { entry, hidden } => Shard::Hidden(entry, hidden),
         };

@@ -136,11 +136,12 @@ impl<'a, S: StackTypes, L> StageExchange<'a, S, L> {
     ) -> Result<GradientsParams, ElasticError> {
         let share = self.share;
         let replica = share.replica;
-        burn_freeze::fault::check(burn_freeze::fault::Phase::AllReduce, Some(stage), None)
-            .map_err(|e| ElasticError::Replica {
+        burn_freeze::fault::check(crate::fault::ALL_REDUCE, Some(stage), None).map_err(|e| {
+            ElasticError::Replica {
                 replica,
                 source: e.into(),
-            })?;
+            }
+        })?;
         let module = lock(&self.modules[stage]);
         let grads = if share.local > 1 {
             let peer = collective::peer(share.generation, replica);

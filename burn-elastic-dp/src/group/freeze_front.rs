@@ -29,9 +29,12 @@ where
     }
 
     /// Replica 0's: after the all-reduce every replica stepped with the same
-    /// gradients.
+    /// gradients (none once a step lost every replica).
     fn last_gradient_norms(&self) -> Vec<Option<GradNorm>> {
-        self.replicas[0].last_gradient_norms()
+        match self.replicas.first() {
+            Some(replica) => replica.last_gradient_norms(),
+            None => vec![None; self.num_units()],
+        }
     }
 
     /// On every replica, each stage its own units' sums: they all add the
@@ -44,9 +47,13 @@ where
         }
     }
 
-    /// Replica 0's (every replica holds the same).
+    /// Replica 0's (every replica holds the same; none once a step lost
+    /// every replica).
     fn gradient_sum_norms(&self) -> Vec<Option<GradNorm>> {
-        self.replicas[0].gradient_sum_norms()
+        match self.replicas.first() {
+            Some(replica) => replica.gradient_sum_norms(),
+            None => vec![None; self.num_units()],
+        }
     }
 
     fn reset_gradient_sums(&mut self) {

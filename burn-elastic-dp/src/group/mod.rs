@@ -111,7 +111,35 @@ pub struct ReplicaGroup<S: StackTypes, O> {
     /// Raised to ask the run to stop at the next step boundary (a SIGTERM,
     /// say); across processes it travels in the step headers.
     stop: Option<StopSignal>,
+    /// The replicas' shape when a step last handed them out: what the group
+    /// still tells of its model once that step lost every replica.
+    outline: Outline,
     _token: GroupToken,
+}
+
+/// A model's shape as the group's replicas had it.
+#[derive(Debug, Clone)]
+struct Outline {
+    /// The freeze front.
+    front: usize,
+    /// Units per stage.
+    balance: Vec<usize>,
+    /// Micro-batches per pass.
+    micro_batches: usize,
+}
+
+impl Outline {
+    /// `pipeline`'s shape.
+    fn of<S: StackTypes, O>(pipeline: &Pipeline<S, O>) -> Self
+    where
+        O: burn::optim::Optimizer<burn_freeze::TrainableUnits<S>, S::Backend>,
+    {
+        Self {
+            front: pipeline.front(),
+            balance: pipeline.balance(),
+            micro_batches: pipeline.micro_batches(),
+        }
+    }
 }
 
 impl<S, O> ReplicaGroup<S, O>
@@ -137,29 +165,28 @@ where
         &self.config
     }
 
-    /// Number of stages of every replica's pipeline.
-    ///
-    /// # Panics
-    /// When a step lost every replica ([`ElasticError::GroupLost`]).
+    /// Number of stages of every replica's pipeline (once a step lost every
+    /// replica, as they had then).
     pub fn num_stages(&self) -> usize {
-        self.replicas[0].num_stages()
+        self.replicas
+            .first()
+            .map_or(self.outline.balance.len(), Pipeline::num_stages)
     }
 
-    /// Units per stage, the same on every replica (see [`Pipeline::balance`]).
-    ///
-    /// # Panics
-    /// When a step lost every replica ([`ElasticError::GroupLost`]).
+    /// Units per stage, the same on every replica (see [`Pipeline::balance`];
+    /// once a step lost every replica, as they had then).
     pub fn balance(&self) -> Vec<usize> {
-        self.replicas[0].balance()
+        self.replicas
+            .first()
+            .map_or_else(|| self.outline.balance.clone(), Pipeline::balance)
     }
 
-    /// Micro-batches each replica's pipeline splits its shard into.
-    ///
-    /// # Panics
-    /// When a step lost every replica ([`ElasticError::GroupLost`]).
+    /// Micro-batches each replica's pipeline splits its shard into (once a
+    /// step lost every replica, as they did then).
     pub fn micro_batches(&self) -> usize {
-        let pipeline = &self.replicas[0];
-        pipeline.config().micro_batches_for(pipeline.num_stages())
+        self.replicas
+            .first()
+            .map_or(self.outline.micro_batches, Pipeline::micro_batches)
     }
 
     /// Every replica's devices, one per stage: replica `r` on `devices()[r]`.
@@ -169,11 +196,13 @@ where
 
     /// Fails once a step lost every replica.
     fn alive(&self) -> Result<(), ElasticError> {
-        if self.replicas.is_empty() {
-            Err(ElasticError::GroupLost)
-        } else {
-            Ok(())
-        }
+        self.live().map(|_| ())
+    }
+
+    /// Replica 0, or [`ElasticError::GroupLost`] once a step lost every
+    /// replica.
+    fn live(&self) -> Result<&Pipeline<S, O>, ElasticError> {
+        self.replicas.first().ok_or(ElasticError::GroupLost)
     }
 
     fn timeout(&self) -> Duration {
@@ -257,22 +286,27 @@ where
     ///
     /// A non-finite gradient refuses the step on every replica (they hold
     /// the same all-reduced gradients): nothing changes, and the error names
-    /// the replica, stage and unit.
+    /// the replica, stage and unit. A stage's optimizer step that panics
+    /// fails its replica's step, which is undone on that replica
+    /// ([`PipeError::StepPanicked`](burn_pipe::PipeError::StepPanicked),
+    /// named with the replica): when every replica failed, nothing changed;
+    /// when some stepped, [`ElasticError::PartialStep`] names the others,
+    /// which are now a step behind and must leave the group. No gradient is
+    /// kept either way. A thread that cannot start refuses the step before
+    /// any replica steps ([`ElasticError::Spawn`]).
     pub fn step(&mut self, lr: f64) -> Result<(), ElasticError> {
         self.alive()?;
-        let results: Vec<Result<(), burn_pipe::PipeError>> = thread::scope(|scope| {
-            let handles: Vec<_> = self
-                .replicas
-                .iter_mut()
-                .map(|replica| scope.spawn(move || replica.step(lr)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("an optimizer step does not panic"))
-                .collect()
-        });
+        let results = match step_replicas(&mut self.replicas, lr) {
+            Ok(results) => results,
+            Err(error) => {
+                for replica in &mut self.replicas {
+                    replica.clear_gradients();
+                }
+                return Err(error);
+            }
+        };
         let count = results.len();
-        let mut failed: Vec<(usize, burn_pipe::PipeError)> = results
+        let mut failed: Vec<(usize, ElasticError)> = results
             .into_iter()
             .enumerate()
             .filter_map(|(r, result)| result.err().map(|e| (r, e)))
@@ -287,8 +321,7 @@ where
         }
         let all = failed.len() == count;
         let replicas: Vec<usize> = failed.iter().map(|(r, _)| *r).collect();
-        let (replica, source) = failed.swap_remove(0);
-        let error = ElasticError::Replica { replica, source };
+        let (_, error) = failed.swap_remove(0);
         if all {
             return Err(error);
         }
@@ -317,9 +350,10 @@ where
     }
 
     /// Replica 0's optimizer state as one record (every replica holds the
-    /// same), to save in a checkpoint.
-    pub fn optimizer_record(&self) -> O::Record {
-        self.replicas[0].optimizer_record()
+    /// same), to save in a checkpoint. Fails with
+    /// [`ElasticError::GroupLost`] once a step lost every replica.
+    pub fn optimizer_record(&self) -> Result<O::Record, ElasticError> {
+        Ok(self.live()?.optimizer_record())
     }
 
     /// Loads a record of [`optimizer_record`](Self::optimizer_record) into
@@ -335,33 +369,106 @@ where
 
     /// Number of units of the model.
     pub fn num_units(&self) -> usize {
-        self.replicas[0].num_units()
+        self.replicas
+            .first()
+            .map_or_else(|| self.outline.balance.iter().sum(), Pipeline::num_units)
     }
 
-    /// The freeze front, the same on every replica.
+    /// The freeze front, the same on every replica (once a step lost every
+    /// replica, as they had it then).
     pub fn front(&self) -> usize {
-        self.replicas[0].front()
+        self.replicas
+            .first()
+            .map_or(self.outline.front, Pipeline::front)
     }
 
     /// The model's output for evaluation, through replica 0 (every replica
-    /// holds the same weights).
-    pub fn forward_inner(&self, input: InnerInput<S>) -> InnerOutput<S> {
-        self.replicas[0].forward_inner(input)
+    /// holds the same weights). Fails with [`ElasticError::GroupLost`] once
+    /// a step lost every replica.
+    pub fn forward_inner(&self, input: InnerInput<S>) -> Result<InnerOutput<S>, ElasticError> {
+        Ok(self.live()?.forward_inner(input))
     }
 
     /// A copy of the whole model (replica 0's), to evaluate or save it while
-    /// training goes on.
-    pub fn to_layer_stack(&self) -> LayerStack<S> {
-        self.replicas[0].to_layer_stack()
+    /// training goes on. Fails with [`ElasticError::GroupLost`] once a step
+    /// lost every replica (resume from a checkpoint).
+    pub fn to_layer_stack(&self) -> Result<LayerStack<S>, ElasticError> {
+        Ok(self.live()?.to_layer_stack())
     }
 
-    /// The trained model (replica 0's); the group ends.
-    pub fn into_layer_stack(mut self) -> LayerStack<S> {
+    /// The trained model (replica 0's); the group ends. Fails with
+    /// [`ElasticError::GroupLost`] once a step lost every replica.
+    pub fn into_layer_stack(mut self) -> Result<LayerStack<S>, ElasticError> {
+        self.alive()?;
         // Dissolve while every replica is counted: `Drop` would finish one
         // peer too few, and the next group of another size could not form.
         self.dissolve();
-        self.replicas.swap_remove(0).into_layer_stack()
+        Ok(self.replicas.swap_remove(0).into_layer_stack())
     }
+}
+
+/// Every replica's optimizer step with learning rate `lr`, each on a thread
+/// of its own, as [`ElasticError::Replica`] (or
+/// [`ReplicaPanicked`](ElasticError::ReplicaPanicked)) on failure. The
+/// threads start before any replica steps: one that cannot start fails the
+/// call, no replica stepped.
+fn step_replicas<S, O>(
+    replicas: &mut [Pipeline<S, O>],
+    lr: f64,
+) -> Result<Vec<Result<(), ElasticError>>, ElasticError>
+where
+    S: StackTypes,
+    O: StackOptimizer<S>,
+{
+    thread::scope(|scope| {
+        let mut started = Vec::with_capacity(replicas.len());
+        for replica in 0..replicas.len() {
+            let spawn_failed = |message: String| ElasticError::Spawn {
+                replica,
+                what: "optimizer step",
+                message,
+            };
+            burn_freeze::fault::check(crate::fault::REPLICA_THREAD, Some(replica), None)
+                .map_err(|injected| spawn_failed(injected.to_string()))?;
+            let (slot, work) = crossbeam_channel::bounded::<&mut Pipeline<S, O>>(1);
+            let handle = thread::Builder::new()
+                .name(format!("burn-elastic-dp step {replica}"))
+                .spawn_scoped(scope, move || {
+                    burn_pipe::quiet_worker_panics();
+                    // Bounded: the slot is filled, or dropped, as soon as
+                    // every replica's thread has started.
+                    work.recv().ok().map(|pipeline| pipeline.step(lr))
+                })
+                .map_err(|error| spawn_failed(error.to_string()))?;
+            started.push((slot, handle));
+        }
+        let handles: Vec<_> = started
+            .into_iter()
+            .zip(replicas.iter_mut())
+            .map(|((slot, handle), pipeline)| {
+                // The thread waits for its slot to be filled or dropped.
+                let _ = slot.send(pipeline);
+                handle
+            })
+            .collect();
+        Ok(handles
+            .into_iter()
+            .enumerate()
+            .map(|(replica, handle)| match handle.join() {
+                Ok(Some(result)) => {
+                    result.map_err(|source| ElasticError::Replica { replica, source })
+                }
+                Ok(None) => Err(ElasticError::ReplicaPanicked {
+                    replica,
+                    message: "its step thread got no pipeline".into(),
+                }),
+                Err(panic) => Err(ElasticError::ReplicaPanicked {
+                    replica,
+                    message: burn_pipe::panic_message(panic.as_ref()),
+                }),
+            })
+            .collect())
+    })
 }
 
 impl<S: StackTypes, O> Drop for ReplicaGroup<S, O> {

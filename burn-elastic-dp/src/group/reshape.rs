@@ -129,7 +129,7 @@ where
             .replicas
             .iter()
             .zip(&devices)
-            .any(|(r, d)| r.devices()[0] != d[0]);
+            .any(|(r, d)| r.devices().first() != d.first());
         for (replica, (pipeline, devices)) in self.replicas.iter_mut().zip(devices).enumerate() {
             pipeline
                 .repartition(balance, devices)

@@ -11,7 +11,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use super::deadline::{self, Progress};
 use super::share::{self, Shard, Share};
-use super::{GroupReport, ReplicaGroup, failure};
+use super::{GroupReport, Outline, ReplicaGroup, failure};
 use crate::error::ElasticError;
 
 /// Where a replica thread waits for its work.
@@ -23,18 +23,25 @@ type WorkSlot = Sender<Box<dyn FnOnce() + Send>>;
 fn start_threads(count: usize) -> Result<Vec<WorkSlot>, ElasticError> {
     (0..count)
         .map(|replica| {
+            let spawn_failed = |message: String| ElasticError::Spawn {
+                replica,
+                what: "step",
+                message,
+            };
+            burn_freeze::fault::check(crate::fault::REPLICA_THREAD, Some(replica), None)
+                .map_err(|injected| spawn_failed(injected.to_string()))?;
             let (slot, work) = crossbeam_channel::bounded::<Box<dyn FnOnce() + Send>>(1);
             thread::Builder::new()
                 .name(format!("burn-elastic-dp replica {replica}"))
                 .spawn(move || {
+                    burn_pipe::quiet_worker_panics();
+                    // Bounded: the slot is filled, or dropped, as soon as
+                    // every replica's thread has started.
                     if let Ok(work) = work.recv() {
                         work();
                     }
                 })
-                .map_err(|error| ElasticError::Spawn {
-                    replica,
-                    message: error.to_string(),
-                })?;
+                .map_err(|error| spawn_failed(error.to_string()))?;
             Ok(slot)
         })
         .collect()
@@ -120,6 +127,11 @@ where
         let slots = start_threads(self.replicas.len())?;
         let (tx, rx) = crossbeam_channel::unbounded();
         let loss = Arc::new(loss);
+        // What the group still tells of its model should this step lose
+        // every replica.
+        if let Some(first) = self.replicas.first() {
+            self.outline = Outline::of(first);
+        }
         let pipelines = std::mem::take(&mut self.replicas);
         let local = pipelines.len();
         for (replica, ((((pipeline, shard), targets), scale), slot)) in pipelines

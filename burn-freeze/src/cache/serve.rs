@@ -183,7 +183,7 @@ where
     InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
 {
     let mut groups: BTreeMap<usize, Vec<Start<S>>> = BTreeMap::new();
-    crate::fault::check(crate::fault::Phase::CacheRead, None, None)
+    crate::fault::check(crate::fault::Phase::CACHE_READ, None, None)
         .map_err(|e| CacheError::Injected(e.to_string()))?;
     for (i, &id) in ids.iter().enumerate() {
         match cache.lookup(id, units, device) {
@@ -288,7 +288,7 @@ where
     InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
 {
     if !computed.is_empty() {
-        crate::fault::check(crate::fault::Phase::CacheWrite, None, None)
+        crate::fault::check(crate::fault::Phase::CACHE_WRITE, None, None)
             .map_err(|e| CacheError::Injected(e.to_string()))?;
     }
     for (i, value) in computed {

@@ -11,7 +11,7 @@ use super::Phase;
 pub struct Fault {
     /// Where.
     pub phase: Phase,
-    /// Only at this stage (or replica, for spawns), if given.
+    /// Only at this stage (or replica, for a replica's points), if given.
     pub stage: Option<usize>,
     /// Only at this micro-batch, if given.
     pub micro_batch: Option<usize>,
@@ -108,11 +108,13 @@ pub fn check(
 mod tests {
     use super::*;
 
-    // Only phases that no code of this crate reaches (burn-pipe's), so no
-    // other unit test can trip over the armed fault.
+    /// A point that no code reaches, so no other unit test can trip over
+    /// the armed fault.
+    const SPAWN: Phase = Phase::new("test spawn");
+
     fn spawn_at(stage: usize, panic: bool) -> Fault {
         Fault {
-            phase: Phase::Spawn,
+            phase: SPAWN,
             stage: Some(stage),
             micro_batch: None,
             panic,
@@ -123,23 +125,23 @@ mod tests {
     #[test]
     fn an_armed_fault_fires_once_where_it_matches() {
         arm(spawn_at(1, false));
-        assert!(check(Phase::Repartition, Some(1), None).is_ok());
-        assert!(check(Phase::Spawn, Some(0), None).is_ok());
-        let injected = check(Phase::Spawn, Some(1), None).unwrap_err();
+        assert!(check(Phase::CACHE_READ, Some(1), None).is_ok());
+        assert!(check(SPAWN, Some(0), None).is_ok());
+        let injected = check(SPAWN, Some(1), None).unwrap_err();
         assert_eq!(
             injected.to_string(),
-            "injected fault in replica spawn at stage 1"
+            "injected fault in test spawn at stage 1"
         );
-        assert!(check(Phase::Spawn, Some(1), None).is_ok(), "fires once");
+        assert!(check(SPAWN, Some(1), None).is_ok(), "fires once");
         assert!(!disarm(), "it had fired");
 
         arm(spawn_at(2, true));
-        let panic = std::panic::catch_unwind(|| check(Phase::Spawn, Some(2), None)).unwrap_err();
+        let panic = std::panic::catch_unwind(|| check(SPAWN, Some(2), None)).unwrap_err();
         let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
-        assert!(message.contains("replica spawn at stage 2"), "{message}");
+        assert!(message.contains("test spawn at stage 2"), "{message}");
 
         arm(spawn_at(3, false));
         assert!(disarm(), "still armed");
-        assert!(check(Phase::Spawn, Some(3), None).is_ok());
+        assert!(check(SPAWN, Some(3), None).is_ok());
     }
 }

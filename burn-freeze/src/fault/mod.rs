@@ -1,5 +1,5 @@
-//! Fault injection for reliability tests: the points where a test may make a pipeline, a
-//! replica or the activation cache fail (live only with the `fault-injection` feature).
+//! Fault injection for reliability tests: named points where a test may make the code fail
+//! (live only with the `fault-injection` feature); each crate names its own points.
 
 #[cfg(any(test, feature = "fault-injection"))]
 mod inject;
@@ -7,11 +7,16 @@ mod inject;
 #[cfg(any(test, feature = "fault-injection"))]
 pub use inject::{Fault, Injected, arm, check, disarm};
 
-/// Where a fault fires.
+/// Where a fault fires: a named fault point.
 ///
-/// The code of this workspace calls [`check`] at each such point (a stage's
-/// forward or backward pass, an optimizer step, an all-reduce, a cache read
-/// or write, a repartition, a replica spawn). What it does depends on the
+/// The set is open: each crate names the points of its own code with
+/// [`Phase::new`] (this crate the activation cache's read and write,
+/// [`CACHE_READ`](Phase::CACHE_READ) and [`CACHE_WRITE`](Phase::CACHE_WRITE)),
+/// so a crate built on this one adds points without this one knowing them.
+/// Two points match when their names are equal: give each point a name of
+/// its own, which error messages repeat (`"injected fault in cache read"`).
+///
+/// The code calls [`check`] at each point. What it does depends on the
 /// `fault-injection` cargo feature of `burn-freeze`:
 ///
 /// - **without it** (every ordinary build), [`check`] is an inlined no-op
@@ -27,54 +32,33 @@ pub use inject::{Fault, Injected, arm, check, disarm};
 /// ```
 /// use burn_freeze::fault::{self, Phase};
 ///
+/// /// A point of some crate's own code.
+/// const UPLOAD: Phase = Phase::new("upload");
+///
 /// // Nothing armed: every point passes.
-/// assert!(fault::check(Phase::Forward, Some(0), Some(3)).is_ok());
+/// assert!(fault::check(UPLOAD, Some(0), Some(3)).is_ok());
+/// assert!(fault::check(Phase::CACHE_READ, None, None).is_ok());
+/// assert_eq!(UPLOAD.name(), "upload");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Phase {
-    /// A stage's forward pass of a micro-batch.
-    Forward,
-    /// A stage's backward pass of a micro-batch.
-    Backward,
-    /// A pipeline's optimizer step.
-    Step,
-    /// A replica's all-reduce of a stage's gradients.
-    AllReduce,
-    /// Reading the frozen prefix from the activation cache.
-    CacheRead,
-    /// Writing the frozen prefix to the activation cache.
-    CacheWrite,
-    /// Moving units between stages.
-    Repartition,
-    /// Building a new replica (a copy of a live one).
-    Spawn,
-}
+pub struct Phase(&'static str);
 
 impl Phase {
-    /// Every phase.
-    pub const ALL: [Phase; 8] = [
-        Phase::Forward,
-        Phase::Backward,
-        Phase::Step,
-        Phase::AllReduce,
-        Phase::CacheRead,
-        Phase::CacheWrite,
-        Phase::Repartition,
-        Phase::Spawn,
-    ];
+    /// Reading the frozen prefix from the activation cache.
+    pub const CACHE_READ: Phase = Phase::new("cache read");
+    /// Writing the frozen prefix to the activation cache.
+    pub const CACHE_WRITE: Phase = Phase::new("cache write");
+    /// This crate's points.
+    pub const ALL: [Phase; 2] = [Phase::CACHE_READ, Phase::CACHE_WRITE];
+
+    /// The point named `name` (lower case, as error messages give it).
+    pub const fn new(name: &'static str) -> Self {
+        Phase(name)
+    }
 
     /// Lower-case name, as error messages give it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Forward => "forward",
-            Phase::Backward => "backward",
-            Phase::Step => "optimizer step",
-            Phase::AllReduce => "all-reduce",
-            Phase::CacheRead => "cache read",
-            Phase::CacheWrite => "cache write",
-            Phase::Repartition => "repartition",
-            Phase::Spawn => "replica spawn",
-        }
+    pub const fn name(self) -> &'static str {
+        self.0
     }
 }
 

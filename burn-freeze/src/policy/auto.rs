@@ -5,9 +5,8 @@ use crate::error::FreezeError;
 use crate::freeze_front::FreezeFront;
 
 /// Drives the front of anything with a [`FreezeFront`] (a
-/// [`FreezableStack`](crate::FreezableStack), a `burn_pipe::Pipeline`, a
-/// replica group) with a [`FreezePolicy`], in layers mapped to units by a
-/// [`LayerMap`].
+/// [`FreezableStack`](crate::FreezableStack), a pipeline, a replica group)
+/// with a [`FreezePolicy`], in layers mapped to units by a [`LayerMap`].
 ///
 /// Call [`prepare`](Self::prepare) once before training,
 /// [`after_step`](Self::after_step) after each optimizer step (it reads

@@ -104,9 +104,9 @@ enum Reading {
 /// was too early is thawed.
 ///
 /// The evidence is a loss on samples never trained on, measured every
-/// [`every_steps`](EvidenceConfig::every_steps) steps (burn-elastic-dp's
-/// trainer reads the user's validation batch, or carves samples out of the
-/// training data, and every rank reads the same value):
+/// [`every_steps`](EvidenceConfig::every_steps) steps (a trainer reads the
+/// user's validation batch, or carves samples out of the training data; a
+/// run across processes gives every rank the same value):
 ///
 /// - **Learned.** Nothing freezes until the loss has fallen below its first
 ///   value by [`learned_drop`](EvidenceConfig::learned_drop) of it. On a

@@ -11,7 +11,6 @@ use crate::runtime::config::PipelineConfig;
 use crate::runtime::error::PipeError;
 use crate::runtime::pipeline::Pipeline;
 use crate::runtime::placement::{place, validate};
-use crate::runtime::quiet::quiet_worker_panics;
 
 impl PipelineConfig {
     /// Builds a pipeline of `stack` with one stage per device, each stage
@@ -80,7 +79,6 @@ where
         config: PipelineConfig,
         make_optimizer: impl Fn() -> O + Send + Sync + 'static,
     ) -> Result<Self, PipeError> {
-        quiet_worker_panics();
         let units = stack.num_units();
         validate(balance, units, devices.len(), &config)?;
         let stages = place(stack, balance, 0, devices, |_| make_optimizer());

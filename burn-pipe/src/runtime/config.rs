@@ -26,9 +26,9 @@ pub struct PipelineConfig {
     /// Micro-batches per mini-batch. `Some(m)` always holds, at every
     /// number of stages. `None`: the paper's choice for the number of stages
     /// ([`default_micro_batches`](crate::default_micro_batches)), here and
-    /// wherever costs are not measured (the planner, and burn-elastic-dp's
-    /// trainer with parameter-count costs); burn-elastic-dp's trainer with
-    /// profiled costs instead chooses M for each shape from unit times
+    /// wherever costs are not measured (a planner, or a trainer with
+    /// parameter-count costs); a trainer with profiled costs may instead
+    /// choose M for each shape from unit times
     /// measured at several micro-batch sizes
     /// ([`choose_micro_batches`](crate::choose_micro_batches)) and sets it
     /// with [`Pipeline::set_micro_batches`](crate::Pipeline::set_micro_batches).

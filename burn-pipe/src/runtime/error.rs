@@ -128,6 +128,44 @@ pub enum PipeError {
         /// The unit whose gradient is not finite.
         unit: Option<usize>,
     },
+    /// A stage's thread could not be started (the operating system refused
+    /// it): the call stopped before any stage ran, and nothing changed but
+    /// what the call's own documentation says (a refused step drops its
+    /// gradients).
+    #[error("stage {stage}: could not start its {what} thread: {message}")]
+    Spawn {
+        /// The stage.
+        stage: usize,
+        /// `"stage"` (a pass's worker) or `"step"` (an optimizer step's).
+        what: &'static str,
+        /// The operating system's error.
+        message: String,
+    },
+    /// A stage's optimizer step (or the gradient norms read before it)
+    /// panicked: every stage was put back as it was before the step (its
+    /// weights, optimizer state and gradient sums) and the gradients were
+    /// dropped.
+    #[error(
+        "stage {stage}'s optimizer step panicked: {message}; every stage was put back as it was and the gradients were dropped"
+    )]
+    StepPanicked {
+        /// The stage (the first in stage order, when several panicked).
+        stage: usize,
+        /// The panic message.
+        message: String,
+    },
+    /// A stage's output does not depend on its input, so no gradient can
+    /// flow back to the stages before it: the model's units must use their
+    /// input (no gradient of the pass is kept).
+    #[error(
+        "stage {stage}'s output does not depend on its input (backward pass of micro-batch {micro_batch}): no gradient reaches the stages before it; every unit must use its input"
+    )]
+    OutputIgnoresInput {
+        /// The stage.
+        stage: usize,
+        /// The micro-batch.
+        micro_batch: usize,
+    },
     /// A fault injected by a reliability test (`burn_freeze::fault`).
     #[error("{0}")]
     Injected(String),

@@ -264,7 +264,10 @@ where
             targets,
             &loss,
             hook,
-        );
+        )
+        .inspect_err(
+            |error| tracing::warn!(%error, "pipelined pass not started; nothing changed"),
+        )?;
         let mut reports = Vec::with_capacity(results.len());
         let mut errors = Vec::new();
         for result in results {

@@ -10,9 +10,10 @@ use burn_freeze::StackTypes;
 /// from the last stage's thread and weights each micro-batch by its share of
 /// the batch.
 ///
-/// A replica group (burn-elastic-dp) runs each replica's share of a step on
-/// threads that may outlive the call, so it asks for `MicroBatchLoss<S, T> +
-/// Send + 'static` (an owned closure): any such loss is a pipeline's loss too.
+/// Code that runs a pipeline's pass on threads that may outlive the call (a
+/// data-parallel group built on this crate, say) asks for
+/// `MicroBatchLoss<S, T> + Send + 'static` (an owned closure): any such loss
+/// is a pipeline's loss too.
 ///
 /// ```
 /// use burn::backend::{Autodiff, Flex};

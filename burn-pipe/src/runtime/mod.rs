@@ -17,3 +17,4 @@ pub(crate) mod reshape;
 pub(crate) mod schedule;
 pub(crate) mod wiring;
 pub(crate) mod worker;
+pub(crate) mod workers;

@@ -16,6 +16,7 @@ use crate::runtime::placement::Stage;
 use crate::runtime::schedule::stage_ops;
 use crate::runtime::wiring::{Links, wire};
 use crate::runtime::worker::{Job, StageReport, run_stage};
+use crate::runtime::workers;
 
 /// Runs the micro-batches `inputs`, entering stage 0 at stack unit `entry`
 /// (with `targets` and their weights), through `stages`, each on a scoped
@@ -24,6 +25,9 @@ use crate::runtime::worker::{Job, StageReport, run_stage};
 /// stage hands its gradients to it on its own thread as soon as its passes
 /// are done ([`StageGradients`]). Every stage's units are back in place when
 /// this returns, whatever happened.
+///
+/// Fails before any stage runs when a stage's worker thread cannot be
+/// started ([`PipeError::Spawn`]; the hook is told that every stage failed).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_pass<S, O, T, LossFn>(
     stages: &mut [Stage<S, O>],
@@ -34,7 +38,7 @@ pub(crate) fn run_pass<S, O, T, LossFn>(
     targets: Vec<(T, f32)>,
     loss: &LossFn,
     hook: Option<&dyn StageGradients>,
-) -> (Vec<Result<StageReport, PipeError>>, Duration)
+) -> Result<(Vec<Result<StageReport, PipeError>>, Duration), PipeError>
 where
     S: StackTypes,
     T: Activation<S::Backend>,
@@ -64,27 +68,28 @@ where
             .expect("one job per stage");
         let result = handed.hand_on(0, run_stage(&units, job, links, loss));
         stage.units = Some(units);
-        return (vec![result], start.elapsed());
+        return Ok((vec![result], start.elapsed()));
     }
     let outcomes = thread::scope(|scope| {
-        let handles: Vec<_> = stages
-            .iter_mut()
+        // Every stage's thread first, each waiting for its work: a thread
+        // that cannot start loses no stage's units.
+        let run = move |s, (units, job, links): (UnitRange<S>, Job<S, T>, Links<S>)| {
+            let result = handed.hand_on(s, run_stage(&units, job, links, loss));
+            (units, result)
+        };
+        let workers = workers::start(scope, "stage", count, run)?;
+        let handles: Vec<_> = workers
+            .into_iter()
+            .zip(stages.iter_mut())
             .zip(jobs.into_iter().zip(links))
-            .enumerate()
-            .map(|(s, (stage, (job, links)))| {
+            .map(|((worker, stage), (job, links))| {
                 let units = stage.units.take().expect("units present between calls");
-                spawn_stage(scope, s, units, job, links, loss, handed)
+                worker.hand((units, job, links))
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|handle| {
-                handle
-                    .join()
-                    .expect("stage workers catch their panics and return their units")
-            })
-            .collect::<Vec<_>>()
+        Ok::<_, PipeError>(handles.into_iter().map(workers::join).collect::<Vec<_>>())
     });
+    let outcomes = outcomes.inspect_err(|_| (0..count).for_each(|s| handed.failed(s)))?;
     let wall = start.elapsed();
     let results = stages
         .iter_mut()
@@ -94,7 +99,7 @@ where
             result
         })
         .collect();
-    (results, wall)
+    Ok((results, wall))
 }
 
 /// Each stage's job: every stage runs the schedule's passes, the inputs go
@@ -158,7 +163,7 @@ impl Handing<'_> {
         let mut report = match result {
             Ok(report) => report,
             Err(error) => {
-                hook.stage_failed(s);
+                self.failed(s);
                 return Err(error);
             }
         };
@@ -178,29 +183,18 @@ impl Handing<'_> {
         report.grads = handed.map_err(|message| PipeError::GradientHook { stage: s, message })?;
         Ok(report)
     }
-}
 
-/// Stage `s`'s worker thread, which returns the stage's units with its
-/// result (its gradients handed on by `handed`).
-fn spawn_stage<'scope, 'env, S, T, LossFn>(
-    scope: &'scope thread::Scope<'scope, 'env>,
-    s: usize,
-    units: UnitRange<S>,
-    job: Job<S, T>,
-    links: Links<S>,
-    loss: &'env LossFn,
-    handed: Handing<'env>,
-) -> thread::ScopedJoinHandle<'scope, (UnitRange<S>, Result<StageReport, PipeError>)>
-where
-    S: StackTypes,
-    T: Activation<S::Backend>,
-    LossFn: MicroBatchLoss<S, T>,
-{
-    thread::Builder::new()
-        .name(format!("burn-pipe stage {s}"))
-        .spawn_scoped(scope, move || {
-            let result = handed.hand_on(s, run_stage(&units, job, links, loss));
-            (units, result)
-        })
-        .expect("spawning a stage worker thread")
+    /// Tells the hook, if any, that stage `s` failed; a panic in the hook
+    /// is logged (the stage's own error is what the pass reports).
+    fn failed(&self, s: usize) {
+        if let Some(hook) = self.hook
+            && let Err(panic) = catch_unwind(AssertUnwindSafe(|| hook.stage_failed(s)))
+        {
+            tracing::warn!(
+                stage = s,
+                panic = panic_message(panic.as_ref()),
+                "the gradient hook panicked when told that a stage failed"
+            );
+        }
+    }
 }

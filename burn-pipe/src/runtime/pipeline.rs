@@ -1,20 +1,22 @@
 //! The public face of burn-pipe: a layer stack trained as a pipeline of
 //! stages, what it holds, and its optimizer step.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::thread;
 
 use burn::optim::Optimizer;
 use burn::prelude::*;
-use burn_freeze::fault::{self, Phase};
+use burn_freeze::fault;
 use burn_freeze::plumbing::{Flow, GradientSums, flow_to_device};
 use burn_freeze::{
-    FreezeFront, GradNorm, InnerInput, InnerOutput, LayerStack, StackCache, StackOptimizer,
-    StackTypes, TrainableUnits, UnitRange,
+    FreezeFront, GradNorm, InnerBackendOf, InnerInput, InnerOutput, LayerStack, StackCache,
+    StackOptimizer, StackTypes, TrainableUnits, UnitRange,
 };
 
 use crate::runtime::config::PipelineConfig;
-use crate::runtime::error::PipeError;
+use crate::runtime::error::{PipeError, panic_message};
 use crate::runtime::placement::Stage;
+use crate::runtime::workers;
 
 /// A [`LayerStack`] trained as a pipeline of stages, each a contiguous range of
 /// units ([`UnitRange`]) on its own device and worker thread, with its own
@@ -147,6 +149,9 @@ where
     }
 
     /// Gradients stage `stage` accumulated since the last optimizer step, if any.
+    ///
+    /// # Panics
+    /// When `stage >= num_stages()`.
     pub fn gradients(&self, stage: usize) -> Option<&burn::optim::GradientsParams> {
         self.stages[stage].pending.as_ref()
     }
@@ -190,27 +195,41 @@ where
     /// A gradient that is not finite (NaN or infinite) refuses the step:
     /// no stage steps, the gradients are dropped, weights and optimizer
     /// state stay as they were, and the error names the stage and unit.
+    ///
+    /// A stage whose optimizer step panics (a failing device, an optimizer
+    /// of your own) fails the step with [`PipeError::StepPanicked`] naming
+    /// it, and the step is undone: every stage gets back the weights,
+    /// optimizer state and gradient sums it had before, and the gradients
+    /// are dropped. For that, each stage holds its previous weights and
+    /// optimizer state while it steps (shared storage: the optimizer writes
+    /// the new values beside them, not in place, for the step's duration).
+    /// A step thread that cannot start refuses the step the same way
+    /// ([`PipeError::Spawn`]).
     #[must_use = "a refused step (non-finite gradient) changes nothing and drops the gradients"]
     pub fn step(&mut self, lr: f64) -> Result<(), PipeError> {
-        fault::check(Phase::Step, None, None).inspect_err(|_| self.clear_gradients())?;
+        let result = self.try_step(lr);
+        if let Err(error) = &result {
+            self.clear_gradients();
+            tracing::warn!(%error, "optimizer step refused; nothing changed");
+        }
+        result
+    }
+
+    /// [`step`](Self::step), leaving the gradients to the caller on error.
+    fn try_step(&mut self, lr: f64) -> Result<(), PipeError> {
+        fault::check(crate::fault::STEP, None, None)?;
         // Every stage's per-unit norms first (one device read per stage), so
         // that a non-finite gradient anywhere stops every stage.
-        let norms: Vec<Vec<Option<GradNorm>>> = thread::scope(|scope| {
-            let handles: Vec<_> = self
-                .stages
-                .iter_mut()
-                .map(|stage| {
-                    scope.spawn(move || match &stage.pending {
-                        None => vec![None; stage.range.len()],
-                        Some(grads) => stage.units().unit_gradient_norms(grads),
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("reading gradient norms does not panic"))
-                .collect()
-        });
+        let norms: Vec<Vec<Option<GradNorm>>> = on_each_stage(&mut self.stages, |_, stage| {
+            caught(|| match &stage.pending {
+                None => vec![None; stage.range.len()],
+                Some(grads) => stage.units().unit_gradient_norms(grads),
+            })
+        })?
+        .into_iter()
+        .enumerate()
+        .map(|(stage, norms)| norms.map_err(|message| PipeError::StepPanicked { stage, message }))
+        .collect::<Result<_, _>>()?;
         let bad = norms.iter().enumerate().find_map(|(stage, units)| {
             units.iter().enumerate().find_map(|(i, norm)| {
                 norm.filter(|n| !(n.l1.is_finite() && n.l2.is_finite()))
@@ -218,33 +237,32 @@ where
             })
         });
         if let Some((stage, unit)) = bad {
-            self.clear_gradients();
-            tracing::warn!(stage, unit, "non-finite gradient: the step is refused");
             return Err(PipeError::NonFinite {
                 what: "gradient",
                 stage,
                 unit: Some(unit),
             });
         }
-        thread::scope(|scope| {
-            for stage in &mut self.stages {
-                scope.spawn(move || {
-                    let Some(grads) = stage.pending.take() else {
-                        return;
-                    };
-                    if let Some(sums) = stage.sums.as_mut() {
-                        stage
-                            .units
-                            .as_ref()
-                            .expect("units present")
-                            .add_gradient_sums(sums, &grads);
-                    }
-                    let units = stage.units.as_mut().expect("units present");
-                    let optimizer = &mut stage.optimizer;
-                    units.map_trainable(|module| optimizer.step(lr, module, grads));
-                });
+        let stepped = on_each_stage(&mut self.stages, |_, stage| step_stage(stage, lr))?;
+        let panicked = stepped
+            .iter()
+            .enumerate()
+            .find_map(|(stage, s)| s.panicked.clone().map(|message| (stage, message)));
+        if let Some((stage, message)) = panicked {
+            // Undo the step on every stage, the ones that stepped included.
+            for (target, stepped) in self.stages.iter_mut().zip(stepped) {
+                if let Some((units, optimizer)) = stepped.before {
+                    target.units = Some(units);
+                    target.optimizer = optimizer;
+                }
             }
-        });
+            return Err(PipeError::StepPanicked { stage, message });
+        }
+        for (stage, stepped) in self.stages.iter_mut().zip(stepped) {
+            if let (Some(sums), Some(added)) = (stage.sums.as_mut(), stepped.sums) {
+                sums.merge(added);
+            }
+        }
         self.norms = norms.into_iter().flatten().collect();
         Ok(())
     }
@@ -304,6 +322,86 @@ where
         )
         .expect("the stages cover the stack in order")
     }
+}
+
+/// What one stage's optimizer step left.
+struct Stepped<S: StackTypes, O> {
+    /// The stage's units and optimizer before the step, to put back when
+    /// a stage's step panicked (`None`: it had nothing to step).
+    before: Option<(UnitRange<S>, O)>,
+    /// This step's gradients, to add to the stage's running sums once
+    /// every stage has stepped (when it keeps them).
+    sums: Option<GradientSums<InnerBackendOf<S>>>,
+    /// The panic's message, when the step panicked.
+    panicked: Option<String>,
+}
+
+/// Applies `stage`'s optimizer to its pending gradients with learning rate
+/// `lr`, catching a panic (the stage's units are then left incomplete: the
+/// caller puts back [`Stepped::before`]).
+fn step_stage<S, O>(stage: &mut Stage<S, O>, lr: f64) -> Stepped<S, O>
+where
+    S: StackTypes,
+    O: Optimizer<TrainableUnits<S>, S::Backend>,
+{
+    let Some(grads) = stage.pending.take() else {
+        return Stepped {
+            before: None,
+            sums: None,
+            panicked: None,
+        };
+    };
+    let before = (stage.units().clone(), stage.optimizer.clone());
+    let keep_sums = stage.sums.is_some();
+    let units = stage.units.as_mut().expect("units present");
+    let optimizer = &mut stage.optimizer;
+    let result = caught(|| {
+        let sums = keep_sums.then(|| {
+            let mut sums = GradientSums::new();
+            units.add_gradient_sums(&mut sums, &grads);
+            sums
+        });
+        units.map_trainable(|module| optimizer.step(lr, module, grads));
+        sums
+    });
+    match result {
+        Ok(sums) => Stepped {
+            before: Some(before),
+            sums,
+            panicked: None,
+        },
+        Err(message) => Stepped {
+            before: Some(before),
+            sums: None,
+            panicked: Some(message),
+        },
+    }
+}
+
+/// `f()`, or the message of its panic.
+fn caught<R>(f: impl FnOnce() -> R) -> Result<R, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|panic| panic_message(panic.as_ref()))
+}
+
+/// `f(s, stage)` for every stage `s`, each on a thread of its own, in stage
+/// order; fails before any stage is touched when a thread cannot start.
+fn on_each_stage<S, O, R, F>(stages: &mut [Stage<S, O>], f: F) -> Result<Vec<R>, PipeError>
+where
+    S: StackTypes,
+    O: Send,
+    R: Send,
+    F: Fn(usize, &mut Stage<S, O>) -> R + Sync,
+{
+    let f = &f;
+    thread::scope(|scope| {
+        let run = move |s, stage: &mut Stage<S, O>| f(s, stage);
+        let handles: Vec<_> = workers::start(scope, "step", stages.len(), run)?
+            .into_iter()
+            .zip(stages.iter_mut())
+            .map(|(worker, stage)| worker.hand(stage))
+            .collect();
+        Ok(handles.into_iter().map(workers::join).collect())
+    })
 }
 
 impl<S: StackTypes, O> Pipeline<S, O> {

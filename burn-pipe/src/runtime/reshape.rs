@@ -4,7 +4,7 @@
 
 use burn::optim::Optimizer;
 use burn::prelude::*;
-use burn_freeze::fault::{self, Phase};
+use burn_freeze::fault;
 use burn_freeze::plumbing::{GradientSums, StatePool, optimizer_for, pool_optimizer_state};
 use burn_freeze::{
     ParamStates, StackOptimizer, StackTypes, TrainableUnits, UnitRange, check_freeze,
@@ -41,7 +41,7 @@ where
         if self.stages.iter().any(|s| s.pending.is_some()) {
             return Err(PipeError::GradientsPending("repartition"));
         }
-        fault::check(Phase::Repartition, None, None)?;
+        fault::check(crate::fault::REPARTITION, None, None)?;
         validate(balance, self.num_units(), devices.len(), &self.config)?;
         let mut pool = StatePool::<O, TrainableUnits<S>, S::Backend>::new();
         let mut sums = GradientSums::new();
@@ -234,7 +234,7 @@ where
         if self.stages.iter().any(|s| s.pending.is_some()) {
             return Err(PipeError::GradientsPending("replicate"));
         }
-        fault::check(Phase::Spawn, None, None)?;
+        fault::check(crate::fault::REPLICATE, None, None)?;
         if devices.len() != self.stages.len() {
             return Err(PipeError::DeviceCount {
                 devices: devices.len(),

@@ -251,8 +251,8 @@ where
     /// One pass, after any fault injected there.
     fn run(&mut self, op: Op) -> Result<(), PipeError> {
         let (phase, n) = match op {
-            Op::Forward(n) => (fault::Phase::Forward, n),
-            Op::Backward(n) => (fault::Phase::Backward, n),
+            Op::Forward(n) => (crate::fault::FORWARD, n),
+            Op::Backward(n) => (crate::fault::BACKWARD, n),
         };
         fault::check(phase, Some(self.stage), Some(n)).map_err(PipeError::from)?;
         match op {
@@ -373,11 +373,14 @@ where
             }
         };
         let stage = self.stage;
-        let upstream = input.map(|input| {
-            input
-                .grad(&grads)
-                .unwrap_or_else(|| panic!("stage {stage}'s output does not depend on its input"))
-        });
+        let upstream = input
+            .map(|input| {
+                input.grad(&grads).ok_or(PipeError::OutputIgnoresInput {
+                    stage,
+                    micro_batch: n,
+                })
+            })
+            .transpose()?;
         let stage_grads = GradientsParams::from_module(&mut grads, &params);
         self.accumulator
             .accumulate(self.units.trainable(), stage_grads);

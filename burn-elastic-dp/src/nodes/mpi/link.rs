@@ -161,7 +161,10 @@ pub(crate) fn join(
     let (jobs, queue) = unbounded::<Job>();
     std::thread::Builder::new()
         .name("burn-elastic-dp mpi".into())
-        .spawn(move || serve(queue))
+        .spawn(move || {
+            burn_pipe::quiet_worker_panics();
+            serve(queue)
+        })
         .map_err(|error| node_error(rank, format!("starting the MPI thread: {error}")))?;
     let (abort_tx, abort_rx) = bounded(0);
     let link = NodeLink {

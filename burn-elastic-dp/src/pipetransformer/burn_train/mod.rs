@@ -306,7 +306,7 @@ where
     /// The trainer's weights into the learner's model.
     fn write_back(&self, trainer: &Trainer<TrainerTypesOf<S, O, T>>) -> Result<(), TrainerError> {
         let stack = trainer
-            .to_layer_stack()
+            .to_layer_stack()?
             .to_device(&self.strategy.devices[0]);
         let model = LC::TrainingModel::from_layer_stack(stack)
             .map_err(|e| TrainerError::Checkpoint(format!("the trained model: {e}")))?;

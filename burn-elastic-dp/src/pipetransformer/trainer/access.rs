@@ -265,7 +265,8 @@ impl<TT: TrainerTypes> Trainer<TT> {
         &self.config
     }
 
-    /// The freeze front (frozen units).
+    /// The freeze front (frozen units; once a step lost every replica, the
+    /// front they had).
     pub fn front(&self) -> usize {
         self.group.front()
     }
@@ -306,18 +307,27 @@ impl<TT: TrainerTypes> Trainer<TT> {
         self.cursor.steps()
     }
 
-    /// The model's output for evaluation (no graph; dropout off).
-    pub fn forward_inner(&self, input: InnerInput<TT::Stack>) -> InnerOutput<TT::Stack> {
-        self.group.forward_inner(input)
+    /// The model's output for evaluation (no graph; dropout off). Fails
+    /// with [`ElasticError::GroupLost`](crate::ElasticError::GroupLost) once
+    /// a step lost every replica.
+    pub fn forward_inner(
+        &self,
+        input: InnerInput<TT::Stack>,
+    ) -> Result<InnerOutput<TT::Stack>, TrainerError> {
+        Ok(self.group.forward_inner(input)?)
     }
 
     /// A copy of the whole model (frozen units too), to evaluate or save.
-    pub fn to_layer_stack(&self) -> LayerStack<TT::Stack> {
-        self.group.to_layer_stack()
+    /// Fails with [`ElasticError::GroupLost`](crate::ElasticError::GroupLost)
+    /// once a step lost every replica (resume from a checkpoint).
+    pub fn to_layer_stack(&self) -> Result<LayerStack<TT::Stack>, TrainerError> {
+        Ok(self.group.to_layer_stack()?)
     }
 
-    /// The trained model; the trainer ends.
-    pub fn into_layer_stack(self) -> LayerStack<TT::Stack> {
-        self.group.into_layer_stack()
+    /// The trained model; the trainer ends. Fails with
+    /// [`ElasticError::GroupLost`](crate::ElasticError::GroupLost) once a
+    /// step lost every replica.
+    pub fn into_layer_stack(self) -> Result<LayerStack<TT::Stack>, TrainerError> {
+        Ok(self.group.into_layer_stack()?)
     }
 }

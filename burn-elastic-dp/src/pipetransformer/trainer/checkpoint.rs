@@ -20,12 +20,12 @@ pub(super) fn save<S: StackTypes, O: StackOptimizer<S>>(
     state: RunState,
 ) -> Result<PathBuf, TrainerError> {
     let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
-    let model = group.to_layer_stack().into_parts().into_record();
+    let model = group.to_layer_stack()?.into_parts().into_record();
     let model = recorder
         .record(model, ())
         .map_err(|e| TrainerError::Checkpoint(format!("the weights: {e}")))?;
     let optimizer = recorder
-        .record(group.optimizer_record(), ())
+        .record(group.optimizer_record()?, ())
         .map_err(|e| TrainerError::Checkpoint(format!("the optimizer state: {e}")))?;
     let steps = state.cursor.steps;
     let path = write(config, state, &model, &optimizer)?;

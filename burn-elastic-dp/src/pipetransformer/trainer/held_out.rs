@@ -115,7 +115,7 @@ where
     T: Activation<S::Backend>,
 {
     let started = std::time::Instant::now();
-    let output = group.forward_inner(input.inner());
+    let output = group.forward_inner(input.inner())?;
     let output = <S::Output as AutodiffActivation<_>>::from_inner(output);
     let loss: f64 = (**loss)(output, targets).into_scalar().elem();
     let loss = if group.spans_processes() {

@@ -98,7 +98,7 @@ impl MicroBatchRule {
             // The largest batch a replica can get: the global batch of one.
             let largest = config.batch.global_batch(1).min(input.batch_size());
             let sizes = micro_batch_profile_sizes(largest);
-            let stack = group.to_layer_stack();
+            let stack = group.to_layer_stack()?;
             let measured = profile_micro_batches(&stack, input.clone(), device, &sizes, repeats)
                 .map_err(|error| {
                     tracing::warn!(%error, "micro-batch sizes not profiled; the paper's micro-batch count holds")

@@ -146,11 +146,11 @@ impl JobSpec {
             let report = fit(&mut trainer, &mut |step| {
                 observer.step(step.samples, step.loss)
             })?;
-            let accuracy = evaluate(trainer.forward_inner(held_x.clone().inner()));
+            let accuracy = evaluate(trainer.forward_inner(held_x.clone().inner())?);
             let record = EpochRecord { report, accuracy };
             observer.epoch(&record);
             epochs.push(record);
         }
-        Ok((RunRecord::new(name, epochs), trainer.into_layer_stack()))
+        Ok((RunRecord::new(name, epochs), trainer.into_layer_stack()?))
     }
 }
