@@ -13,6 +13,9 @@ pub mod launcher;
 #[cfg(feature = "mpi")]
 pub(crate) mod mpi;
 mod phases;
+// Used by the MPI link only; tested without it.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub(crate) mod rows;
 pub(crate) mod shards;
 
 #[cfg(feature = "mpi")]

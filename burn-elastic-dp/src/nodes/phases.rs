@@ -15,19 +15,26 @@ pub struct ExchangePhases {
     pub exchanges: usize,
     /// f32 values summed (every exchange's).
     pub values: usize,
+    /// Of `values`, those not sent: the rows of an embedding table that no
+    /// rank touched in the step (their sum is zero, as they are).
+    pub skipped: usize,
     /// `MPI_Allreduce` calls that summed them (buckets of at most
     /// [`MPI_BUCKET_VALUES`](crate::MPI_BUCKET_VALUES)).
     pub buckets: usize,
-    /// The local gradients into the send buffer.
+    /// The local gradients into the exchange: the small ones copied side by
+    /// side into the stage's arena, the large ones taken from their tensors
+    /// (without a copy on the CPU backend).
     pub copy_out: Duration,
     /// The typed check that every rank is at the same exchange of the same
     /// kind and length (arrival messages and one small all-reduce); it
     /// absorbs the wait for the last rank to arrive.
     pub check: Duration,
-    /// The buckets' `MPI_Allreduce` calls (and, with more than two ranks,
-    /// the check that every rank holds the same bits).
+    /// The buckets' `MPI_Allreduce` calls (with an embedding table's, the
+    /// marking of its touched rows and their packing; with more than two
+    /// ranks, the check that every rank holds the same bits).
     pub all_reduce: Duration,
-    /// The sums back into gradient tensors.
+    /// The sums back into gradient tensors (a copy for the small ones
+    /// only).
     pub copy_back: Duration,
     /// The whole exchange.
     pub total: Duration,
@@ -39,6 +46,7 @@ impl ExchangePhases {
     pub(crate) fn add(&mut self, other: &ExchangePhases) {
         self.exchanges += other.exchanges;
         self.values += other.values;
+        self.skipped += other.skipped;
         self.buckets += other.buckets;
         self.copy_out += other.copy_out;
         self.check += other.check;

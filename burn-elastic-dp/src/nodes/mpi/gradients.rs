@@ -1,5 +1,5 @@
-//! A stage's gradients exchanged with the other processes: copied into the stage's arena, summed
-//! there in place, read back once and shared.
+//! A stage's gradients exchanged with the other processes: the large ones summed in place in their
+//! own memory, the small ones packed into the stage's arena; given back to tensors once and shared.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,18 +12,29 @@ use burn::tensor::{DType, Tensor, TensorData};
 use crate::error::ElasticError;
 
 use super::link::{NodeLink, lock, node_error};
+use super::sum::{Arena, WHOLE_VALUES, Whole};
 use crate::collective::Slot;
 use crate::nodes::phases::ExchangePhases;
 
+/// Where the leader put a gradient for the exchange.
+#[derive(Debug, Clone, Copy)]
+enum Place {
+    /// Its own memory, `arena.whole[i]`.
+    Whole(usize),
+    /// `arena.packed[offset..offset + len]`.
+    Packed(usize),
+}
+
 /// Takes the gradients of a module's parameters out of `grads` in the
-/// module's visiting order (the same on every replica): the leader copies
+/// module's visiting order (the same on every replica): the leader puts
 /// them into its stage's arena, another replica only drops them.
 struct CopyOut<'a, B: Backend> {
     grads: &'a mut GradientsParams,
-    /// The leader's arena (emptied first, its capacity kept); `None` on the
-    /// other replicas.
-    send: Option<&'a mut Vec<f32>>,
+    /// The leader's arena (emptied first, the packed part's capacity kept);
+    /// `None` on the other replicas.
+    arena: Option<&'a mut Arena>,
     slots: Vec<Slot>,
+    places: Vec<Place>,
     /// The first gradient's device and dtype: the reduced ones take them.
     device: Option<(B::Device, DType)>,
     error: Option<String>,
@@ -39,28 +50,52 @@ impl<AB: AutodiffBackend> ModuleVisitor<AB> for CopyOut<'_, AB::InnerBackend> {
         if self.device.is_none() {
             self.device = Some((grad.device(), grad.dtype()));
         }
+        let Some(arena) = self.arena.as_deref_mut() else {
+            self.slots.push(Slot {
+                id: param.id,
+                shape,
+                len,
+            });
+            return;
+        };
+        // Its memory as it is (no copy on the CPU backend when nothing
+        // else holds the tensor), as f32.
+        let mut data = grad.into_data();
+        if data.dtype != DType::F32 {
+            data = data.convert::<f32>();
+        }
+        // Where it goes depends on its size alone, so that every rank lays
+        // the stage out alike: a large gradient keeps its memory (copied
+        // only when its bytes are not aligned for f32), a small one is
+        // packed.
+        let copied = if len >= WHOLE_VALUES {
+            let aligned = if data.as_slice::<f32>().is_ok() {
+                Ok(data)
+            } else {
+                data.to_vec::<f32>()
+                    .map(|values| TensorData::new(values, [len]))
+            };
+            aligned.map(|data| {
+                self.places.push(Place::Whole(arena.whole.len()));
+                arena.whole.push(Whole::new(data, &shape));
+            })
+        } else {
+            self.places.push(Place::Packed(arena.packed.len()));
+            match data.as_slice::<f32>() {
+                Ok(values) => {
+                    arena.packed.extend_from_slice(values);
+                    Ok(())
+                }
+                Err(_) => data
+                    .to_vec::<f32>()
+                    .map(|values| arena.packed.extend_from_slice(&values)),
+            }
+        };
         self.slots.push(Slot {
             id: param.id,
             shape,
             len,
         });
-        let Some(send) = self.send.as_deref_mut() else {
-            return;
-        };
-        let mut data = grad.into_data();
-        if data.dtype != DType::F32 {
-            data = data.convert::<f32>();
-        }
-        let copied = match data.as_slice::<f32>() {
-            Ok(values) => {
-                send.extend_from_slice(values);
-                Ok(())
-            }
-            // Bytes not aligned for f32: read them by value.
-            Err(_) => data
-                .to_vec::<f32>()
-                .map(|values| send.extend_from_slice(&values)),
-        };
         if let Err(error) = copied {
             self.error
                 .get_or_insert_with(|| format!("reading the gradient of {}: {error:?}", param.id));
@@ -74,15 +109,17 @@ type Parts<B> = Vec<Tensor<B, 1>>;
 /// The group-wide sum of the gradients of `module`'s parameters (this
 /// process's sum in `grads`) on stage `stage`, for local replica
 /// `replica`: the leader exchanges them with the other processes in one
-/// message (buckets of at most [`BUCKET_VALUES`](super::BUCKET_VALUES)) summed in place in the
-/// stage's arena, kept across steps; the other local replicas drop theirs and take the leader's
-/// result.
+/// exchange, summed in place (see [`Arena`]: each large gradient in its own
+/// memory, the small ones packed in the stage's arena, kept across steps;
+/// buckets of at most [`BUCKET_VALUES`](super::BUCKET_VALUES)); the other
+/// local replicas drop theirs and take the leader's result.
 ///
-/// Only the leader copies: its gradients (after the sum inside the process,
-/// the same on every local replica) into the arena, and the sums
-/// back into one tensor per parameter, which the other local replicas
-/// share (a tensor handle each, moved to their devices); they drop their
-/// own gradients without reading them.
+/// Only the leader touches the values: its gradients (after the sum inside
+/// the process, the same on every local replica) go into the arena, and
+/// the sums come back as one tensor per parameter, which the other local
+/// replicas share (a tensor handle each, moved to their devices); they drop
+/// their own gradients without reading them. On the CPU backend only the
+/// small gradients are copied.
 pub(crate) fn all_reduce_gradients<AB, M>(
     link: &NodeLink,
     replica: usize,
@@ -101,8 +138,9 @@ where
         // first): dropped unread, the leader's taken instead.
         let mut take = CopyOut::<AB::InnerBackend> {
             grads: &mut grads,
-            send: None,
+            arena: None,
             slots: Vec::new(),
+            places: Vec::new(),
             device: None,
             error: None,
         };
@@ -163,47 +201,65 @@ where
     M: AutodiffModule<AB>,
 {
     let mut arena = lock(&link.arenas).take(stage);
-    let before = arena.values.capacity();
-    arena.values.clear();
+    let before = arena.packed.capacity();
+    arena.packed.clear();
+    arena.whole.clear();
     let mut copy = CopyOut::<AB::InnerBackend> {
         grads,
-        send: Some(&mut arena.values),
+        arena: Some(&mut arena),
         slots: Vec::new(),
+        places: Vec::new(),
         device: None,
         error: None,
     };
     module.visit(&mut copy);
-    let (slots, device, error) = (copy.slots, copy.device, copy.error);
+    let (slots, places, device, error) = (copy.slots, copy.places, copy.device, copy.error);
     if let Some(message) = error {
         return Err(node_error(link.rank, message));
     }
-    let len = arena.values.len();
-    if arena.values.capacity() > 2 * len.max(1) {
+    let packed = arena.packed.len();
+    if arena.packed.capacity() > 2 * packed.max(1) {
         // The stage holds far fewer gradients than before (a freeze, a
         // repartition): the arena keeps no more than twice what it holds.
-        arena.values.shrink_to_fit();
+        arena.packed.shrink_to_fit();
     }
-    if arena.values.capacity() != before {
-        tracing::debug!(stage, values = len, "gradient arena (re)allocated");
+    if arena.packed.capacity() != before {
+        tracing::debug!(stage, packed, "gradient arena (re)allocated");
     }
     let copy_out = start.elapsed();
     // Nothing trains here: the exchange still runs (with no value) to keep
     // every process in step.
-    let arena = link.sum(arena, deadline)?;
+    let mut arena = link.sum(arena, deadline)?;
     let back = Instant::now();
     let mut parts = Vec::with_capacity(slots.len());
     if let Some((device, dtype)) = device {
-        let mut offset = 0;
-        for slot in &slots {
-            let values = arena.values[offset..offset + slot.len].to_vec();
-            offset += slot.len;
-            let mut data = TensorData::new(values, [slot.len]);
+        let mut whole: Vec<Option<TensorData>> = arena
+            .whole
+            .drain(..)
+            .map(|whole| Some(whole.data))
+            .collect();
+        for (slot, place) in slots.iter().zip(&places) {
+            let mut data = match *place {
+                Place::Whole(i) => whole.get_mut(i).and_then(Option::take).ok_or_else(|| {
+                    node_error(
+                        link.rank,
+                        format!("stage {stage}'s gradient {i} came back twice"),
+                    )
+                })?,
+                Place::Packed(offset) => {
+                    TensorData::new(arena.packed[offset..offset + slot.len].to_vec(), [slot.len])
+                }
+            };
             if dtype != DType::F32 {
                 data = data.convert_dtype(dtype);
             }
+            // A flat view of the same memory (no copy on the CPU backend):
+            // `register_parts` gives it the parameter's shape again.
+            let data = TensorData::from_bytes(data.bytes, [slot.len], data.dtype);
             parts.push(Tensor::<AB::InnerBackend, 1>::from_data(data, &device));
         }
     }
+    arena.whole.clear();
     lock(&link.arenas).keep(stage, arena);
     link.record(&ExchangePhases {
         copy_out,

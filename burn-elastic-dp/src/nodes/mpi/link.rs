@@ -378,18 +378,20 @@ impl NodeLink {
     /// step. Every process must call this in the same order with as many
     /// values.
     pub(super) fn sum(&self, arena: Arena, deadline: Instant) -> Result<Arena, ElasticError> {
-        let values = arena.values.len();
+        let values = arena.values();
         match self.exchange(Payload::Sum(arena), deadline)? {
             Done {
                 payload: Payload::Sum(arena),
                 check,
                 reduce,
                 buckets,
+                skipped,
             } => {
                 self.record(&ExchangePhases {
                     exchanges: 1,
                     values,
                     buckets,
+                    skipped,
                     check,
                     all_reduce: reduce,
                     ..ExchangePhases::default()

@@ -31,15 +31,24 @@ fn run_err<E: std::fmt::Display>(error: E) -> BenchError {
 /// besides one stage.
 const PIPELINE_STAGES: [usize; 2] = [2, 4];
 
-/// MiniLM's parameter count in f32 bytes, the buckets of its exchange, and
-/// one rank's timed steps, one replica per rank of `stages` stages (on as
+/// What [`rank_steps`] measured: MiniLM's parameter count in f32 bytes, the
+/// buckets of its exchange, the bytes it sent (the rows of the word
+/// embeddings no rank touched are not), and one rank's timed steps.
+struct Measured {
+    gradient_bytes: usize,
+    buckets: usize,
+    sent_bytes: usize,
+    times: RankTimes,
+}
+
+/// One rank's timed steps, one replica per rank of `stages` stages (on as
 /// many logical devices).
 fn rank_steps(
     rank: usize,
     nodes: NodeConfig,
     steps: usize,
     stages: usize,
-) -> Result<(usize, usize, RankTimes), BenchError> {
+) -> Result<Measured, BenchError> {
     let device = backend::device(0);
     let config = BertConfig::minilm_l6_h384(2).with_dropout(0.0);
     let task = MajorityTokens::new(64, 12, 24, 5);
@@ -61,7 +70,7 @@ fn rank_steps(
         all_reduce_ms: Vec::new(),
         exchange: Phases::default(),
     };
-    let mut buckets = 0;
+    let (mut buckets, mut sent) = (0, 0);
     for step in 0..=steps {
         let (input, labels) = task.batch::<Train>(step, BATCH, &device);
         let loss = loss_fn.clone();
@@ -74,10 +83,16 @@ fn rank_steps(
             times.all_reduce_ms.push(reduce.as_secs_f64() * 1e3);
             let phases = group.exchange_phases().unwrap_or_default();
             buckets = phases.buckets;
+            sent = phases.values - phases.skipped;
             times.exchange.push(&phases);
         }
     }
-    Ok((params * std::mem::size_of::<f32>(), buckets, times))
+    Ok(Measured {
+        gradient_bytes: params * std::mem::size_of::<f32>(),
+        buckets,
+        sent_bytes: sent * std::mem::size_of::<f32>(),
+        times,
+    })
 }
 
 /// Bytes per second through one TCP connection on 127.0.0.1 (256 MiB in
@@ -160,14 +175,20 @@ pub fn run_mpi(quick: bool) -> Result<(), BenchError> {
     } else {
         0.0
     };
-    let (gradient_bytes, buckets, mine) = rank_steps(rank, NodeConfig::new(), steps, 1)?;
+    let Measured {
+        gradient_bytes,
+        buckets,
+        sent_bytes,
+        times: mine,
+    } = rank_steps(rank, NodeConfig::new(), steps, 1)?;
     let raw_ms = bare_all_reduce_ms(&world, gradient_bytes, steps);
+    let sent_ms = bare_all_reduce_ms(&world, sent_bytes, steps);
     let gathered = gather(&world, &mine, steps * size);
     // The same replica as pipelines of 2 and 4 stages: each stage's
     // exchange starts when its backward ends, behind the earlier stages'.
     let mut pipelines = Vec::new();
     for stages in PIPELINE_STAGES {
-        let (_, _, mine) = rank_steps(rank, NodeConfig::new(), steps, stages)?;
+        let mine = rank_steps(rank, NodeConfig::new(), steps, stages)?.times;
         let gathered = gather(&world, &mine, steps * size);
         let ranks: Vec<RankTimes> = (0..size).map(|r| gathered.rank(r, steps)).collect();
         pipelines.push(summary::exposure(stages, &ranks, steps));
@@ -184,13 +205,19 @@ pub fn run_mpi(quick: bool) -> Result<(), BenchError> {
             ranks,
             &name,
             link,
-            (raw_ms, buckets),
+            summary::Bare {
+                all_ms: raw_ms,
+                sent_ms,
+                sent_bytes,
+                buckets,
+            },
             pipelines,
         )?;
         let n = size as f64;
         println!(
-            "  MPI_Allreduce alone of the same {:.1} MB (buckets as the group's): {raw_ms:.1} ms, bus bandwidth {:.2} GB/s",
+            "  MPI_Allreduce alone of all {:.1} MB (buckets of at most {} MiB): {raw_ms:.1} ms, bus bandwidth {:.2} GB/s",
             gradient_bytes as f64 / 1e6,
+            burn_elastic_dp::MPI_BUCKET_VALUES * 4 >> 20,
             gradient_bytes as f64 / (raw_ms * 1e-3) / 1e9 * 2.0 * (n - 1.0) / n
         );
     }
@@ -229,8 +256,9 @@ fn link_bandwidth(world: &mpi::topology::SimpleCommunicator, rank: usize) -> f64
 }
 
 /// MPI's own share: the median milliseconds of one `MPI_Allreduce` of as
-/// many f32 values as `gradient_bytes`, alone, in the group's buckets, over
-/// `steps` rounds after a warm-up.
+/// many f32 values as `gradient_bytes`, alone, in buckets of at most
+/// [`MPI_BUCKET_VALUES`](burn_elastic_dp::MPI_BUCKET_VALUES) (as few calls as
+/// the group could make), over `steps` rounds after a warm-up.
 #[cfg(feature = "mpi")]
 fn bare_all_reduce_ms(
     world: &mpi::topology::SimpleCommunicator,
