@@ -1,8 +1,9 @@
 //! The exchange across processes on gradients large enough to be summed in their own memory
 //! (no copy into the stage's arena) and on a word-embedding table of which a step touches few
 //! rows (only those sent): two ranks of one replica each train with the same bits as one process
-//! of two replicas (and of two replicas each as one process of four, rounding apart), whether a
-//! step touched few of the table's rows (sent packed) or most of them (sent whole).
+//! of two replicas (two ranks of two replicas and three of one as one process of four and of
+//! three, rounding apart, every rank with the same bits), whether a step touched few of the
+//! table's rows (sent packed) or most of them (sent whole).
 //!
 //! The test binary runs itself under `mpirun` as the ranks (`ELASTIC_DP_TABLE_ROLE`).
 
@@ -190,8 +191,11 @@ fn large_gradients_and_a_sparse_table_train_as_one_process() {
     if std::env::var(ROLE).is_ok() {
         return child();
     }
-    for per_rank in [1, 2] {
-        let (expected, initial) = in_one_process(2 * per_rank);
+    // Two ranks of one replica and of two, three ranks of one (where MPI
+    // does not promise the same bits on every rank: the ranks compare
+    // theirs).
+    for (ranks, per_rank) in [(2, 1), (2, 2), (3, 1)] {
+        let (expected, initial) = in_one_process(ranks * per_rank);
         // Training moved the table, the wide map and the classifier.
         let moved = |range: std::ops::Range<usize>| {
             initial[range.clone()]
@@ -204,13 +208,13 @@ fn large_gradients_and_a_sparse_table_train_as_one_process() {
             moved(0..table) && moved(table..2 * table) && moved(2 * table + ROWS..initial.len())
         );
         let out = std::env::temp_dir().join(format!(
-            "burn-elastic-dp-tables-{}-{per_rank}",
+            "burn-elastic-dp-tables-{}-{ranks}x{per_rank}",
             std::process::id()
         ));
         let out_of = |rank: usize| PathBuf::from(format!("{}-{rank}", out.display()));
         let job = mpirun(
             TEST,
-            2,
+            ranks,
             false,
             &[
                 (ROLE, "train".into()),
@@ -221,9 +225,9 @@ fn large_gradients_and_a_sparse_table_train_as_one_process() {
         let (status, stderr) = finish(job, Duration::from_secs(300));
         assert!(
             status.is_some_and(|s| s.success()),
-            "{per_rank} replica(s) per rank: the MPI job failed ({status:?}):\n{stderr}"
+            "{ranks} x {per_rank}: the MPI job failed ({status:?}):\n{stderr}"
         );
-        let ranks: Vec<Vec<f32>> = (0..2)
+        let trained: Vec<Vec<f32>> = (0..ranks)
             .map(|rank| {
                 let bytes = std::fs::read(out_of(rank)).unwrap();
                 let _ = std::fs::remove_file(out_of(rank));
@@ -234,15 +238,17 @@ fn large_gradients_and_a_sparse_table_train_as_one_process() {
             })
             .collect();
         let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        assert_eq!(ranks[0].len(), expected.len());
-        assert!(
-            bits(&ranks[0]) == bits(&ranks[1]),
-            "{per_rank} replica(s) per rank: the ranks' weights differ"
-        );
-        if per_rank == 1 {
+        assert_eq!(trained[0].len(), expected.len());
+        for rank in 1..ranks {
+            assert!(
+                bits(&trained[0]) == bits(&trained[rank]),
+                "{ranks} x {per_rank}: the weights of ranks 0 and {rank} differ"
+            );
+        }
+        if (ranks, per_rank) == (2, 1) {
             // Two gradients, one per rank: each sum is one f32 addition,
             // in any layout the same bits.
-            let differ = ranks[0]
+            let differ = trained[0]
                 .iter()
                 .zip(&expected)
                 .filter(|(a, b)| a.to_bits() != b.to_bits())
@@ -252,9 +258,10 @@ fn large_gradients_and_a_sparse_table_train_as_one_process() {
                 "rank 0's weights differ from one process's in {differ} values"
             );
         } else {
-            // Four: (a + b) + (c + d) across the ranks, another order
-            // inside one process; the same maths, rounding apart.
-            let worst = ranks[0]
+            // Three or four: (a + b) + (c + d) across two ranks, MPI's
+            // order across three, another inside one process; the same
+            // maths, rounding apart.
+            let worst = trained[0]
                 .iter()
                 .zip(&expected)
                 .map(|(a, b)| (a - b).abs())
@@ -262,7 +269,7 @@ fn large_gradients_and_a_sparse_table_train_as_one_process() {
             let scale = expected.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             assert!(
                 worst <= 1e-5 * scale.max(1.0),
-                "{per_rank} replicas per rank: the weights differ from one process's by {worst}"
+                "{ranks} x {per_rank}: the weights differ from one process's by {worst}"
             );
         }
     }
