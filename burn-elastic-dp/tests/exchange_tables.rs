@@ -144,17 +144,17 @@ fn child() {
         })
         .unwrap();
     let trainable = ROWS * WIDTH + (WIDTH * ROWS + ROWS) + (ROWS * CLASSES + CLASSES);
-    for step in 0..LENGTHS.len() {
+    for (step, &length) in LENGTHS.iter().enumerate() {
         let (x, y) = batch(step);
         group.train_step(x, y, loss, 0.5).unwrap();
         let phases = group.exchange_phases().unwrap();
         assert_eq!(phases.values, trainable, "step {step}: {phases:?}");
-        if LENGTHS[step] > 16 {
+        if length > 16 {
             // Most rows touched: the whole table sent.
             assert_eq!(phases.skipped, 0, "step {step}: {phases:?}");
         } else {
             // At most BATCH x length rows touched, the rest not sent.
-            let touched = BATCH * LENGTHS[step];
+            let touched = BATCH * length;
             assert!(
                 phases.skipped >= (ROWS - touched) * WIDTH,
                 "step {step}: {phases:?}"
