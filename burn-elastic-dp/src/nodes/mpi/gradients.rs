@@ -19,8 +19,8 @@ use crate::nodes::phases::ExchangePhases;
 /// Where the leader put a gradient for the exchange.
 #[derive(Debug, Clone, Copy)]
 enum Place {
-    /// Its own memory, `arena.whole[i]`.
-    Whole(usize),
+    /// Its own memory: the next of `arena.whole` (they are in slot order).
+    Whole,
     /// `arena.packed[offset..offset + len]`.
     Packed(usize),
 }
@@ -76,7 +76,7 @@ impl<AB: AutodiffBackend> ModuleVisitor<AB> for CopyOut<'_, AB::InnerBackend> {
                     .map(|values| TensorData::new(values, [len]))
             };
             aligned.map(|data| {
-                self.places.push(Place::Whole(arena.whole.len()));
+                self.places.push(Place::Whole);
                 arena.whole.push(Whole::new(data, &shape));
             })
         } else {
@@ -233,17 +233,13 @@ where
     let back = Instant::now();
     let mut parts = Vec::with_capacity(slots.len());
     if let Some((device, dtype)) = device {
-        let mut whole: Vec<Option<TensorData>> = arena
-            .whole
-            .drain(..)
-            .map(|whole| Some(whole.data))
-            .collect();
+        let mut whole = arena.whole.drain(..);
         for (slot, place) in slots.iter().zip(&places) {
             let mut data = match *place {
-                Place::Whole(i) => whole.get_mut(i).and_then(Option::take).ok_or_else(|| {
+                Place::Whole => whole.next().map(|whole| whole.data).ok_or_else(|| {
                     node_error(
                         link.rank,
-                        format!("stage {stage}'s gradient {i} came back twice"),
+                        format!("stage {stage}: fewer gradients came back than went out"),
                     )
                 })?,
                 Place::Packed(offset) => {
@@ -259,7 +255,8 @@ where
             parts.push(Tensor::<AB::InnerBackend, 1>::from_data(data, &device));
         }
     }
-    arena.whole.clear();
+    // `whole` is empty again (drained above, or never filled): the arena
+    // keeps no gradient's memory across steps.
     lock(&link.arenas).keep(stage, arena);
     link.record(&ExchangePhases {
         copy_out,
