@@ -45,7 +45,10 @@ use burn_pipe::PipelineConfig;
 
 mod common;
 
-use common::{B, Rows, Types, block_stack, finish, flat_weights, loss, mpirun};
+use common::{
+    B, Rows, Types, block_stack, difference, finish, flat_weights, from_bytes, loss, mpirun,
+    to_bytes,
+};
 
 const WIDTH: usize = 8;
 const UNITS: usize = 8;
@@ -159,30 +162,8 @@ fn train(
     (flat_weights(&trainer.to_layer_stack().unwrap()), reports)
 }
 
-fn to_bytes(weights: &[f32]) -> Vec<u8> {
-    weights.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-fn from_bytes(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
 fn read(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// The largest difference between `a` and `b`, relative to `b`'s largest value (at least 1).
-fn difference(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let worst = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max);
-    worst / b.iter().fold(1.0f32, |m, v| m.max(v.abs()))
 }
 
 /// Runs this binary's test `test` as `ranks` ranks with role `role`,

@@ -14,8 +14,6 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use burn::module::Module;
-use burn::nn::Linear;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, SgdConfig};
 use burn::prelude::*;
@@ -25,20 +23,10 @@ use burn_pipe::{Pipeline, PipelineConfig};
 
 mod common;
 
-use common::{B, Block, block, finish, flat_weights, linear, mpirun, numbers};
-
-#[derive(Module, Debug)]
-pub struct Head<B: Backend> {
-    linear: Linear<B>,
-}
-
-impl<B: Backend> Head<B> {
-    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        self.linear.forward(x)
-    }
-}
-
-burn_freeze::unit!(Head<B>: Tensor<B, 2> => Tensor<B, 2>);
+use common::{
+    B, Block, Head, block, difference, finish, flat_weights, from_bytes, linear, mpirun, numbers,
+    to_bytes,
+};
 
 type Types = StackMarker<B, Block<B>, Block<B>, Head<B>>;
 
@@ -167,10 +155,7 @@ fn child(role: &str) {
                 assert_eq!(report.shards.len(), replicas);
             }
         }
-        let bytes: Vec<u8> = flat_weights(&group.to_layer_stack().unwrap())
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
+        let bytes = to_bytes(&flat_weights(&group.to_layer_stack().unwrap()));
         std::fs::write(format!("{}-{rank}", var("ELASTIC_DP_NODE_OUT")), bytes).unwrap();
         return;
     }
@@ -250,19 +235,13 @@ fn in_one_process(replicas: usize) -> (Vec<f32>, Vec<f32>) {
     (expected, flat_weights(&group.to_layer_stack().unwrap()))
 }
 
-/// The largest difference between `actual` and `expected`, against 1e-4
-/// of the largest weight (at least 1).
+/// The largest difference between `actual` and `expected` at most 1e-4 of
+/// the largest weight (at least 1).
 fn assert_close(actual: &[f32], expected: &[f32], what: &str) {
-    assert_eq!(actual.len(), expected.len());
-    let worst = actual
-        .iter()
-        .zip(expected)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    let scale = expected.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let worst = difference(actual, expected);
     assert!(
-        worst <= 1e-4 * scale.max(1.0),
-        "{what}: weights differ by {worst}"
+        worst <= 1e-4,
+        "{what}: weights differ by {worst} (relative)"
     );
 }
 
@@ -321,10 +300,7 @@ fn two_processes_train_as_one_pipeline_on_the_whole_batches() {
         // The ranks trained as the single pipeline did, and as one process
         // with as many replicas (the same maths; rounding differs with the
         // summation order).
-        let actual: Vec<f32> = trained[0]
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let actual = from_bytes(&trained[0]);
         assert_close(
             &actual,
             &expected,
@@ -466,9 +442,6 @@ fn buffers_kept_across_steps_sum_as_fresh_ones_while_the_gradients_change_size()
         })
         .collect();
     assert_eq!(trained[0], trained[1], "the ranks' weights differ");
-    let actual: Vec<f32> = trained[0]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let actual = from_bytes(&trained[0]);
     assert_close(&actual, &expected, "against one process of 4 replicas");
 }

@@ -22,7 +22,7 @@ use burn_elastic_dp::{Mpi, NodeConfig};
 mod common;
 
 use common::thaw::{FRONTS, Recording, UNITS, WIDTH, config, dataset, plain, worst};
-use common::{B, block_stack, finish, flat_weights, loss, mpirun};
+use common::{B, block_stack, finish, flat_weights, from_bytes, loss, mpirun, to_bytes};
 
 const ROLE: &str = "THAW_ROLE";
 const OUT: &str = "THAW_OUT";
@@ -59,10 +59,7 @@ fn rank() {
         shapes.push((report.stages, report.total_replicas, report.front));
     }
     let rank = mpi.rank();
-    let weights: Vec<u8> = flat_weights(&trainer.to_layer_stack().unwrap())
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
-        .collect();
+    let weights = to_bytes(&flat_weights(&trainer.to_layer_stack().unwrap()));
     std::fs::write(out.join(format!("weights-{rank}")), weights).unwrap();
     std::fs::write(out.join(format!("shapes-{rank}")), format!("{shapes:?}")).unwrap();
     let batches = serde_json::to_string(&batches).unwrap();
@@ -127,10 +124,7 @@ fn two_ranks_thaw_in_lockstep_and_train_as_plain_burn() {
         );
     }
     let (expected, _) = plain(&global);
-    let ranks: Vec<f32> = weights[0]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let ranks = from_bytes(&weights[0]);
     let diff = worst(&ranks, &expected);
     println!("thaw schedule {FRONTS:?} on 2 ranks x 4 devices against plain Burn: {diff:e}");
     assert!(diff <= 1e-6, "two ranks and plain Burn differ by {diff}");

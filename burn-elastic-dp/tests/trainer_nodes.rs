@@ -28,7 +28,9 @@ use burn_pipe::PipelineConfig;
 
 mod common;
 
-use common::{B, Types, block, finish, flat_weights, loss, mpirun};
+use common::{
+    B, Types, block, difference, finish, flat_weights, from_bytes, loss, mpirun, to_bytes,
+};
 
 const WIDTH: usize = 8;
 const UNITS: usize = 8;
@@ -135,9 +137,8 @@ fn rank(out: &str) {
         .with_output_dir(Some(run.clone()))
         .with_checkpoint(Some(CheckpointConfig::new(run.join("checkpoints"))));
     let (weights, shapes) = train(&config, devices);
-    let bytes: Vec<u8> = weights.iter().flat_map(|v| v.to_le_bytes()).collect();
     let rank = mpi.rank();
-    std::fs::write(format!("{out}-{rank}"), bytes).unwrap();
+    std::fs::write(format!("{out}-{rank}"), to_bytes(&weights)).unwrap();
     std::fs::write(format!("{out}-{rank}.shapes"), format!("{shapes:?}")).unwrap();
 }
 
@@ -203,22 +204,15 @@ fn across_two_processes(test: &str, per_rank: usize) {
         .map(|&(k, _, f)| (k, per_rank, f))
         .collect();
     assert_eq!(shapes[0], format!("{local:?}"));
-    let actual: Vec<f32> = trained[0]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    assert_eq!(actual.len(), expected.len());
-    let worst = actual
-        .iter()
-        .zip(&expected)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    let scale = expected.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    let actual = from_bytes(&trained[0]);
+    let worst = difference(&actual, &expected);
     assert!(
-        worst <= 1e-4 * scale,
-        "{per_rank} per rank: weights differ by {worst}"
+        worst <= 1e-4,
+        "{per_rank} per rank: weights differ by {worst} (relative)"
     );
-    println!("two ranks of {per_rank} against one process: weights differ by at most {worst}");
+    println!(
+        "two ranks of {per_rank} against one process: weights differ by at most {worst} (relative)"
+    );
     // Training moved the weights.
     assert_ne!(expected, flat_weights(&stack()));
     // Every rank wrote its own logs and checkpoints.

@@ -1,5 +1,5 @@
 //! What the trainer's test files share: the backend, a user's own residual
-//! unit, and the loss.
+//! unit, a linear one, the loss, and how ranks hand their weights back.
 
 #![allow(dead_code)] // each test binary uses a part
 
@@ -120,6 +120,45 @@ pub fn rows_batch<const W: usize>(
         Tensor::<B, 1>::from_data(TensorData::new(x, [n * W]), device).reshape([n, W]),
         Tensor::from_data(TensorData::new(y, [n]), device),
     )
+}
+
+/// A unit that is one linear map (a classifier, or any dense layer).
+#[derive(burn::module::Module, Debug)]
+pub struct Head<B: Backend> {
+    pub linear: Linear<B>,
+}
+
+impl<B: Backend> Head<B> {
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        self.linear.forward(x)
+    }
+}
+
+burn_freeze::unit!(Head<B>: Tensor<B, 2> => Tensor<B, 2>);
+
+/// `weights` as little-endian bytes (what a rank writes for the test).
+pub fn to_bytes(weights: &[f32]) -> Vec<u8> {
+    weights.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// The weights [`to_bytes`] wrote.
+pub fn from_bytes(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// The largest difference between `a` and `b`, relative to `b`'s largest
+/// value (at least 1).
+pub fn difference(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let worst = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
+    worst / b.iter().fold(1.0f32, |m, v| m.max(v.abs()))
 }
 
 /// Every weight of `stack`, unit after unit, in one list.
