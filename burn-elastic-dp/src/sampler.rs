@@ -152,6 +152,20 @@ impl ElasticSampler {
         self.len - self.held_out.len()
     }
 
+    /// Steps of an epoch at `replicas` replicas (at least 1), the last
+    /// step counted even when it is short.
+    ///
+    /// ```
+    /// use burn_elastic_dp::{BatchPolicy, ElasticSampler};
+    ///
+    /// let sampler = ElasticSampler::new(100, BatchPolicy::FixedGlobal { batch: 32 }, 1).unwrap();
+    /// assert_eq!(sampler.steps_per_epoch(2), 4);
+    /// ```
+    pub fn steps_per_epoch(&self, replicas: usize) -> usize {
+        let batch = self.policy.global_batch(replicas.max(1)).max(1);
+        self.trained_per_epoch().div_ceil(batch)
+    }
+
     fn shuffle(&mut self) {
         self.order = (0..self.len)
             .filter(|i| self.held_out.binary_search(i).is_err())

@@ -104,4 +104,26 @@ pub trait FreezeFront {
     /// Drops the sums so far (they stay kept): the next step starts a new
     /// accumulation. The default does nothing.
     fn reset_gradient_sums(&mut self) {}
+
+    /// Starts (`true`) or stops (`false`) measuring each unit's update
+    /// gain, [`last_update_gains`](Self::last_update_gains): a snapshot of
+    /// the trainable weights before each optimizer step (one more copy of
+    /// them). A policy whose
+    /// [`needs_update_gains`](crate::FreezePolicy::needs_update_gains) is
+    /// true needs them; [`AutoFreeze::prepare`](crate::AutoFreeze::prepare)
+    /// starts them. The default ignores the request.
+    fn set_update_gains(&mut self, keep: bool) {
+        let _ = keep;
+    }
+
+    /// Per-unit update gains of the last training step, one entry per
+    /// unit: minus the dot product of the step's gradient with the unit's
+    /// move in the step before (`-<g_t, W_t - W_(t-1)>`: how much, to first
+    /// order, the previous update lowered the loss on this step's batch;
+    /// see [`plumbing::WeightSnapshot`](crate::plumbing::WeightSnapshot)).
+    /// `None` for frozen units, units without a gradient or a snapshot, and
+    /// every unit when gains are not measured (the default).
+    fn last_update_gains(&self) -> Vec<Option<f64>> {
+        vec![None; self.num_units()]
+    }
 }

@@ -63,6 +63,7 @@ mod range;
 mod stack;
 mod types;
 mod unit;
+mod update_gain;
 
 pub mod fault;
 pub mod plumbing;
@@ -80,7 +81,7 @@ pub use optim_state::{ParamStates, StackOptimizer};
 pub use policy::{
     AlphaArgmin, AlphaArgminConfig, ArgminStatistic, AutoFreeze, ChangeRate, ChangeRateConfig,
     ChangeRateReading, Evidence, EvidenceConfig, FixedSchedule, FreezePolicy, FreezeState,
-    GradNorm, LayerMap, PolicyState, alpha_front,
+    GradNorm, LayerSignal, LayerMap, PolicyState, alpha_front,
 };
 pub use range::{UnitRange, check_freeze, check_unfreeze};
 pub use stack::{IntoLayerStack, LayerStack, StackOf, TypesOf};

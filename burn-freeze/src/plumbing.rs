@@ -6,6 +6,7 @@ pub use crate::flow::{
     Flow, InnerFlow, TrainFlow, flow_from_inner, flow_into_inner, flow_to_device,
 };
 pub use crate::grad_sums::GradientSums;
+pub use crate::update_gain::WeightSnapshot;
 pub use crate::leaves::fresh_leaves;
 pub use crate::optim_state::{
     StatePool, optimizer_for, pool_optimizer_state, retain_optimizer_state,

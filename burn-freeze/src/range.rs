@@ -15,6 +15,7 @@ use crate::policy::stats::{GradNorm, GradSource, NormCollector};
 use crate::stack::LayerStack;
 use crate::types::{InnerBackendOf, StackTypes, TrainableUnits};
 use crate::unit::Unit;
+use crate::update_gain::{GainCollector, WeightSnapshot};
 
 /// The one rule for what may be frozen, in a stack or a pipeline of `len`
 /// units with `frozen` units frozen: the front moves up only, to at most
@@ -396,6 +397,42 @@ impl<S: StackTypes> UnitRange<S> {
         grads: &GradientsParams,
     ) {
         sums.add(&self.trainable, grads);
+    }
+
+    /// The trainable units' weights now, for the next step's
+    /// [`unit_update_gains`](Self::unit_update_gains) (shared storage: no
+    /// copy until an optimizer step writes new values beside them).
+    pub fn weight_snapshot(&self) -> WeightSnapshot<InnerBackendOf<S>> {
+        let (first, middle, last) = &self.trainable;
+        let mut snapshot = WeightSnapshot::of(first);
+        middle.iter().for_each(|unit| snapshot.merge(WeightSnapshot::of(unit)));
+        snapshot.merge(WeightSnapshot::of(last));
+        snapshot
+    }
+
+    /// Each unit's update gain (see [`WeightSnapshot`]): minus the dot
+    /// product of its gradient in `grads` (this step's) with its move since
+    /// `before` (the weights before the last step); `None` for frozen
+    /// units and units with no gradient or no snapshot. Reads the device
+    /// once.
+    pub fn unit_update_gains(
+        &self,
+        grads: &GradientsParams,
+        before: &WeightSnapshot<InnerBackendOf<S>>,
+    ) -> Vec<Option<f64>> {
+        let mut collector = GainCollector::<S::Backend>::new(grads, before);
+        for _ in 0..self.frozen.len() {
+            collector.skip();
+        }
+        let (first, middle, last) = &self.trainable;
+        if let Some(unit) = first {
+            collector.unit(unit);
+        }
+        middle.iter().for_each(|unit| collector.unit(unit));
+        if let Some(unit) = last {
+            collector.unit(unit);
+        }
+        collector.finish()
     }
 
     fn collect_norms(&self, source: GradSource<'_, S::Backend>) -> Vec<Option<GradNorm>> {

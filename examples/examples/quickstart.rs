@@ -44,8 +44,8 @@ fn train() -> Result<(), Box<dyn std::error::Error>> {
         per_layer: 2,
         layers: BLOCKS,
     };
-    // The default rule (a held-out loss that learned, then stopped), asked every 4 steps.
-    let evidence = EvidenceConfig::new().with_every_steps(4).with_patience(2);
+    // The default rule: a block of layers whose gradients turned to noise freezes.
+    let evidence = EvidenceConfig::new();
     let cross_entropy = CrossEntropyLossConfig::new().init(&device);
     let mut trainer = TrainerConfig::new()
         .with_freeze(FreezeRule::Evidence { rule: evidence })

@@ -61,4 +61,21 @@ where
             replica.reset_gradient_sums();
         }
     }
+
+    /// On every replica (each stage its own snapshot); replica 0's gains
+    /// are the group's, as its norms are.
+    fn set_update_gains(&mut self, keep: bool) {
+        for replica in &mut self.replicas {
+            replica.set_update_gains(keep);
+        }
+    }
+
+    /// Replica 0's: every replica moved alike and stepped with the same
+    /// all-reduced gradients (none once a step lost every replica).
+    fn last_update_gains(&self) -> Vec<Option<f64>> {
+        match self.replicas.first() {
+            Some(replica) => replica.last_update_gains(),
+            None => vec![None; self.num_units()],
+        }
+    }
 }

@@ -374,6 +374,16 @@ where
             .map_or_else(|| self.outline.balance.iter().sum(), Pipeline::num_units)
     }
 
+    /// Time the last optimizer step spent measuring update gains and
+    /// taking weight snapshots, on the slowest replica
+    /// ([`Pipeline::last_evidence_time`]).
+    pub fn last_evidence_time(&self) -> std::time::Duration {
+        (self.replicas.iter())
+            .map(Pipeline::last_evidence_time)
+            .max()
+            .unwrap_or_default()
+    }
+
     /// The freeze front, the same on every replica (once a step lost every
     /// replica, as they had it then).
     pub fn front(&self) -> usize {

@@ -101,6 +101,9 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         if self.policy.needs_gradient_sums() {
             target.set_gradient_sums(true);
         }
+        if self.policy.needs_update_gains() {
+            target.set_update_gains(true);
+        }
     }
 
     /// Feeds the policy the per-layer gradient norms of the step `target`
@@ -113,6 +116,12 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         self.validate(target.num_units())?;
         self.prepare(target);
         self.state.step += 1;
+        if self.policy.needs_update_gains() {
+            let units = target.last_update_gains();
+            let total = units.iter().flatten().copied().reduce(|a, b| a + b);
+            let layers = self.map.layer_sums(&units);
+            self.policy.update_gains(self.state, &layers, total);
+        }
         let norms = self.map.layer_norms(&target.last_gradient_norms());
         let decision = self.policy.after_step(self.state, &norms);
         self.apply(target, decision)
@@ -137,8 +146,34 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         loss: f64,
     ) -> Result<Option<usize>, T::Error> {
         self.validate(target.num_units())?;
+        self.read_check_sums(target);
         let decision = self.policy.held_out_loss(self.state, loss);
         self.apply(target, decision)
+    }
+
+    /// Tells the policy how many steps the epoch about to start has
+    /// ([`FreezePolicy::epoch_steps`]): a trainer calls it before each
+    /// epoch, so that checks scale with the run.
+    pub fn begin_epoch(&mut self, steps: usize) {
+        self.policy.epoch_steps(steps);
+    }
+
+    /// Before a checkpoint: a policy that reads its gradient sums per check
+    /// ([`FreezePolicy::gradient_sums_per_check`]) gets them now and they
+    /// start again, so that the checkpoint holds every step's evidence
+    /// (the sums themselves are not saved) and a resumed run decides as the
+    /// run it continues. Nothing for other policies.
+    pub fn close_gradient_window<T: FreezeFront>(&mut self, target: &mut T) {
+        self.read_check_sums(target);
+    }
+
+    /// The per-check reading of the target's gradient sums, then reset.
+    fn read_check_sums<T: FreezeFront>(&mut self, target: &mut T) {
+        if self.policy.needs_gradient_sums() && self.policy.gradient_sums_per_check() {
+            let norms = self.map.layer_norms(&target.gradient_sum_norms());
+            self.policy.check_gradient_sums(self.state, &norms);
+            target.reset_gradient_sums();
+        }
     }
 
     /// Asks the policy at the end of an epoch and applies its decision.

@@ -148,6 +148,7 @@ impl FreezePolicy for ChangeRate {
         Some(super::PolicyState {
             series,
             counter: self.steps,
+            state: None,
         })
     }
 

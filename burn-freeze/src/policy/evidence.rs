@@ -1,18 +1,73 @@
-//! Freezing on evidence: a prefix freezes once the held-out loss has learned and stopped
-//! improving, and a freeze after which that loss rises is thawed.
+//! Freezing on evidence: the bottom block of layers still training freezes once training no
+//! longer gains from updating it (its share of the loss's decrease, or its gradients' signal),
+//! or a prefix once the held-out loss has stopped improving; a freeze after which that loss
+//! rises is thawed.
 
 use burn::config::Config;
+use serde::{Deserialize, Serialize};
 
-use super::{FreezePolicy, FreezeState, PolicyState, ceil_tolerant};
+use super::consistency::{ConsistencyMeasure, GradientWindow};
+use super::gain_window::{GainReading, GainWindow};
+use super::{FreezePolicy, FreezeState, GradNorm, PolicyState, ceil_tolerant};
+
+/// The per-layer evidence of [`Evidence`]: what says that training no
+/// longer gains from updating a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LayerSignal {
+    /// Loss-change allocation, the default: the bottom block's share of the
+    /// loss's first-order decrease over the check's window, from each
+    /// step's update gains (`-<g_t, W_t - W_(t-1)>` per layer, the gradient
+    /// of a batch the update never saw; see
+    /// [`FreezeFront::last_update_gains`](crate::FreezeFront::last_update_gains)).
+    /// The longest bottom block whose share stays under the bound has
+    /// stopped gaining: freezing it gives up at most that share of the
+    /// rate at which the loss falls. Costs a snapshot of the trainable
+    /// weights and one product-sum per parameter a step.
+    LossShare,
+    /// Update consistency on the gradients: the share of each layer's
+    /// gradient energy that persists from step to step, `(||sum_t g_t||^2 -
+    /// sum_t ||g_t||^2) / ((n - 1) sum_t ||g_t||^2)`, near 1 while every
+    /// batch pushes the layer the same way and near 0 once its updates are
+    /// noise (the inverse of its gradient noise scale); a layer under the
+    /// bound has stopped gaining. Costs the running gradient sums.
+    EnergyShare,
+    /// APF's per-parameter sign consistency, `||sum_t g_t||_1 / sum_t
+    /// ||g_t||_1` mapped to [0, 1] for the window's length; as
+    /// [`EnergyShare`](Self::EnergyShare) otherwise.
+    SignConsistency,
+}
+
+impl LayerSignal {
+    /// The gradient-consistency measure behind the signal, if it is one.
+    fn consistency(self) -> Option<ConsistencyMeasure> {
+        match self {
+            LayerSignal::LossShare => None,
+            LayerSignal::EnergyShare => Some(ConsistencyMeasure::EnergyShare),
+            LayerSignal::SignConsistency => Some(ConsistencyMeasure::SignConsistency),
+        }
+    }
+}
+
+/// Steps between checks when [`EvidenceConfig::every_steps`] is `None` and
+/// no epoch length is known (a policy driven by hand, not by a trainer).
+const FALLBACK_EVERY_STEPS: usize = 8;
 
 /// Settings of [`Evidence`].
 #[derive(Config, Debug, PartialEq)]
 pub struct EvidenceConfig {
-    /// Steps between held-out losses (at least 1).
-    #[config(default = 8)]
-    pub every_steps: usize,
-    /// Held-out losses per block (at least 1): the rule compares the mean
-    /// of the last block with the mean of the block before it.
+    /// Steps between checks (at least 2: the per-layer signal needs two
+    /// steps to compare); `None`, the default: scaled to the run, the
+    /// epoch's steps over [`checks_per_epoch`](Self::checks_per_epoch), at
+    /// least 2. A configuration written with a number still parses.
+    #[config(default = "None")]
+    pub every_steps: Option<usize>,
+    /// Checks per epoch when [`every_steps`](Self::every_steps) is `None`
+    /// (at least 1).
+    #[config(default = 4)]
+    pub checks_per_epoch: usize,
+    /// Held-out losses per block of the whole-model plateau test (at least
+    /// 1): the rule compares the mean of the last block with the mean of
+    /// the block before it.
     #[config(default = 3)]
     pub patience: usize,
     /// Nothing freezes until the held-out loss has fallen below its first
@@ -33,6 +88,21 @@ pub struct EvidenceConfig {
     /// noise above its level before a freeze thaws that freeze (at least 0).
     #[config(default = 3.0)]
     pub rise_tolerance: f64,
+    /// The per-layer evidence ([`LayerSignal`]); `None`: the whole-model
+    /// plateau alone (the rule before per-layer evidence).
+    #[config(default = "Some(LayerSignal::LossShare)")]
+    pub signal: Option<LayerSignal>,
+    /// The bound of the per-layer evidence, in (0, 1): the bottom block's
+    /// share of the loss's decrease ([`LayerSignal::LossShare`]), or a
+    /// layer's gradient signal share (the consistency signals), under
+    /// which training no longer gains from updating it.
+    #[config(default = 0.25)]
+    pub signal_below: f64,
+    /// Checks in a row a layer's evidence must stay under
+    /// [`signal_below`](Self::signal_below) before it freezes (at least 1;
+    /// doubled by each thaw).
+    #[config(default = 2)]
+    pub converged_checks: usize,
 }
 
 impl EvidenceConfig {
@@ -41,8 +111,13 @@ impl EvidenceConfig {
     pub fn validate(&self) -> Result<(), (&'static str, String, &'static str)> {
         let fail =
             |field, value: &dyn std::fmt::Display, range| Err((field, value.to_string(), range));
-        if self.every_steps == 0 {
-            return fail("every_steps", &0, "at least 1");
+        if let Some(every) = self.every_steps
+            && every < 2
+        {
+            return fail("every_steps", &every, "at least 2, or None (scaled to the run)");
+        }
+        if self.checks_per_epoch == 0 {
+            return fail("checks_per_epoch", &0, "at least 1");
         }
         if self.patience == 0 {
             return fail("patience", &0, "at least 1");
@@ -59,13 +134,19 @@ impl EvidenceConfig {
         if !(self.rise_tolerance.is_finite() && self.rise_tolerance >= 0.0) {
             return fail("rise_tolerance", &self.rise_tolerance, "a number >= 0");
         }
+        if !(self.signal_below > 0.0 && self.signal_below < 1.0) {
+            return fail("signal_below", &self.signal_below, "a number in (0, 1)");
+        }
+        if self.converged_checks == 0 {
+            return fail("converged_checks", &0, "at least 1");
+        }
         Ok(())
     }
 }
 
 /// A freeze the guard watches: the fronts, and the loss's level and noise
 /// before it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 struct Watch {
     from: usize,
     to: usize,
@@ -99,79 +180,131 @@ enum Reading {
     Plateau(f64),
 }
 
-/// The default freeze rule: a prefix freezes only on evidence that training
-/// has stopped gaining from it, and a freeze that the held-out loss says
-/// was too early is thawed.
+/// Why the rule froze.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Cause {
+    /// The bottom block's gradients turned to noise.
+    LayersConverged,
+    /// The whole model's held-out loss stopped improving.
+    Plateau(f64),
+}
+
+/// Everything [`Evidence`] has gathered, as its checkpoint stores it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+struct EvidenceState {
+    /// Held-out losses since the start, in order.
+    losses: Vec<f64>,
+    /// Index in `losses` of the first loss after the last move of the front.
+    since_move: usize,
+    /// Losses per plateau block now (patience, doubled by each thaw).
+    block: usize,
+    watching: Option<Watch>,
+    /// Per layer: checks in a row whose signal share was under the bound.
+    quiet_checks: Vec<usize>,
+    /// The per-layer gradient statistics of the current window.
+    window: GradientWindow,
+    /// The per-layer update gains of the current window.
+    #[serde(default)]
+    gains: GainWindow,
+    /// Steps of the epoch under way, when a trainer said.
+    epoch_steps: Option<usize>,
+}
+
+/// The default freeze rule: each layer of the bottom block still training
+/// freezes once its own evidence says training no longer gains from
+/// updating it, and a freeze that the held-out loss says was too early is
+/// thawed.
 ///
-/// The evidence is a loss on samples never trained on, measured every
-/// [`every_steps`](EvidenceConfig::every_steps) steps (a trainer reads the
-/// user's validation batch, or carves samples out of the training data; a
-/// run across processes gives every rank the same value):
+/// A **check** runs every [`every_steps`](EvidenceConfig::every_steps)
+/// steps (by default scaled to the run:
+/// [`checks_per_epoch`](EvidenceConfig::checks_per_epoch) an epoch) and
+/// reads two kinds of evidence:
 ///
-/// - **Learned.** Nothing freezes until the loss has fallen below its first
-///   value by [`learned_drop`](EvidenceConfig::learned_drop) of it. On a
-///   task whose lower layers must learn first, the loss sits at its start
-///   for a while: no rule that reads the gradients or a clock can tell that
-///   plateau from convergence, this one does not try.
-/// - **Stopped improving.** The mean of the last
-///   [`patience`](EvidenceConfig::patience) losses is compared with the mean
-///   of the ones before: an improvement under
-///   [`plateau_below`](EvidenceConfig::plateau_below) of all the improvement
-///   so far (scale-free: the loss's units, the learning rate and the task's
-///   difficulty cancel) is a plateau, and the lowest
-///   [`alpha`](EvidenceConfig::alpha) of the active layers freeze (the
-///   paper's bound, at least one layer). The next decision waits for two
-///   fresh blocks.
-/// - **Guard.** For four blocks after a freeze, a loss above its trend
-///   before the freeze (the last block's level, rising as it rose, never
-///   falling) by more than [`rise_tolerance`](EvidenceConfig::rise_tolerance)
-///   times the loss's noise (the spread of its steps over the two blocks
-///   before, at least 1% of the level) thaws the freeze, and the rule then
-///   waits blocks twice as long before it freezes again.
+/// - **Per layer: the gradient's signal share.** Over the steps since the
+///   last check, the share of each layer's gradient energy that persists
+///   from step to step (`(||sum_t g_t||^2 - sum_t ||g_t||^2) / ((n - 1)
+///   sum_t ||g_t||^2)`: near 1 while every batch pushes the layer the same
+///   way, near 0 once the batches disagree and its updates are noise),
+///   read from the per-step gradient norms and the running gradient sums
+///   the freeze front keeps (one more copy of the trainable parameters; no
+///   extra pass). The test is absolute and scale-free, never a rank among
+///   the layers: a layer under
+///   [`signal_below`](EvidenceConfig::signal_below) for
+///   [`converged_checks`](EvidenceConfig::converged_checks) checks in a row
+///   has converged, and the longest bottom block of converged layers
+///   freezes ([`ConsistencyMeasure`] picks the statistic; `signal: None`
+///   turns this off).
+/// - **Whole model: the held-out loss**, on samples never trained on (a
+///   trainer reads the user's validation batch, or carves samples out of
+///   the training data; a run across processes gives every rank the same
+///   value):
+///   - *Learned.* Nothing freezes, on either evidence, until the loss has
+///     fallen below its first value by
+///     [`learned_drop`](EvidenceConfig::learned_drop) of it. On a task whose
+///     lower layers must learn first the loss sits at its start for a
+///     while, and the gradients of a plateau can look like noise.
+///   - *Stopped improving.* The mean of the last
+///     [`patience`](EvidenceConfig::patience) losses is compared with the
+///     mean of the ones before: an improvement under
+///     [`plateau_below`](EvidenceConfig::plateau_below) of all the
+///     improvement so far is a plateau, and the bottom layers freeze too.
+///   - *Guard.* For four blocks after a freeze, a loss above its trend
+///     before the freeze (the last block's level, rising as it rose, never
+///     falling) by more than
+///     [`rise_tolerance`](EvidenceConfig::rise_tolerance) times the loss's
+///     noise (the spread of its steps, at least 1% of the level) thaws the
+///     freeze, and the rule then asks for twice the evidence before it
+///     freezes again.
+///
+/// One decision freezes at most [`alpha`](EvidenceConfig::alpha) of the
+/// active layers (the paper's bound, at least one layer), and the next
+/// waits for fresh checks. Every rank of a job reads the same gradients
+/// (all-reduced) and the same held-out loss, so every rank decides alike;
+/// the state is checkpointed, and a window a checkpoint cuts is closed
+/// there, so a resumed run decides as the run it continues.
 ///
 /// ```
 /// use burn_freeze::{Evidence, EvidenceConfig, FreezePolicy, FreezeState};
 ///
-/// let mut rule = Evidence::new(EvidenceConfig::new().with_every_steps(1).with_patience(2));
+/// // The whole-model plateau alone (no gradient sums in this example).
+/// let config = EvidenceConfig::new().with_every_steps(Some(2)).with_patience(2).with_signal(None);
+/// let mut rule = Evidence::new(config);
 /// let mut state = FreezeState { frozen_layers: 0, num_layers: 4, epoch: 0, step: 0 };
 /// let mut fronts = Vec::new();
 /// // Learning fast, then flat.
 /// for loss in [1.0, 0.8, 0.6, 0.4, 0.3, 0.3, 0.3, 0.3] {
-///     state.step += 1;
+///     state.step += 2;
 ///     if let Some(front) = rule.held_out_loss(state, loss) {
 ///         state.frozen_layers = front;
 ///         fronts.push((state.step, front));
 ///     }
 /// }
-/// assert_eq!(fronts, [(8, 2)]);
+/// assert_eq!(fronts, [(16, 2)]);
 /// ```
 #[derive(Debug, Clone)]
 pub struct Evidence {
     config: EvidenceConfig,
-    /// Held-out losses since the start, in order.
-    losses: Vec<f64>,
-    /// Index in `losses` of the first loss after the last move of the front.
-    since_move: usize,
-    /// Losses per block now (patience, doubled by each thaw).
-    block: usize,
-    watching: Option<Watch>,
+    state: EvidenceState,
 }
 
 impl Evidence {
-    /// The rule with `config` (see [`EvidenceConfig::check`]; a count of 0
-    /// is taken as 1).
+    /// The rule with `config`, whose values
+    /// [`EvidenceConfig::validate`] checks (a count of 0 is taken as 1 and
+    /// a check every step as every 2).
     pub fn new(config: EvidenceConfig) -> Self {
         let config = EvidenceConfig {
-            every_steps: config.every_steps.max(1),
+            every_steps: config.every_steps.map(|e| e.max(2)),
+            checks_per_epoch: config.checks_per_epoch.max(1),
             patience: config.patience.max(1),
+            converged_checks: config.converged_checks.max(1),
             ..config
         };
         Self {
-            block: config.patience,
+            state: EvidenceState {
+                block: config.patience,
+                ..EvidenceState::default()
+            },
             config,
-            losses: Vec::new(),
-            since_move: 0,
-            watching: None,
         }
     }
 
@@ -180,19 +313,40 @@ impl Evidence {
         &self.config
     }
 
+    /// Steps between checks now: the configured count, else the epoch's
+    /// steps over the checks per epoch (at least 2).
+    pub fn every_steps(&self) -> usize {
+        match (self.config.every_steps, self.state.epoch_steps) {
+            (Some(every), _) => every,
+            (None, Some(steps)) => steps.div_ceil(self.config.checks_per_epoch).max(2),
+            (None, None) => FALLBACK_EVERY_STEPS,
+        }
+    }
+
+    /// Whether the held-out loss has fallen enough below its first value.
+    fn learned(&self) -> bool {
+        let losses = &self.state.losses;
+        let Some(&first) = losses.first() else {
+            return false;
+        };
+        let best = losses.iter().copied().fold(f64::INFINITY, f64::min);
+        first - best > self.config.learned_drop * first.abs()
+    }
+
     /// What the losses so far say.
     fn reading(&self) -> Reading {
-        let block = self.block;
-        let fresh = &self.losses[self.since_move..];
+        let block = self.state.block;
+        let losses = &self.state.losses;
+        let fresh = &losses[self.state.since_move.min(losses.len())..];
         if fresh.len() < 2 * block {
             return Reading::Gathering;
         }
-        let first = self.losses[0];
-        let best = self.losses.iter().copied().fold(f64::INFINITY, f64::min);
-        let gained = first - best;
-        if !(gained > self.config.learned_drop * first.abs()) {
+        if !self.learned() {
             return Reading::NotLearned;
         }
+        let first = losses[0];
+        let best = losses.iter().copied().fold(f64::INFINITY, f64::min);
+        let gained = first - best;
         let last = mean(&fresh[fresh.len() - block..]);
         let before = mean(&fresh[fresh.len() - 2 * block..fresh.len() - block]);
         let progress = (before - last) / gained;
@@ -203,23 +357,97 @@ impl Evidence {
         }
     }
 
+    /// Checks in a row a layer must be quiet now: the configured count,
+    /// doubled by each thaw (as the plateau's blocks are).
+    fn quiet_needed(&self) -> usize {
+        let thaws = self.state.block / self.config.patience;
+        self.config.converged_checks.saturating_mul(thaws.max(1))
+    }
+
+    /// Reads the window's per-layer signal shares into the layers' quiet
+    /// counts and starts the next window; the shares, for the log.
+    fn read_window(&mut self, state: FreezeState) -> Vec<Option<f64>> {
+        let Some(signal) = self.config.signal else {
+            return Vec::new();
+        };
+        let bound = self.config.signal_below;
+        let quiet = &mut self.state.quiet_checks;
+        quiet.resize(state.num_layers, 0);
+        let shares = match signal.consistency() {
+            Some(measure) => {
+                let shares = self.state.window.shares(state.num_layers, measure);
+                if self.state.window.is_empty() {
+                    return shares;
+                }
+                self.state.window.start_window();
+                for (layer, share) in shares.iter().enumerate() {
+                    quiet[layer] = match share {
+                        _ if layer < state.frozen_layers => 0,
+                        Some(share) if *share < bound => quiet[layer] + 1,
+                        Some(_) => 0,
+                        // No reading this window (a layer just thawed).
+                        None => 0,
+                    };
+                }
+                shares
+            }
+            None => {
+                // Each bottom block's share of the window's decrease, read
+                // with its uncertainty; a window in which the model as a
+                // whole clearly did not gain (on batches its updates never
+                // saw) is one in which no layer did.
+                let active = state.num_layers.saturating_sub(state.frozen_layers);
+                let (block, shares) = match self.state.gains.read(state) {
+                    GainReading::Unread => return Vec::new(),
+                    GainReading::Uncertain => (0, Vec::new()),
+                    GainReading::NoGain => (active, vec![Some(0.0); active]),
+                    GainReading::Shares(shares) => (
+                        shares.iter().take_while(|(_, upper)| *upper < bound).count(),
+                        shares.iter().map(|(share, _)| Some(*share)).collect(),
+                    ),
+                };
+                for (layer, q) in quiet.iter_mut().enumerate() {
+                    let in_block = layer >= state.frozen_layers && layer < state.frozen_layers + block;
+                    *q = if in_block { *q + 1 } else { 0 };
+                }
+                shares
+            }
+        };
+        shares
+    }
+
+    /// Steps of the sliding window of update gains: two checks' worth, at
+    /// least 8.
+    fn gain_window_steps(&self) -> usize {
+        (2 * self.every_steps()).max(8)
+    }
+
+    /// The longest bottom block of active layers quiet long enough.
+    fn converged_layers(&self, state: FreezeState) -> usize {
+        let needed = self.quiet_needed();
+        (state.frozen_layers..state.num_layers)
+            .take_while(|&layer| self.state.quiet_checks.get(layer).is_some_and(|&q| q >= needed))
+            .count()
+    }
+
     /// Where the guard expects the loss after a freeze: the last block's
     /// mean, rising as fast as it rose from the block before (a loss that
     /// was falling is expected to stay level); and the loss's noise, the
     /// spread of its steps over both blocks, at least
     /// [`NOISE_FLOOR`] of the level.
     fn expectation(&self) -> (f64, f64, f64) {
-        let block = self.block;
-        let n = self.losses.len();
-        let last = &self.losses[n.saturating_sub(block)..];
-        let before = &self.losses[n.saturating_sub(2 * block)..n.saturating_sub(block)];
+        let block = self.state.block;
+        let losses = &self.state.losses;
+        let n = losses.len();
+        let last = &losses[n.saturating_sub(block)..];
+        let before = &losses[n.saturating_sub(2 * block)..n.saturating_sub(block)];
         let level = mean(last);
         let rise = if before.is_empty() {
             0.0
         } else {
             ((level - mean(before)) / block as f64).max(0.0)
         };
-        let both = &self.losses[n.saturating_sub(2 * block)..];
+        let both = &losses[n.saturating_sub(2 * block)..];
         let steps: Vec<f64> = both.windows(2).map(|w| w[1] - w[0]).collect();
         let spread = if steps.is_empty() {
             0.0
@@ -234,17 +462,18 @@ impl Evidence {
     /// The guard's verdict on `loss` for the freeze it watches: the front
     /// to thaw to, when the loss rose too far.
     fn guard(&mut self, state: FreezeState, loss: f64) -> Option<usize> {
-        let watch = self.watching?;
+        let watch = self.state.watching?;
         if state.frozen_layers != watch.to {
             // The front moved otherwise: nothing of this freeze to thaw.
-            self.watching = None;
+            self.state.watching = None;
             return None;
         }
+        let block = self.state.block;
         let seen = watch.seen + 1;
         // Watched for four blocks: later changes are training's, not the
         // freeze's.
-        self.watching = (seen < WATCH_BLOCKS * self.block).then_some(Watch { seen, ..watch });
-        let expected = watch.level + watch.rise * (seen as f64 + (self.block as f64 - 1.0) / 2.0);
+        self.state.watching = (seen < WATCH_BLOCKS * block).then_some(Watch { seen, ..watch });
+        let expected = watch.level + watch.rise * (seen as f64 + (block as f64 - 1.0) / 2.0);
         let limit = expected + self.config.rise_tolerance * watch.noise;
         if loss <= limit {
             return None;
@@ -257,10 +486,47 @@ impl Evidence {
             to = watch.from,
             "Evidence: the held-out loss rose after a freeze; thawed"
         );
-        self.watching = None;
-        self.block = self.block.saturating_mul(2);
-        self.since_move = self.losses.len();
+        self.state.watching = None;
+        self.state.block = block.saturating_mul(2);
+        self.moved();
         Some(watch.from)
+    }
+
+    /// After the front moved: fresh evidence for the next decision.
+    fn moved(&mut self) {
+        self.state.since_move = self.state.losses.len();
+        self.state.quiet_checks.iter_mut().for_each(|q| *q = 0);
+        self.state.gains.clear();
+    }
+
+    /// A freeze from `state`'s front by `cause`, at most alpha of the
+    /// active layers: the new front, with the guard set to watch it.
+    fn freeze(&mut self, state: FreezeState, layers: usize, cause: Cause) -> Option<usize> {
+        let frozen = state.frozen_layers;
+        let active = state.num_layers.saturating_sub(frozen);
+        if active == 0 || layers == 0 {
+            return None;
+        }
+        let most = ceil_tolerant(self.config.alpha * active as f64).clamp(1, active);
+        let front = frozen + layers.min(most);
+        let (level, rise, noise) = self.expectation();
+        tracing::info!(
+            step = state.step,
+            from = frozen,
+            to = front,
+            ?cause,
+            "Evidence: froze"
+        );
+        self.state.watching = Some(Watch {
+            from: frozen,
+            to: front,
+            level,
+            rise,
+            noise,
+            seen: 0,
+        });
+        self.moved();
+        Some(front)
     }
 }
 
@@ -269,107 +535,96 @@ fn mean(values: &[f64]) -> f64 {
 }
 
 impl FreezePolicy for Evidence {
+    fn after_step(&mut self, _state: FreezeState, norms: &[Option<GradNorm>]) -> Option<usize> {
+        if self.config.signal.and_then(LayerSignal::consistency).is_some() {
+            self.state.window.add_step(norms);
+        }
+        None
+    }
+
+    fn needs_gradient_sums(&self) -> bool {
+        self.config.signal.and_then(LayerSignal::consistency).is_some()
+    }
+
+    fn needs_update_gains(&self) -> bool {
+        self.config.signal == Some(LayerSignal::LossShare)
+    }
+
+    fn update_gains(&mut self, _state: FreezeState, layers: &[Option<f64>], total: Option<f64>) {
+        let steps = self.gain_window_steps();
+        self.state.gains.add_step(layers, total, steps);
+    }
+
+    fn gradient_sums_per_check(&self) -> bool {
+        true
+    }
+
+    fn epoch_gradient_sums(&mut self, _state: FreezeState, norms: &[Option<GradNorm>]) {
+        self.state.window.close_block(norms);
+    }
+
+    fn check_gradient_sums(&mut self, _state: FreezeState, norms: &[Option<GradNorm>]) {
+        self.state.window.close_block(norms);
+    }
+
+    fn epoch_steps(&mut self, steps: usize) {
+        self.state.epoch_steps = (steps > 0).then_some(steps);
+    }
+
     fn held_out_every(&self) -> Option<usize> {
-        Some(self.config.every_steps)
+        Some(self.every_steps())
     }
 
     fn held_out_loss(&mut self, state: FreezeState, loss: f64) -> Option<usize> {
+        let shares = self.read_window(state);
         if !loss.is_finite() {
             return None;
         }
-        self.losses.push(loss);
+        self.state.losses.push(loss);
         if let Some(front) = self.guard(state, loss) {
             return Some(front);
         }
         let reading = self.reading();
+        let converged = if self.learned() {
+            self.converged_layers(state)
+        } else {
+            0
+        };
         tracing::debug!(
             step = state.step,
             loss,
             ?reading,
+            ?shares,
+            converged,
             frozen = state.frozen_layers,
             "Evidence"
         );
-        let Reading::Plateau(progress) = reading else {
-            return None;
-        };
-        let frozen = state.frozen_layers;
-        let active = state.num_layers.saturating_sub(frozen);
-        if active == 0 {
-            return None;
+        if let Reading::Plateau(progress) = reading {
+            let active = state.num_layers.saturating_sub(state.frozen_layers);
+            return self.freeze(state, active, Cause::Plateau(progress));
         }
-        let front = frozen + ceil_tolerant(self.config.alpha * active as f64).clamp(1, active);
-        let (level, rise, noise) = self.expectation();
-        tracing::info!(
-            step = state.step,
-            loss,
-            progress,
-            from = frozen,
-            to = front,
-            "Evidence: plateau; froze"
-        );
-        self.watching = Some(Watch {
-            from: frozen,
-            to: front,
-            level,
-            rise,
-            noise,
-            seen: 0,
-        });
-        self.since_move = self.losses.len();
-        Some(front)
+        self.freeze(state, converged, Cause::LayersConverged)
     }
 
     fn save_state(&self) -> Option<PolicyState> {
-        let watch = self.watching.map_or(Vec::new(), |w| {
-            [
-                w.from as f64,
-                w.to as f64,
-                w.level,
-                w.rise,
-                w.noise,
-                w.seen as f64,
-            ]
-            .map(Some)
-            .to_vec()
-        });
         Some(PolicyState {
-            series: vec![
-                self.losses.iter().copied().map(Some).collect(),
-                watch,
-                vec![Some(self.since_move as f64), Some(self.block as f64)],
-            ],
-            counter: self.losses.len(),
+            series: Vec::new(),
+            counter: self.state.losses.len(),
+            state: serde_json::to_value(&self.state).ok(),
         })
     }
 
     fn load_state(&mut self, state: PolicyState) {
-        let mut series = state.series.into_iter();
-        let mut next = || -> Vec<f64> {
-            series
-                .next()
-                .unwrap_or_default()
-                .into_iter()
-                .map(|x| x.unwrap_or(0.0))
-                .collect()
-        };
-        self.losses = next();
-        let watch = next();
-        self.watching = (watch.len() == 6).then(|| Watch {
-            from: watch[0] as usize,
-            to: watch[1] as usize,
-            level: watch[2],
-            rise: watch[3],
-            noise: watch[4],
-            seen: watch[5] as usize,
-        });
-        let counts = next();
-        self.since_move = counts
-            .first()
-            .map_or(0, |&c| c as usize)
-            .min(self.losses.len());
-        self.block = counts
-            .get(1)
-            .map_or(self.config.patience, |&c| (c as usize).max(1));
+        if let Some(saved) = state
+            .state
+            .and_then(|value| serde_json::from_value::<EvidenceState>(value).ok())
+        {
+            self.state = EvidenceState {
+                since_move: saved.since_move.min(saved.losses.len()),
+                block: saved.block.max(self.config.patience),
+                ..saved
+            };
+        }
     }
 }
 
@@ -386,12 +641,12 @@ mod tests {
         }
     }
 
-    /// Feeds `losses` one per step, applying every decision; the fronts.
+    /// Feeds `losses` one per check, applying every decision; the fronts.
     fn run(rule: &mut Evidence, losses: &[f64]) -> Vec<usize> {
         let mut frozen = 0;
         let mut fronts = Vec::new();
-        for (step, &loss) in losses.iter().enumerate() {
-            if let Some(front) = rule.held_out_loss(state(frozen, step + 1), loss) {
+        for (check, &loss) in losses.iter().enumerate() {
+            if let Some(front) = rule.held_out_loss(state(frozen, 2 * (check + 1)), loss) {
                 frozen = front;
             }
             fronts.push(frozen);
@@ -399,8 +654,14 @@ mod tests {
         fronts
     }
 
+    /// The whole-model plateau alone, a check every 2 steps.
     fn rule() -> Evidence {
-        Evidence::new(EvidenceConfig::new().with_every_steps(1).with_patience(2))
+        Evidence::new(
+            EvidenceConfig::new()
+                .with_every_steps(Some(2))
+                .with_patience(2)
+                .with_signal(None),
+        )
     }
 
     #[test]
@@ -432,20 +693,18 @@ mod tests {
     #[test]
     fn a_rise_after_a_freeze_thaws_it_and_the_rule_waits_longer() {
         let mut rule = rule();
-        let mut losses = vec![1.0, 0.5, 0.3, 0.2, 0.2, 0.21, 0.2, 0.2];
+        let losses = vec![1.0, 0.5, 0.3, 0.2, 0.2, 0.21, 0.2, 0.2];
         let fronts = run(&mut rule, &losses);
         assert_eq!(fronts.last(), Some(&6));
         // The loss jumps: thawed back to 0, then blocks of 4.
-        losses = vec![0.5];
-        let mut frozen = 6;
-        let front = rule.held_out_loss(state(frozen, 9), losses[0]);
+        let front = rule.held_out_loss(state(6, 18), 0.5);
         assert_eq!(front, Some(0));
-        frozen = 0;
+        let mut frozen = 0;
         let mut moved = Vec::new();
-        for step in 10..26 {
-            if let Some(front) = rule.held_out_loss(state(frozen, step), 0.2) {
+        for check in 10..26 {
+            if let Some(front) = rule.held_out_loss(state(frozen, 2 * check), 0.2) {
                 frozen = front;
-                moved.push(step);
+                moved.push(check);
             }
         }
         // Eight fresh losses (two blocks of four) before the next freeze.
@@ -460,8 +719,8 @@ mod tests {
         let mut b = rule();
         b.load_state(a.save_state().unwrap());
         let (x, y) = (
-            a.held_out_loss(state(0, 7), 0.2),
-            b.held_out_loss(state(0, 7), 0.2),
+            a.held_out_loss(state(0, 14), 0.2),
+            b.held_out_loss(state(0, 14), 0.2),
         );
         assert_eq!(x, y);
         assert_eq!(x, Some(6));
@@ -473,6 +732,157 @@ mod tests {
         let bad = EvidenceConfig::new().with_plateau_below(1.5);
         assert_eq!(bad.validate().unwrap_err().0, "plateau_below");
         assert!(EvidenceConfig::new().with_alpha(0.0).validate().is_err());
+        let every = EvidenceConfig::new().with_every_steps(Some(1));
+        assert_eq!(every.validate().unwrap_err().0, "every_steps");
+        let bound = EvidenceConfig::new().with_signal_below(1.0);
+        assert_eq!(bound.validate().unwrap_err().0, "signal_below");
         assert!(EvidenceConfig::new().validate().is_ok());
+    }
+
+    #[test]
+    fn checks_follow_the_epoch_length_unless_set() {
+        let mut rule = Evidence::new(EvidenceConfig::new());
+        assert_eq!(rule.held_out_every(), Some(FALLBACK_EVERY_STEPS));
+        rule.epoch_steps(31);
+        assert_eq!(rule.held_out_every(), Some(8));
+        rule.epoch_steps(4);
+        assert_eq!(rule.held_out_every(), Some(2));
+        let mut fixed = Evidence::new(EvidenceConfig::new().with_every_steps(Some(5)));
+        fixed.epoch_steps(100);
+        assert_eq!(fixed.held_out_every(), Some(5));
+    }
+
+    /// Per-layer evidence: `layers` layers, the first `dead` of which get
+    /// gradients of pure noise (`+-1` alternating: every pair cancels) and
+    /// the rest a steady direction; checks of 2 steps, the held-out loss
+    /// `loss(check)`. The fronts after each check.
+    fn per_layer(dead: usize, layers: usize, checks: usize, loss: impl Fn(usize) -> f64) -> Vec<usize> {
+        let config = EvidenceConfig::new().with_every_steps(Some(2));
+        let mut rule = Evidence::new(config.with_signal(Some(LayerSignal::EnergyShare)));
+        let mut frozen = 0;
+        let mut fronts = Vec::new();
+        let mut step = 0;
+        for check in 0..checks {
+            let mut sums = vec![0.0f64; layers];
+            for _ in 0..2 {
+                step += 1;
+                let sign = if step % 2 == 0 { 1.0 } else { -1.0 };
+                let norms: Vec<Option<GradNorm>> = (0..layers)
+                    .map(|l| {
+                        (l >= frozen).then(|| {
+                            let g = if l < dead { sign } else { 1.0 };
+                            sums[l] += g;
+                            GradNorm { l1: g.abs(), l2: g.abs() }
+                        })
+                    })
+                    .collect();
+                let s = FreezeState { frozen_layers: frozen, num_layers: layers, epoch: 0, step };
+                assert_eq!(rule.after_step(s, &norms), None);
+            }
+            let s = FreezeState { frozen_layers: frozen, num_layers: layers, epoch: 0, step };
+            let sum_norms: Vec<Option<GradNorm>> = (0..layers)
+                .map(|l| (l >= frozen).then(|| GradNorm { l1: sums[l].abs(), l2: sums[l].abs() }))
+                .collect();
+            rule.check_gradient_sums(s, &sum_norms);
+            if let Some(front) = rule.held_out_loss(s, loss(check)) {
+                frozen = front;
+            }
+            fronts.push(frozen);
+        }
+        fronts
+    }
+
+    #[test]
+    fn layers_whose_gradient_is_noise_freeze_within_two_checks_of_learning() {
+        // The loss has learned at the first check after the first: the two
+        // noisy bottom layers freeze at the second check.
+        let fronts = per_layer(2, 6, 6, |check| 1.0 / (1.0 + check as f64));
+        assert_eq!(fronts[0], 0);
+        assert_eq!(fronts[1], 2);
+        assert_eq!(fronts.last(), Some(&2));
+    }
+
+    #[test]
+    fn layers_that_carry_the_signal_stay_while_the_loss_falls() {
+        let fronts = per_layer(0, 6, 12, |check| 0.9f64.powi(check as i32));
+        assert!(fronts.iter().all(|&f| f == 0), "{fronts:?}");
+    }
+
+    #[test]
+    fn nothing_freezes_before_the_loss_has_learned() {
+        // Noisy gradients in every layer, but a flat loss: a plateau at the
+        // start, not convergence.
+        let fronts = per_layer(6, 6, 8, |_| 0.7);
+        assert!(fronts.iter().all(|&f| f == 0), "{fronts:?}");
+    }
+
+    /// Loss share: `layers` layers, the first `dead` of which gain nothing
+    /// (a zero gradient) while the others gain 1 a step each, the rest of
+    /// the model (a head) `head`; checks every 4 steps, the held-out loss
+    /// `loss(check)`. The fronts after each check.
+    fn loss_share(
+        (dead, layers, head): (usize, usize, f64),
+        checks: usize,
+        loss: impl Fn(usize) -> f64,
+    ) -> Vec<usize> {
+        let mut rule = Evidence::new(EvidenceConfig::new().with_every_steps(Some(4)));
+        assert!(rule.needs_update_gains() && !rule.needs_gradient_sums());
+        let mut frozen = 0;
+        let mut fronts = Vec::new();
+        let mut step = 0;
+        for check in 0..checks {
+            for _ in 0..4 {
+                step += 1;
+                let s = FreezeState { frozen_layers: frozen, num_layers: layers, epoch: 0, step };
+                let gains: Vec<Option<f64>> = (0..layers)
+                    .map(|l| (l >= frozen).then_some(if l < dead { 0.0 } else { 1.0 }))
+                    .collect();
+                let total = gains.iter().flatten().sum::<f64>() + head;
+                rule.update_gains(s, &gains, Some(total));
+                assert_eq!(rule.after_step(s, &[]), None);
+            }
+            let s = FreezeState { frozen_layers: frozen, num_layers: layers, epoch: 0, step };
+            if let Some(front) = rule.held_out_loss(s, loss(check)) {
+                frozen = front;
+            }
+            fronts.push(frozen);
+        }
+        fronts
+    }
+
+    #[test]
+    fn layers_without_gradient_freeze_within_two_checks_on_the_loss_share() {
+        // The 3 live layers keep a third of the decrease each.
+        let fronts = loss_share((2, 5, 0.0), 6, |check| 1.0 / (1.0 + check as f64));
+        assert_eq!(fronts[..2], [0, 2]);
+        assert_eq!(fronts.last(), Some(&2));
+    }
+
+    #[test]
+    fn layers_that_share_the_decrease_stay_while_the_loss_falls() {
+        // Each layer has 1 / 3.2 of the decrease, over the bound of 1/4.
+        let fronts = loss_share((0, 3, 0.2), 12, |check| 0.9f64.powi(check as i32));
+        assert!(fronts.iter().all(|&f| f == 0), "{fronts:?}");
+    }
+
+    #[test]
+    fn the_per_layer_state_survives_a_checkpoint() {
+        let config = || {
+            EvidenceConfig::new()
+                .with_every_steps(Some(2))
+                .with_signal(Some(LayerSignal::EnergyShare))
+        };
+        let mut a = Evidence::new(config());
+        let g = Some(GradNorm { l1: 1.0, l2: 1.0 });
+        let s = FreezeState { frozen_layers: 0, num_layers: 2, epoch: 0, step: 1 };
+        a.after_step(s, &[g, g]);
+        a.after_step(s, &[g, g]);
+        a.check_gradient_sums(s, &[Some(GradNorm { l1: 0.0, l2: 0.0 }), Some(GradNorm { l1: 2.0, l2: 2.0 })]);
+        a.held_out_loss(s, 1.0);
+        a.after_step(s, &[g, g]);
+        let mut b = Evidence::new(config());
+        b.load_state(a.save_state().unwrap());
+        assert_eq!(a.save_state(), b.save_state());
+        assert_eq!(b.state.quiet_checks, [1, 0]);
     }
 }

@@ -2,6 +2,8 @@
 
 mod auto;
 mod change_rate;
+mod consistency;
+mod gain_window;
 mod evidence;
 mod paper;
 mod schedule;
@@ -9,7 +11,7 @@ pub(crate) mod stats;
 
 pub use auto::AutoFreeze;
 pub use change_rate::{ChangeRate, ChangeRateConfig, ChangeRateReading};
-pub use evidence::{Evidence, EvidenceConfig};
+pub use evidence::{Evidence, EvidenceConfig, LayerSignal};
 pub use paper::{AlphaArgmin, AlphaArgminConfig, ArgminStatistic};
 pub use schedule::{FixedSchedule, alpha_front};
 pub use stats::{GradNorm, LayerMap};
@@ -68,6 +70,47 @@ pub trait FreezePolicy {
         let _ = (state, norms);
     }
 
+    /// Whether the policy reads each step's update gains
+    /// ([`update_gains`](Self::update_gains)); the target then keeps a
+    /// snapshot of its trainable weights before each step
+    /// ([`FreezeFront::set_update_gains`](crate::FreezeFront::set_update_gains)).
+    /// `false` by default.
+    fn needs_update_gains(&self) -> bool {
+        false
+    }
+
+    /// After every training step, before [`after_step`](Self::after_step),
+    /// when [`needs_update_gains`](Self::needs_update_gains): per layer, the
+    /// update gain of the step (`None` for frozen layers and when there is
+    /// none), and the gain of every trainable unit together, the layers'
+    /// and the rest's (an embedding, a head), `None` when no unit has one.
+    fn update_gains(&mut self, state: FreezeState, layers: &[Option<f64>], total: Option<f64>) {
+        let _ = (state, layers, total);
+    }
+
+    /// Whether the policy reads its gradient sums at every held-out check
+    /// too ([`check_gradient_sums`](Self::check_gradient_sums), the sums
+    /// then reset), and before a checkpoint, not only at an epoch's end;
+    /// `false` by default.
+    fn gradient_sums_per_check(&self) -> bool {
+        false
+    }
+
+    /// When [`gradient_sums_per_check`](Self::gradient_sums_per_check):
+    /// just before each [`held_out_loss`](Self::held_out_loss) and before a
+    /// checkpoint ([`AutoFreeze::close_gradient_window`](crate::AutoFreeze::close_gradient_window)),
+    /// the per-layer norms of the gradients summed since the sums were last
+    /// read (`None` for frozen layers); the sums then start again.
+    fn check_gradient_sums(&mut self, state: FreezeState, norms: &[Option<GradNorm>]) {
+        let _ = (state, norms);
+    }
+
+    /// Before each epoch, its number of steps (as far as the trainer
+    /// knows it), for a policy whose checks scale with the run.
+    fn epoch_steps(&mut self, steps: usize) {
+        let _ = steps;
+    }
+
     /// At the end of every epoch.
     fn after_epoch(&mut self, state: FreezeState) -> Option<usize> {
         let _ = state;
@@ -108,6 +151,10 @@ pub struct PolicyState {
     pub series: Vec<Vec<Option<f64>>>,
     /// A step counter.
     pub counter: usize,
+    /// A policy's typed state, serialised (`None` for the policies that
+    /// use `series`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<serde_json::Value>,
 }
 
 /// A boxed policy is a policy, so a trainer can hold any of them (or a
@@ -131,6 +178,26 @@ impl<P: FreezePolicy + ?Sized> FreezePolicy for Box<P> {
 
     fn epoch_gradient_sums(&mut self, state: FreezeState, norms: &[Option<GradNorm>]) {
         (**self).epoch_gradient_sums(state, norms)
+    }
+
+    fn needs_update_gains(&self) -> bool {
+        (**self).needs_update_gains()
+    }
+
+    fn update_gains(&mut self, state: FreezeState, layers: &[Option<f64>], total: Option<f64>) {
+        (**self).update_gains(state, layers, total)
+    }
+
+    fn gradient_sums_per_check(&self) -> bool {
+        (**self).gradient_sums_per_check()
+    }
+
+    fn check_gradient_sums(&mut self, state: FreezeState, norms: &[Option<GradNorm>]) {
+        (**self).check_gradient_sums(state, norms)
+    }
+
+    fn epoch_steps(&mut self, steps: usize) {
+        (**self).epoch_steps(steps)
     }
 
     fn after_epoch(&mut self, state: FreezeState) -> Option<usize> {

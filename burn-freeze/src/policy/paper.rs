@@ -176,6 +176,7 @@ impl FreezePolicy for AlphaArgmin {
         Some(super::PolicyState {
             series: vec![self.sums.clone()],
             counter: 0,
+            state: None,
         })
     }
 

@@ -261,6 +261,32 @@ impl LayerMap {
             .count()
     }
 
+    /// Per-layer sums of per-unit values (as the update gains of
+    /// [`FreezeFront::last_update_gains`](crate::FreezeFront::last_update_gains));
+    /// `None` when none of a layer's units has one.
+    ///
+    /// ```
+    /// use burn_freeze::LayerMap;
+    ///
+    /// let map = LayerMap::uniform(1, 2, 2, 6).unwrap();
+    /// let gains = [Some(9.0), Some(1.0), Some(2.0), None, None, Some(5.0)];
+    /// assert_eq!(map.layer_sums(&gains), [Some(3.0), None]);
+    /// ```
+    pub fn layer_sums(&self, unit_values: &[Option<f64>]) -> Vec<Option<f64>> {
+        self.layers
+            .iter()
+            .map(|range| {
+                unit_values
+                    .get(range.clone())
+                    .unwrap_or(&[])
+                    .iter()
+                    .flatten()
+                    .copied()
+                    .reduce(|a, b| a + b)
+            })
+            .collect()
+    }
+
     /// Per-layer norms from per-unit norms (as from
     /// [`FreezeFront::last_gradient_norms`](crate::FreezeFront::last_gradient_norms)):
     /// a layer's norm combines its units'; `None` when none of them has one.

@@ -90,6 +90,9 @@ where
             norms: vec![None; units],
             cache: None,
             keep_sums: false,
+            gains: vec![None; units],
+            keep_gains: false,
+            gain_time: std::time::Duration::ZERO,
         })
     }
 }

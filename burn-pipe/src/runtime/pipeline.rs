@@ -7,7 +7,7 @@ use std::thread;
 use burn::optim::Optimizer;
 use burn::prelude::*;
 use burn_freeze::fault;
-use burn_freeze::plumbing::{Flow, GradientSums, flow_to_device};
+use burn_freeze::plumbing::{Flow, GradientSums, WeightSnapshot, flow_to_device};
 use burn_freeze::{
     FreezeFront, GradNorm, InnerBackendOf, InnerInput, InnerOutput, LayerStack, StackCache,
     StackOptimizer, StackTypes, TrainableUnits, UnitRange,
@@ -97,6 +97,15 @@ pub struct Pipeline<S: StackTypes, O> {
     /// Whether every stage keeps running sums of its gradients
     /// ([`FreezeFront::set_gradient_sums`]).
     pub(crate) keep_sums: bool,
+    /// Per-unit update gains of the last optimizer step
+    /// ([`FreezeFront::last_update_gains`]).
+    pub(crate) gains: Vec<Option<f64>>,
+    /// Whether every stage keeps a snapshot of its weights before each
+    /// step, to measure update gains ([`FreezeFront::set_update_gains`]).
+    pub(crate) keep_gains: bool,
+    /// Time the last step's slowest stage spent on its update gains and
+    /// weight snapshot.
+    pub(crate) gain_time: std::time::Duration,
 }
 
 impl<S, O> Pipeline<S, O>
@@ -243,7 +252,8 @@ where
                 unit: Some(unit),
             });
         }
-        let stepped = on_each_stage(&mut self.stages, |_, stage| step_stage(stage, lr))?;
+        let keep_gains = self.keep_gains;
+        let stepped = on_each_stage(&mut self.stages, |_, stage| step_stage(stage, lr, keep_gains))?;
         let panicked = stepped
             .iter()
             .enumerate()
@@ -258,12 +268,22 @@ where
             }
             return Err(PipeError::StepPanicked { stage, message });
         }
+        let mut gains = Vec::with_capacity(self.norms.len());
+        self.gain_time = stepped.iter().map(|s| s.gain_time).max().unwrap_or_default();
         for (stage, stepped) in self.stages.iter_mut().zip(stepped) {
             if let (Some(sums), Some(added)) = (stage.sums.as_mut(), stepped.sums) {
                 sums.merge(added);
             }
+            match stepped.gains.len() == stage.range.len() {
+                true => gains.extend(stepped.gains),
+                false => gains.extend(vec![None; stage.range.len()]),
+            }
+            if stepped.snapshot.is_some() {
+                stage.snapshot = stepped.snapshot;
+            }
         }
         self.norms = norms.into_iter().flatten().collect();
+        self.gains = gains;
         Ok(())
     }
 
@@ -334,12 +354,18 @@ struct Stepped<S: StackTypes, O> {
     sums: Option<GradientSums<InnerBackendOf<S>>>,
     /// The panic's message, when the step panicked.
     panicked: Option<String>,
+    /// Each unit's update gain read from this step's gradients (empty when
+    /// the stage keeps no snapshot), and the snapshot for the next step.
+    gains: Vec<Option<f64>>,
+    snapshot: Option<WeightSnapshot<InnerBackendOf<S>>>,
+    /// Time spent on `gains` and `snapshot`.
+    gain_time: std::time::Duration,
 }
 
 /// Applies `stage`'s optimizer to its pending gradients with learning rate
 /// `lr`, catching a panic (the stage's units are then left incomplete: the
 /// caller puts back [`Stepped::before`]).
-fn step_stage<S, O>(stage: &mut Stage<S, O>, lr: f64) -> Stepped<S, O>
+fn step_stage<S, O>(stage: &mut Stage<S, O>, lr: f64, keep_gains: bool) -> Stepped<S, O>
 where
     S: StackTypes,
     O: Optimizer<TrainableUnits<S>, S::Backend>,
@@ -349,10 +375,14 @@ where
             before: None,
             sums: None,
             panicked: None,
+            gains: Vec::new(),
+            snapshot: None,
+            gain_time: std::time::Duration::ZERO,
         };
     };
     let before = (stage.units().clone(), stage.optimizer.clone());
     let keep_sums = stage.sums.is_some();
+    let last_snapshot = stage.snapshot.take();
     let units = stage.units.as_mut().expect("units present");
     let optimizer = &mut stage.optimizer;
     let result = caught(|| {
@@ -361,20 +391,43 @@ where
             units.add_gradient_sums(&mut sums, &grads);
             sums
         });
+        // The gain of the last step's move on this step's batch, then the
+        // weights this step moves from.
+        let measuring = std::time::Instant::now();
+        let (gains, snapshot) = match keep_gains {
+            true => {
+                let gains = match &last_snapshot {
+                    Some(before) => units.unit_update_gains(&grads, before),
+                    None => vec![None; units.units().len()],
+                };
+                (gains, Some(units.weight_snapshot()))
+            }
+            false => (Vec::new(), None),
+        };
+        let gain_time = measuring.elapsed();
         units.map_trainable(|module| optimizer.step(lr, module, grads));
-        sums
+        (sums, gains, snapshot, gain_time)
     });
     match result {
-        Ok(sums) => Stepped {
+        Ok((sums, gains, snapshot, gain_time)) => Stepped {
             before: Some(before),
             sums,
             panicked: None,
+            gains,
+            snapshot,
+            gain_time,
         },
-        Err(message) => Stepped {
-            before: Some(before),
-            sums: None,
-            panicked: Some(message),
-        },
+        Err(message) => {
+            stage.snapshot = last_snapshot;
+            Stepped {
+                before: Some(before),
+                sums: None,
+                panicked: Some(message),
+                gains: Vec::new(),
+                snapshot: None,
+                gain_time: std::time::Duration::ZERO,
+            }
+        }
     }
 }
 
@@ -443,6 +496,14 @@ impl<S: StackTypes, O> Pipeline<S, O> {
         config.validate()?;
         self.config = config;
         Ok(())
+    }
+
+    /// Time the last optimizer step's slowest stage spent measuring the
+    /// update gains and taking its weight snapshot
+    /// ([`FreezeFront::set_update_gains`]); zero when they are not
+    /// measured.
+    pub fn last_evidence_time(&self) -> std::time::Duration {
+        self.gain_time
     }
 
     /// The micro-batch count of the next pass, at the current number of
@@ -521,5 +582,30 @@ where
                 sums.clear();
             }
         }
+    }
+
+    /// Every stage keeps a snapshot of its trainable weights before each
+    /// step (one more copy of them); a repartition drops the snapshots, so
+    /// the first step after it reads no gain.
+    fn set_update_gains(&mut self, keep: bool) {
+        if keep == self.keep_gains {
+            return;
+        }
+        self.keep_gains = keep;
+        if !keep {
+            for stage in &mut self.stages {
+                stage.snapshot = None;
+            }
+            self.gains = vec![None; self.num_units()];
+        }
+    }
+
+    fn last_update_gains(&self) -> Vec<Option<f64>> {
+        let front = self.front;
+        self.gains
+            .iter()
+            .enumerate()
+            .map(|(unit, gain)| gain.filter(|_| unit >= front))
+            .collect()
     }
 }

@@ -3,7 +3,7 @@
 
 use burn::optim::GradientsParams;
 use burn::tensor::Device;
-use burn_freeze::plumbing::GradientSums;
+use burn_freeze::plumbing::{GradientSums, WeightSnapshot};
 use burn_freeze::{InnerBackendOf, LayerStack, StackTypes, TrainableUnits, UnitRange};
 
 use crate::runtime::config::PipelineConfig;
@@ -22,6 +22,10 @@ pub(crate) struct Stage<S: StackTypes, O> {
     /// Running sums of the stage's trainable parameters' gradients over
     /// the steps taken, when the pipeline keeps them.
     pub sums: Option<GradientSums<InnerBackendOf<S>>>,
+    /// The trainable weights before the last optimizer step, when the
+    /// pipeline measures update gains (none after a repartition: the
+    /// first step after it has no gain to read).
+    pub snapshot: Option<WeightSnapshot<InnerBackendOf<S>>>,
 }
 
 impl<S: StackTypes, O> Stage<S, O> {
@@ -97,6 +101,7 @@ pub(crate) fn place<S: StackTypes, O>(
                 device,
                 pending: None,
                 sums: None,
+                snapshot: None,
             }
         })
         .collect()

@@ -251,6 +251,7 @@ where
                 range: stage.range.clone(),
                 pending: None,
                 sums: stage.sums.as_ref().map(|sums| sums.to_device(&device)),
+                snapshot: None,
                 device,
             })
             .collect();
@@ -262,6 +263,9 @@ where
             norms: self.norms.clone(),
             cache: None,
             keep_sums: self.keep_sums,
+            gains: self.gains.clone(),
+            keep_gains: self.keep_gains,
+            gain_time: std::time::Duration::ZERO,
         })
     }
 }

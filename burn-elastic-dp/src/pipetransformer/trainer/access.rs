@@ -237,7 +237,13 @@ impl<TT: TrainerTypes> Trainer<TT> {
     /// Not saved: the AutoCache's entries (a resumed run recomputes them,
     /// exactly) and the backend's random state (Burn has no API for it: a
     /// model with dropout resumes with other dropout masks).
-    pub fn save_checkpoint(&self) -> Result<Option<PathBuf>, TrainerError> {
+    pub fn save_checkpoint(&mut self) -> Result<Option<PathBuf>, TrainerError> {
+        if self.config.checkpoint.is_none() {
+            return Ok(None);
+        }
+        // The freeze rule's evidence in the running gradient sums (not
+        // saved) closed into its state, which is.
+        self.auto.close_gradient_window(&mut self.group);
         let Some(config) = &self.config.checkpoint else {
             return Ok(None);
         };

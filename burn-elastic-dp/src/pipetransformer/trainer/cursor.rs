@@ -70,12 +70,15 @@ impl EpochCursor {
     /// at least `min_batch` samples, unless one is under way (it stopped
     /// part-way: an error, or a checkpoint taken inside it), which goes on
     /// where it stopped. The first epoch makes the sampler with `make`.
+    /// Returns the new epoch's steps at `replicas` replicas (the whole
+    /// group's), or `None` when an epoch under way goes on.
     pub(super) fn begin(
         &mut self,
         len: usize,
         min_batch: usize,
+        replicas: usize,
         make: impl FnOnce(usize) -> Result<ElasticSampler, TrainerError>,
-    ) -> Result<(), TrainerError> {
+    ) -> Result<Option<usize>, TrainerError> {
         let sampler = match &mut self.sampler {
             Some(sampler) => sampler,
             none => none.insert(make(len)?),
@@ -93,11 +96,12 @@ impl EpochCursor {
                 needed: min_batch,
             });
         }
-        if !self.mid_epoch && (self.epoch > 0 || sampler.remaining() != trained) {
+        let new_epoch = !self.mid_epoch;
+        if new_epoch && (self.epoch > 0 || sampler.remaining() != trained) {
             sampler.start_epoch();
         }
         self.mid_epoch = true;
-        Ok(())
+        Ok(new_epoch.then(|| sampler.steps_per_epoch(replicas.max(1))))
     }
 
     /// The epoch's next batch for `replicas` replicas (the whole group's)

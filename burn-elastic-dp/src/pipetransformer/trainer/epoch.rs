@@ -50,6 +50,8 @@ pub(super) struct EpochTally {
     ran_micro_batches: Option<usize>,
     /// Time its steps spent measuring before they trained.
     profiling: Duration,
+    /// The freeze rule's evidence and decisions (see `rule_seconds`).
+    rule: Duration,
 }
 
 /// What the epoch's end adds to its tally: the freeze state after it and
@@ -83,7 +85,13 @@ impl EpochTally {
             ran_with: shape,
             ran_micro_batches: None,
             profiling: Duration::ZERO,
+            rule: Duration::ZERO,
         }
+    }
+
+    /// Adds time the freeze rule spent (its evidence and decisions).
+    pub(super) fn rule(&mut self, spent: Duration) {
+        self.rule += spent;
     }
 
     /// Adds time a step spent measuring (activations, unit costs,
@@ -150,6 +158,7 @@ impl EpochTally {
             samples_per_second: self.samples as f64 / seconds,
             transition_seconds: transition_millis / 1e3,
             profiling_seconds: self.profiling.as_secs_f64(),
+            rule_seconds: self.rule.as_secs_f64(),
             all_reduce_seconds: self.all_reduce.as_secs_f64() / self.steps.max(1) as f64,
             bubble_seconds: self.bubble,
             frozen_layers: end.frozen_layers,

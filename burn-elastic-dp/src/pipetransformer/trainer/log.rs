@@ -108,6 +108,13 @@ pub struct EpochReport {
     /// first epoch of a run (or of a resumed run) only.
     #[serde(default)]
     pub profiling_seconds: f64,
+    /// Seconds of `seconds` the freeze rule spent on its evidence and
+    /// decisions: held-out passes, reading the per-layer statistics, and
+    /// (measured inside the steps, the slowest replica's) the update gains
+    /// and weight snapshots of [`LayerSignal::LossShare`](burn_freeze::LayerSignal).
+    /// Transitions are in `transition_seconds`.
+    #[serde(default)]
+    pub rule_seconds: f64,
     /// Mean per step of the slowest replica's exposed all-reduce time (the
     /// wait on the exchange after its stages had computed; the part hidden
     /// behind the backward is not counted), in seconds.

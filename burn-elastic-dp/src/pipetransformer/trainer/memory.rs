@@ -6,6 +6,7 @@ use burn_pipe::UnitMemory;
 
 use super::config::TrainerConfig;
 use super::error::{TrainerError, invalid};
+use burn_freeze::FreezePolicy;
 use crate::pipetransformer::shape::{MemoryFit, PipelineShape, starting_shape};
 use burn_pipe::UnitCosts;
 
@@ -40,9 +41,10 @@ pub struct MemoryConfig {
     pub device_bytes: Option<u64>,
     /// The optimizer's state per parameter, in copies of the parameters
     /// (Adam: 2, SGD with momentum: 1, plain SGD: 0); in [0, 16]. The
-    /// running gradient sums of [`FreezeRule::AlphaArgmin`](crate::FreezeRule)'s
-    /// default statistic (the accumulated gradient) are one more copy of
-    /// the active parameters, not counted here: add 1 for them (Adam: 3).
+    /// running gradient sums a freeze rule reads (the default's per-layer
+    /// evidence, [`FreezeRule::AlphaArgmin`](crate::FreezeRule)'s
+    /// accumulated gradient) are one more copy of the active parameters,
+    /// counted on top ([`TrainerConfig::state_slots`]).
     #[config(default = 2.0)]
     pub optimizer_slots: f64,
 }
@@ -66,13 +68,33 @@ impl MemoryConfig {
 }
 
 impl TrainerConfig {
+    /// Copies of the trainable parameters a stage holds beyond the weights
+    /// and gradients: the optimizer's state
+    /// ([`MemoryConfig::optimizer_slots`]) and, when the freeze rule reads
+    /// them, the running gradient sums (one more copy: the default rule's
+    /// per-layer evidence, and the paper's accumulated-gradient argmin).
+    ///
+    /// ```
+    /// use burn_elastic_dp::{FreezeRule, Parts, TrainerConfig};
+    ///
+    /// assert_eq!(TrainerConfig::new().state_slots(), 3.0);
+    /// let schedule = TrainerConfig::new().with_freeze(FreezeRule::AlphaSchedule { alpha: 0.5 });
+    /// assert_eq!(schedule.state_slots(), 2.0);
+    /// let no_freeze = TrainerConfig::new().with_parts(Parts::new().with_freeze(false));
+    /// assert_eq!(no_freeze.state_slots(), 2.0);
+    /// ```
+    pub fn state_slots(&self) -> f64 {
+        let sums = self.parts.freeze && self.policy(1).needs_gradient_sums();
+        self.memory.optimizer_slots + if sums { 1.0 } else { 0.0 }
+    }
+
     /// The memory fit the shape rule keeps, for units of `memory` (see
     /// [`MemoryFit::for_run`]).
     pub(super) fn memory_fit(&self, memory: &UnitMemory) -> Option<MemoryFit> {
         MemoryFit::for_run(
             self.stages,
             self.memory.device_bytes,
-            self.memory.optimizer_slots,
+            self.state_slots(),
             memory,
             self.batch,
             self.replicas.pipeline.micro_batches,

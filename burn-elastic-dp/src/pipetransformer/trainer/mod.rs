@@ -264,7 +264,14 @@ impl<TT: TrainerTypes> Trainer<TT> {
         }
         let needed = group_min_batch(&self.group, &self.config, shape.stages());
         let (held_out, config) = (&self.held_out, &self.config);
-        (self.cursor).begin(len, needed, |len| held_out.sampler(config, len))
+        let replicas = self.group.total_replicas();
+        let started = (self.cursor).begin(len, needed, replicas, |len| held_out.sampler(config, len))?;
+        if let Some(steps) = started {
+            // Checks scaled to the run (a resumed epoch keeps the length its
+            // start gave, saved with the rule's state).
+            self.auto.begin_epoch(steps);
+        }
+        Ok(())
     }
 
     /// One step on the samples `indices`: before the first, what is to be
@@ -303,6 +310,8 @@ impl<TT: TrainerTypes> Trainer<TT> {
             (input, targets) = batch()?;
         };
         recovery::optimizer_step(&mut self.group, recover, lr)?;
+        // The freeze rule's update gains, measured inside the step.
+        tally.rule(self.group.last_evidence_time());
         Ok(report)
     }
 
@@ -360,10 +369,12 @@ impl<TT: TrainerTypes> Trainer<TT> {
             return Ok(false);
         }
         let front = self.group.front();
+        let deciding = std::time::Instant::now();
         let moved = match point {
             DecisionPoint::AfterStep => self.auto.after_step(&mut self.group)?,
             DecisionPoint::EpochEnd => self.auto.after_epoch(&mut self.group)?,
         };
+        tally.rule(deciding.elapsed());
         if moved.is_some() {
             tally.add_transition(self.reshape_after_move(front)?);
         }
@@ -387,6 +398,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
         if !self.config.parts.freeze || !self.auto.wants_held_out_loss() {
             return Ok(false);
         }
+        let checking = std::time::Instant::now();
         let carved = self.cursor.held_out();
         let Some((input, targets)) =
             (self.held_out).batch(dataset, batcher, carved, &self.devices[0])?
@@ -396,6 +408,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
         let loss = held_out::held_out_loss(&self.group, &self.loss, input, targets)?;
         let front = self.group.front();
         let moved = self.auto.held_out_loss(&mut self.group, loss)?;
+        tally.rule(checking.elapsed());
         if self.group.front() != front {
             tally.add_transition(self.reshape_after_move(front)?);
             return Ok(true);
@@ -439,7 +452,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
     /// After a step that left some of the epoch to run: a checkpoint when
     /// the front `moved` or every `every_steps` steps (the epoch's last step
     /// is saved by the epoch's end, at once).
-    fn checkpoint_after_step(&self, moved: bool) -> Result<(), TrainerError> {
+    fn checkpoint_after_step(&mut self, moved: bool) -> Result<(), TrainerError> {
         if let Some(checkpoint) = &self.config.checkpoint
             && self.cursor.epoch_left()
             && (moved || self.cursor.steps().is_multiple_of(checkpoint.every_steps))

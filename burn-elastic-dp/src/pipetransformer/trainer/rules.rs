@@ -101,13 +101,17 @@ pub enum FreezeRule {
         /// threshold, in [0, 100].
         percentile: f64,
     },
-    /// The default: a prefix freezes only on evidence that training has
-    /// stopped gaining from it (a held-out loss that has learned and
-    /// stopped improving), and a freeze after which that loss rises is
-    /// thawed (burn-freeze's [`Evidence`](burn_freeze::Evidence)). The
-    /// held-out loss is measured on
-    /// [`TrainerConfig::held_out`](crate::TrainerConfig::held_out) samples
-    /// carved out of the training data.
+    /// The default: each layer of the bottom block still training freezes
+    /// once its own gradient has turned to noise (the signal share of its
+    /// gradient over a check's window under a bound, checks in a row), or
+    /// a prefix once the held-out loss has stopped improving; nothing
+    /// before that loss has learned, and a freeze after which it rises is
+    /// thawed (burn-freeze's [`Evidence`](burn_freeze::Evidence)). Checks
+    /// run a few times an epoch, scaled to the run. The held-out loss is
+    /// measured on [`TrainerConfig::held_out`](crate::TrainerConfig::held_out)
+    /// samples carved out of the training data; the gradient sums it reads
+    /// are one more copy of the trainable parameters, counted in the memory
+    /// budget.
     ///
     /// ```
     /// use burn_elastic_dp::{FreezeRule, TrainerConfig};
@@ -211,10 +215,13 @@ impl FreezeRule {
             FreezeRule::Evidence { rule } => rule.validate().map_err(|(field, value, accepted)| {
                 let field = match field {
                     "every_steps" => "freeze.rule.every_steps",
+                    "checks_per_epoch" => "freeze.rule.checks_per_epoch",
                     "patience" => "freeze.rule.patience",
                     "learned_drop" => "freeze.rule.learned_drop",
                     "plateau_below" => "freeze.rule.plateau_below",
                     "alpha" => "freeze.rule.alpha",
+                    "signal_below" => "freeze.rule.signal_below",
+                    "converged_checks" => "freeze.rule.converged_checks",
                     _ => "freeze.rule.rise_tolerance",
                 };
                 invalid(field, value, accepted)

@@ -155,6 +155,7 @@ fn one_device_report(
         samples_per_second: samples as f64 / seconds,
         transition_seconds: 0.0,
         profiling_seconds: 0.0,
+        rule_seconds: 0.0,
         all_reduce_seconds: 0.0,
         bubble_seconds: 0.0,
         frozen_layers: 0,

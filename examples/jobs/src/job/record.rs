@@ -39,6 +39,13 @@ impl RunRecord {
         self.epochs.iter().map(|e| e.report.profiling_seconds).sum()
     }
 
+    /// Of [`seconds`](Self::seconds), what the freeze rule spent on its
+    /// evidence and decisions
+    /// ([`EpochReport::rule_seconds`](burn_elastic_dp::EpochReport::rule_seconds)).
+    pub fn rule_seconds(&self) -> f64 {
+        self.epochs.iter().map(|e| e.report.rule_seconds).sum()
+    }
+
     /// The run `name` of `epochs`: their seconds summed, the last one's
     /// accuracy (NaN without epochs).
     pub fn new(name: &str, epochs: Vec<EpochRecord>) -> Self {
@@ -85,6 +92,7 @@ mod tests {
             samples_per_second: 512.0,
             transition_seconds: 0.001,
             profiling_seconds: 0.0,
+            rule_seconds: 0.0,
             all_reduce_seconds: 0.0,
             bubble_seconds: 0.0,
             frozen_layers: 3,

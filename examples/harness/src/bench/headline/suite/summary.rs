@@ -58,6 +58,11 @@ pub(super) struct ConfigSummary {
     pub(super) final_accuracy_percent: Spread,
     /// Training seconds of the whole run (evaluation excluded).
     train_seconds: Spread,
+    /// Of the training seconds, the share the freeze rule spent on its
+    /// evidence and decisions (held-out passes, statistics, update gains;
+    /// [`EpochReport::rule_seconds`](burn_elastic_dp::EpochReport::rule_seconds)),
+    /// in percent, mean over the seeds.
+    rule_percent: f64,
     /// Final mean accuracy minus (b*)'s, in points.
     pub(super) accuracy_delta_vs_strongest: f64,
     /// (b*)'s mean training seconds / this one's, whole runs.
@@ -131,6 +136,8 @@ pub(super) fn summaries(
             },
             final_accuracy_percent: accuracy,
             train_seconds: seconds,
+            rule_percent: 100.0 * runs.iter().map(RunRecord::rule_seconds).sum::<f64>()
+                / runs.iter().map(|r| r.seconds).sum::<f64>().max(f64::MIN_POSITIVE),
             accuracy_delta_vs_strongest: accuracy.mean - strongest_accuracy.mean,
             full_run_speedup: strongest_seconds.mean / seconds.mean,
             time_to_accuracy: tta.clone(),
@@ -152,12 +159,13 @@ pub(super) fn print_table(summaries: &[ConfigSummary], seed: u64) {
         .first()
         .map_or(f64::NAN, ConfigSummary::target_percent);
     println!(
-        "{:<28} {:>7} {:>15} {:>8} {:>15} {:>13} {:>9} {:>9} {:>7}",
+        "{:<28} {:>7} {:>15} {:>8} {:>15} {:>6} {:>13} {:>9} {:>9} {:>7}",
         "configuration",
         "final %",
         "(min..max)",
         "train s",
         "(min..max)",
+        "rule %",
         "to target s",
         "x @ acc",
         "x run",
@@ -166,12 +174,13 @@ pub(super) fn print_table(summaries: &[ConfigSummary], seed: u64) {
     for s in summaries {
         let (a, t) = (s.final_accuracy_percent, s.train_seconds);
         println!(
-            "{:<28} {:>7.2} {:>15} {:>8.1} {:>15} {:>13} {:>9} {:>8.2}x {:>+7.2}",
+            "{:<28} {:>7.2} {:>15} {:>8.1} {:>15} {:>6.1} {:>13} {:>9} {:>8.2}x {:>+7.2}",
             s.name,
             a.mean,
             format!("({:.2}..{:.2})", a.min, a.max),
             t.mean,
             format!("({:.1}..{:.1})", t.min, t.max),
+            s.rule_percent,
             s.time_to_accuracy.display(),
             s.speedup_at_equal_accuracy
                 .map_or("-".to_string(), |x| format!("{x:.2}x")),
@@ -180,7 +189,7 @@ pub(super) fn print_table(summaries: &[ConfigSummary], seed: u64) {
         );
     }
     println!(
-        "(over {seeds} seed(s): final %: held-out accuracy after the last epoch, mean and range; train s: training seconds, evaluation excluded; to target s: training seconds until the held-out accuracy first reaches {target:.2}% = (b*)'s final mean - 0.5 pt, mean over the seeds, never (k/n) where a seed never reaches it; x @ acc: speed-up at equal accuracy, (b*)'s time to target / this one's; x run: whole-run speed-up over (b*); d(b*): final mean - (b*)'s, points)"
+        "(over {seeds} seed(s): final %: held-out accuracy after the last epoch, mean and range; train s: training seconds, evaluation excluded; rule %: of them, the freeze rule's evidence and decisions; to target s: training seconds until the held-out accuracy first reaches {target:.2}% = (b*)'s final mean - 0.5 pt, mean over the seeds, never (k/n) where a seed never reaches it; x @ acc: speed-up at equal accuracy, (b*)'s time to target / this one's; x run: whole-run speed-up over (b*); d(b*): final mean - (b*)'s, points)"
     );
     println!("seed {seed}, per epoch: F frozen layers / front (units), loss, accuracy %:");
     for s in summaries {
