@@ -11,6 +11,7 @@ use crate::flow::{Flow, InnerFlow, flow_from_inner};
 use crate::freeze_front::FreezeFront;
 use crate::frozen::FrozenUnits;
 use crate::grad_sums::GradientSums;
+use crate::update_gain::WeightSnapshot;
 use crate::policy::GradNorm;
 use crate::range::{UnitRange, check_freeze, check_unfreeze};
 use crate::stack::LayerStack;
@@ -67,6 +68,11 @@ pub struct FreezableStack<S: StackTypes> {
     norms: Vec<Option<GradNorm>>,
     /// Running sums of the trainable parameters' gradients, when kept.
     sums: Option<GradientSums<InnerBackendOf<S>>>,
+    /// Whether update gains are measured, the weights the last step's
+    /// gradients were taken at, and the gains of the last step.
+    keep_gains: bool,
+    snapshot: Option<WeightSnapshot<InnerBackendOf<S>>>,
+    gains: Vec<Option<f64>>,
 }
 
 impl<S: StackTypes> FreezableStack<S> {
@@ -78,6 +84,9 @@ impl<S: StackTypes> FreezableStack<S> {
             cache: None,
             norms: vec![None; len],
             sums: None,
+            keep_gains: false,
+            snapshot: None,
+            gains: vec![None; len],
         }
     }
 
@@ -124,7 +133,10 @@ impl<S: StackTypes> FreezableStack<S> {
     /// backend). Also records each unit's gradient norm for
     /// [`last_gradient_norms`](FreezeFront::last_gradient_norms) and, when
     /// gradient sums are kept ([`set_gradient_sums`](FreezeFront::set_gradient_sums)),
-    /// adds the gradients to them: pass each step's gradients here once.
+    /// adds the gradients to them; when update gains are measured
+    /// ([`set_update_gains`](FreezeFront::set_update_gains)), reads them
+    /// against the weights of the last call and keeps these weights: pass
+    /// each step's gradients here once, before its optimizer step.
     pub fn gradients(
         &mut self,
         mut grads: <S::Backend as burn::tensor::backend::AutodiffBackend>::Gradients,
@@ -133,6 +145,13 @@ impl<S: StackTypes> FreezableStack<S> {
         self.norms = self.units.unit_gradient_norms(&params);
         if let Some(sums) = self.sums.as_mut() {
             self.units.add_gradient_sums(sums, &params);
+        }
+        if self.keep_gains {
+            self.gains = match &self.snapshot {
+                Some(before) => self.units.unit_update_gains(&params, before),
+                None => vec![None; self.num_units()],
+            };
+            self.snapshot = Some(self.units.weight_snapshot());
         }
         params
     }
@@ -357,6 +376,25 @@ impl<S: StackTypes> FreezeFront for FreezableStack<S> {
             sums.clear();
         }
     }
+
+    /// Measured in [`gradients`](FreezableStack::gradients), against a
+    /// snapshot of the trainable weights kept from its last call.
+    fn set_update_gains(&mut self, keep: bool) {
+        self.keep_gains = keep;
+        if !keep {
+            self.snapshot = None;
+            self.gains = vec![None; self.num_units()];
+        }
+    }
+
+    fn last_update_gains(&self) -> Vec<Option<f64>> {
+        let front = self.front();
+        self.gains
+            .iter()
+            .enumerate()
+            .map(|(unit, gain)| gain.filter(|_| unit >= front))
+            .collect()
+    }
 }
 
 impl<S: StackTypes> Clone for FreezableStack<S> {
@@ -367,6 +405,9 @@ impl<S: StackTypes> Clone for FreezableStack<S> {
             cache: None,
             norms: self.norms.clone(),
             sums: self.sums.clone(),
+            keep_gains: self.keep_gains,
+            snapshot: self.snapshot.clone(),
+            gains: self.gains.clone(),
         }
     }
 }

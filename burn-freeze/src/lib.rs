@@ -28,10 +28,14 @@
 //! - **The freeze front** ([`FreezeFront`]): implemented by
 //!   [`FreezableStack`] here and by what crates built on it train (a
 //!   pipeline, say), so one policy drives any of them.
-//! - **AutoFreeze** ([`FreezePolicy`], [`AutoFreeze`]): the paper's rule
-//!   ([`AlphaArgmin`]), the gradient-change rule ([`ChangeRate`]) and fixed
-//!   schedules ([`FixedSchedule`]), fed per-layer gradient norms read from the
-//!   gradients the step already computed ([`LayerMap`], [`GradNorm`]).
+//! - **AutoFreeze** ([`FreezePolicy`], [`AutoFreeze`]): the default rule,
+//!   [`Evidence`] (the bottom block of layers freezes once its own evidence,
+//!   its share of the loss's decrease by default ([`LayerSignal`]), says
+//!   training no longer gains from updating it; a held-out loss guards
+//!   it), the paper's rule ([`AlphaArgmin`]), the gradient-change rule
+//!   ([`ChangeRate`]) and fixed schedules ([`FixedSchedule`]), fed per-layer
+//!   statistics read from the gradients the step already computed
+//!   ([`LayerMap`], [`GradNorm`], [`FreezeFront::last_update_gains`]).
 //! - **AutoCache** ([`ActivationCache`]): per-sample frozen-prefix outputs in
 //!   memory and spilled to disk, served by [`plumbing::serve_cached`] (used
 //!   by [`FreezableStack::forward_cached`] and by a pipeline's first stage).

@@ -158,13 +158,19 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         self.policy.epoch_steps(steps);
     }
 
-    /// Before a checkpoint: a policy that reads its gradient sums per check
+    /// Before a checkpoint, so that a resumed run decides as the run it
+    /// continues: a policy that reads its gradient sums per check
     /// ([`FreezePolicy::gradient_sums_per_check`]) gets them now and they
-    /// start again, so that the checkpoint holds every step's evidence
-    /// (the sums themselves are not saved) and a resumed run decides as the
-    /// run it continues. Nothing for other policies.
-    pub fn close_gradient_window<T: FreezeFront>(&mut self, target: &mut T) {
+    /// start again (the sums are not saved, the policy's state is); the
+    /// target's weight snapshots for update gains are dropped (not saved
+    /// either: the step after a checkpoint reads no gain, in a resumed run
+    /// and in the run that goes on alike). Nothing for other policies.
+    pub fn before_checkpoint<T: FreezeFront>(&mut self, target: &mut T) {
         self.read_check_sums(target);
+        if self.policy.needs_update_gains() {
+            target.set_update_gains(false);
+            target.set_update_gains(true);
+        }
     }
 
     /// The per-check reading of the target's gradient sums, then reset.

@@ -42,7 +42,9 @@ pub struct FreezeState {
 /// Every policy decides in *layers* (see [`LayerMap`]); [`AutoFreeze`] feeds
 /// a policy the per-layer gradient norms of each step and moves a
 /// [`FreezableStack`](crate::FreezableStack)'s front. The policies here:
-/// [`AlphaArgmin`], the paper's rule, once per epoch; [`ChangeRate`], the
+/// [`Evidence`], the default, a few checks an epoch on per-layer evidence
+/// ([`LayerSignal`]) and a held-out loss; [`AlphaArgmin`], the paper's
+/// rule, once per epoch; [`ChangeRate`], the
 /// gradient-change rule of Liu et al., every N steps; [`FixedSchedule`], a
 /// fixed list of fronts per epoch, or the alpha closed form.
 pub trait FreezePolicy {
@@ -98,7 +100,7 @@ pub trait FreezePolicy {
 
     /// When [`gradient_sums_per_check`](Self::gradient_sums_per_check):
     /// just before each [`held_out_loss`](Self::held_out_loss) and before a
-    /// checkpoint ([`AutoFreeze::close_gradient_window`](crate::AutoFreeze::close_gradient_window)),
+    /// checkpoint ([`AutoFreeze::before_checkpoint`](crate::AutoFreeze::before_checkpoint)),
     /// the per-layer norms of the gradients summed since the sums were last
     /// read (`None` for frozen layers); the sums then start again.
     fn check_gradient_sums(&mut self, state: FreezeState, norms: &[Option<GradNorm>]) {

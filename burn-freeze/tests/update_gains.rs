@@ -1,0 +1,68 @@
+//! Update gains (loss-change allocation): each unit's `-<g_t, W_t - W_(t-1)>`, read from the
+//! next step's gradient, adds up to the first-order change of that step's loss.
+
+mod common;
+
+use burn::optim::{GradientsParams, Optimizer, SgdConfig};
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn_freeze::testing::Residual;
+use burn_freeze::{FreezableStack, FreezeFront, LayerStack, StackMarker, TrainableUnits};
+use common::B;
+
+type Types = StackMarker<B, Residual<B>, Residual<B>, Residual<B>>;
+
+fn stack() -> LayerStack<Types> {
+    let device = Default::default();
+    B::seed(&device, 5);
+    let unit = || Residual::<B> {
+        linear: burn::nn::LinearConfig::new(6, 6).init(&device),
+    };
+    let stack = LayerStack::new(unit(), vec![unit(), unit()], unit());
+    stack.materialize();
+    stack
+}
+
+fn batch(seed: u64) -> Tensor<B, 2> {
+    let device = Default::default();
+    B::seed(&device, seed);
+    Tensor::random([16, 6], Distribution::Normal(0.0, 1.0), &device)
+}
+
+fn loss(stack: &FreezableStack<Types>, x: Tensor<B, 2>) -> Tensor<B, 1> {
+    stack.forward(x).powi_scalar(2).mean()
+}
+
+#[test]
+fn the_gains_add_up_to_the_first_order_change_of_the_next_batch_loss() {
+    let mut stack = FreezableStack::new(stack());
+    stack.freeze_to(1).unwrap();
+    stack.set_update_gains(true);
+    let mut optim = SgdConfig::new().init::<B, TrainableUnits<Types>>();
+    let lr = 1e-4;
+    // Step 1: no move yet to measure.
+    let grads: GradientsParams = stack.gradients(loss(&stack, batch(1)).backward());
+    assert!(stack.last_update_gains().iter().all(Option::is_none));
+    let before = stack.clone();
+    stack.map_trainable(|units| optim.step(lr, units, grads));
+    // Step 2's batch: the loss before and after step 1's move.
+    let x = batch(2);
+    let (old, new): (f32, f32) = (
+        loss(&before, x.clone()).into_scalar(),
+        loss(&stack, x.clone()).into_scalar(),
+    );
+    let _ = stack.gradients(loss(&stack, x).backward());
+    let gains = stack.last_update_gains();
+    assert_eq!(gains[0], None, "a frozen unit has no gain");
+    assert!(gains[1..].iter().all(Option::is_some));
+    let total: f64 = gains.iter().flatten().sum();
+    let decrease = (old - new) as f64;
+    assert!(decrease > 0.0, "step 1 lowered the loss: {old} -> {new}");
+    assert!(
+        (total - decrease).abs() < 0.05 * decrease,
+        "gains {total} against the decrease {decrease} ({gains:?})"
+    );
+    // Stopped: no gain, no snapshot.
+    stack.set_update_gains(false);
+    assert!(stack.last_update_gains().iter().all(Option::is_none));
+}
