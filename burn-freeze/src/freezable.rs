@@ -70,7 +70,7 @@ pub struct FreezableStack<S: StackTypes> {
     sums: Option<GradientSums<InnerBackendOf<S>>>,
     /// Whether update gains are measured, the weights the last step's
     /// gradients were taken at, and the gains of the last step.
-    keep_gains: bool,
+    gains_from: Option<usize>,
     snapshot: Option<WeightSnapshot<InnerBackendOf<S>>>,
     gains: Vec<Option<f64>>,
 }
@@ -84,7 +84,7 @@ impl<S: StackTypes> FreezableStack<S> {
             cache: None,
             norms: vec![None; len],
             sums: None,
-            keep_gains: false,
+            gains_from: None,
             snapshot: None,
             gains: vec![None; len],
         }
@@ -146,12 +146,12 @@ impl<S: StackTypes> FreezableStack<S> {
         if let Some(sums) = self.sums.as_mut() {
             self.units.add_gradient_sums(sums, &params);
         }
-        if self.keep_gains {
+        if let Some(from) = self.gains_from {
             self.gains = match &self.snapshot {
                 Some(before) => self.units.unit_update_gains(&params, before),
                 None => vec![None; self.num_units()],
             };
-            self.snapshot = Some(self.units.weight_snapshot());
+            self.snapshot = Some(self.units.weight_snapshot(from));
         }
         params
     }
@@ -379,10 +379,13 @@ impl<S: StackTypes> FreezeFront for FreezableStack<S> {
 
     /// Measured in [`gradients`](FreezableStack::gradients), against a
     /// snapshot of the trainable weights kept from its last call.
-    fn set_update_gains(&mut self, keep: bool) {
-        self.keep_gains = keep;
-        if !keep {
-            self.snapshot = None;
+    fn set_update_gains(&mut self, from: Option<usize>) {
+        if from == self.gains_from {
+            return;
+        }
+        self.gains_from = from;
+        self.snapshot = None;
+        if from.is_none() {
             self.gains = vec![None; self.num_units()];
         }
     }
@@ -405,7 +408,7 @@ impl<S: StackTypes> Clone for FreezableStack<S> {
             cache: None,
             norms: self.norms.clone(),
             sums: self.sums.clone(),
-            keep_gains: self.keep_gains,
+            gains_from: self.gains_from,
             snapshot: self.snapshot.clone(),
             gains: self.gains.clone(),
         }

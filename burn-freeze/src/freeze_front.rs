@@ -105,15 +105,18 @@ pub trait FreezeFront {
     /// accumulation. The default does nothing.
     fn reset_gradient_sums(&mut self) {}
 
-    /// Starts (`true`) or stops (`false`) measuring each unit's update
-    /// gain, [`last_update_gains`](Self::last_update_gains): a snapshot of
-    /// the trainable weights before each optimizer step (one more copy of
-    /// them). A policy whose
+    /// Starts (`Some(from)`: units `from..` on) or stops (`None`)
+    /// measuring each unit's update gain,
+    /// [`last_update_gains`](Self::last_update_gains): a snapshot of those
+    /// trainable units' weights before each optimizer step (one more copy of
+    /// them); asking for what is measured already changes nothing. A
+    /// policy whose
     /// [`needs_update_gains`](crate::FreezePolicy::needs_update_gains) is
     /// true needs them; [`AutoFreeze::prepare`](crate::AutoFreeze::prepare)
-    /// starts them. The default ignores the request.
-    fn set_update_gains(&mut self, keep: bool) {
-        let _ = keep;
+    /// starts them from the first layer's unit. The default ignores the
+    /// request.
+    fn set_update_gains(&mut self, from: Option<usize>) {
+        let _ = from;
     }
 
     /// Per-unit update gains of the last training step, one entry per

@@ -11,7 +11,7 @@ use crate::error::{FreezeError, StackError};
 use crate::flow::{Flow, InnerFlow, TrainFlow, flow_from_inner, flow_into_inner};
 use crate::frozen::FrozenUnits;
 use crate::grad_sums::GradientSums;
-use crate::policy::stats::{GradNorm, GradSource, NormCollector};
+use crate::policy::stats::{GradNorm, GradSource, NormCollector, UnitReader};
 use crate::stack::LayerStack;
 use crate::types::{InnerBackendOf, StackTypes, TrainableUnits};
 use crate::unit::Unit;
@@ -399,14 +399,29 @@ impl<S: StackTypes> UnitRange<S> {
         sums.add(&self.trainable, grads);
     }
 
-    /// The trainable units' weights now, for the next step's
-    /// [`unit_update_gains`](Self::unit_update_gains) (shared storage: no
-    /// copy until an optimizer step writes new values beside them).
-    pub fn weight_snapshot(&self) -> WeightSnapshot<InnerBackendOf<S>> {
+    /// The weights now of the trainable units from stack index `from` on,
+    /// for the next step's [`unit_update_gains`](Self::unit_update_gains)
+    /// (shared storage: no copy until an optimizer step writes new values
+    /// beside them; a unit before `from` then reads no gain).
+    pub fn weight_snapshot(&self, from: usize) -> WeightSnapshot<InnerBackendOf<S>> {
         let (first, middle, last) = &self.trainable;
-        let mut snapshot = WeightSnapshot::of(first);
-        middle.iter().for_each(|unit| snapshot.merge(WeightSnapshot::of(unit)));
-        snapshot.merge(WeightSnapshot::of(last));
+        let mut index = self.first_trainable();
+        let mut snapshot = WeightSnapshot::empty();
+        let mut take = |snapshot: &mut WeightSnapshot<_>, part: WeightSnapshot<_>| {
+            if index >= from {
+                snapshot.merge(part);
+            }
+            index += 1;
+        };
+        if let Some(unit) = first {
+            take(&mut snapshot, WeightSnapshot::of(unit));
+        }
+        for unit in middle {
+            take(&mut snapshot, WeightSnapshot::of(unit));
+        }
+        if let Some(unit) = last {
+            take(&mut snapshot, WeightSnapshot::of(unit));
+        }
         snapshot
     }
 
@@ -421,34 +436,29 @@ impl<S: StackTypes> UnitRange<S> {
         before: &WeightSnapshot<InnerBackendOf<S>>,
     ) -> Vec<Option<f64>> {
         let mut collector = GainCollector::<S::Backend>::new(grads, before);
-        for _ in 0..self.frozen.len() {
-            collector.skip();
-        }
-        let (first, middle, last) = &self.trainable;
-        if let Some(unit) = first {
-            collector.unit(unit);
-        }
-        middle.iter().for_each(|unit| collector.unit(unit));
-        if let Some(unit) = last {
-            collector.unit(unit);
-        }
+        self.read_units(&mut collector);
         collector.finish()
     }
 
     fn collect_norms(&self, source: GradSource<'_, S::Backend>) -> Vec<Option<GradNorm>> {
         let mut collector = NormCollector::<S::Backend>::new(source);
+        self.read_units(&mut collector);
+        collector.finish()
+    }
+
+    /// Every unit in order to `reader`: the frozen ones skipped.
+    fn read_units(&self, reader: &mut impl UnitReader<S::Backend>) {
         for _ in 0..self.frozen.len() {
-            collector.skip();
+            reader.skip();
         }
         let (first, middle, last) = &self.trainable;
         if let Some(unit) = first {
-            collector.unit(unit);
+            reader.unit(unit);
         }
-        middle.iter().for_each(|unit| collector.unit(unit));
+        middle.iter().for_each(|unit| reader.unit(unit));
         if let Some(unit) = last {
-            collector.unit(unit);
+            reader.unit(unit);
         }
-        collector.finish()
     }
 
     /// The range on `device`: trainable units as fresh leaves there (same

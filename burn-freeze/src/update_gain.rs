@@ -22,6 +22,7 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::grad_sums::flatten;
+use crate::policy::stats::UnitReader;
 
 /// A stage's trainable weights as they were before its last optimizer
 /// step, flattened, by parameter, on the inner backend: what the next
@@ -44,6 +45,13 @@ impl<B: Backend> WeightSnapshot<B> {
         module.visit(&mut visitor);
         Self {
             weights: visitor.weights,
+        }
+    }
+
+    /// No weights.
+    pub fn empty() -> Self {
+        Self {
+            weights: HashMap::new(),
         }
     }
 
@@ -134,14 +142,14 @@ impl<'a, B: AutodiffBackend> GainCollector<'a, B> {
             dots: Vec::new(),
         }
     }
+}
 
-    /// A unit with no gain (frozen).
-    pub(crate) fn skip(&mut self) {
+impl<B: AutodiffBackend> UnitReader<B> for GainCollector<'_, B> {
+    fn skip(&mut self) {
         self.units.push(None);
     }
 
-    /// The next unit.
-    pub(crate) fn unit<U: AutodiffModule<B>>(&mut self, unit: &U) {
+    fn unit<U: AutodiffModule<B>>(&mut self, unit: &U) {
         let mut visitor = DotVisitor::<B> {
             grads: self.grads,
             before: self.before,
@@ -157,6 +165,9 @@ impl<'a, B: AutodiffBackend> GainCollector<'a, B> {
         }
     }
 
+}
+
+impl<B: AutodiffBackend> GainCollector<'_, B> {
     /// The gain of every unit, in order: minus the dot product of its
     /// gradient with its last move.
     pub(crate) fn finish(self) -> Vec<Option<f64>> {

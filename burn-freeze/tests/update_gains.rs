@@ -37,7 +37,7 @@ fn loss(stack: &FreezableStack<Types>, x: Tensor<B, 2>) -> Tensor<B, 1> {
 fn the_gains_add_up_to_the_first_order_change_of_the_next_batch_loss() {
     let mut stack = FreezableStack::new(stack());
     stack.freeze_to(1).unwrap();
-    stack.set_update_gains(true);
+    stack.set_update_gains(Some(0));
     let mut optim = SgdConfig::new().init::<B, TrainableUnits<Types>>();
     let lr = 1e-4;
     // Step 1: no move yet to measure.
@@ -63,6 +63,6 @@ fn the_gains_add_up_to_the_first_order_change_of_the_next_batch_loss() {
         "gains {total} against the decrease {decrease} ({gains:?})"
     );
     // Stopped: no gain, no snapshot.
-    stack.set_update_gains(false);
+    stack.set_update_gains(None);
     assert!(stack.last_update_gains().iter().all(Option::is_none));
 }

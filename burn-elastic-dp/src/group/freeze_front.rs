@@ -64,9 +64,9 @@ where
 
     /// On every replica (each stage its own snapshot); replica 0's gains
     /// are the group's, as its norms are.
-    fn set_update_gains(&mut self, keep: bool) {
+    fn set_update_gains(&mut self, from: Option<usize>) {
         for replica in &mut self.replicas {
-            replica.set_update_gains(keep);
+            replica.set_update_gains(from);
         }
     }
 

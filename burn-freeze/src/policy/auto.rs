@@ -95,14 +95,18 @@ impl<P: FreezePolicy> AutoFreeze<P> {
     /// Prepares `target` for the policy before the first step: when the
     /// policy [needs the epoch's accumulated gradients](FreezePolicy::needs_gradient_sums),
     /// the target starts keeping a running sum per trainable parameter
-    /// ([`FreezeFront::set_gradient_sums`]). [`after_step`](Self::after_step)
-    /// does it too, so a target never prepared misses only its first step.
+    /// ([`FreezeFront::set_gradient_sums`]); when it
+    /// [needs update gains](FreezePolicy::needs_update_gains), the target
+    /// measures them from the first layer's unit on
+    /// ([`FreezeFront::set_update_gains`]). [`after_step`](Self::after_step)
+    /// does it too (asking again changes nothing), so a target never
+    /// prepared misses only its first steps.
     pub fn prepare<T: FreezeFront>(&self, target: &mut T) {
         if self.policy.needs_gradient_sums() {
             target.set_gradient_sums(true);
         }
         if self.policy.needs_update_gains() {
-            target.set_update_gains(true);
+            target.set_update_gains(Some(self.map.first_unit()));
         }
     }
 
@@ -168,8 +172,8 @@ impl<P: FreezePolicy> AutoFreeze<P> {
     pub fn before_checkpoint<T: FreezeFront>(&mut self, target: &mut T) {
         self.read_check_sums(target);
         if self.policy.needs_update_gains() {
-            target.set_update_gains(false);
-            target.set_update_gains(true);
+            target.set_update_gains(None);
+            target.set_update_gains(Some(self.map.first_unit()));
         }
     }
 

@@ -83,6 +83,15 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for SumVisitor<'_, B> {
     }
 }
 
+/// What reads a range's units in order, one value each (a frozen unit
+/// skipped): the gradient norms, the update gains.
+pub(crate) trait UnitReader<B: AutodiffBackend> {
+    /// A unit with no value (frozen).
+    fn skip(&mut self);
+    /// The next unit.
+    fn unit<U: AutodiffModule<B>>(&mut self, unit: &U);
+}
+
 impl<'a, B: AutodiffBackend> NormCollector<'a, B> {
     pub(crate) fn new(source: GradSource<'a, B>) -> Self {
         Self {
@@ -91,14 +100,14 @@ impl<'a, B: AutodiffBackend> NormCollector<'a, B> {
             sums: Vec::new(),
         }
     }
+}
 
-    /// A unit with no norm (frozen).
-    pub(crate) fn skip(&mut self) {
+impl<B: AutodiffBackend> UnitReader<B> for NormCollector<'_, B> {
+    fn skip(&mut self) {
         self.units.push(None);
     }
 
-    /// The next unit.
-    pub(crate) fn unit<U: AutodiffModule<B>>(&mut self, unit: &U) {
+    fn unit<U: AutodiffModule<B>>(&mut self, unit: &U) {
         let mut visitor = SumVisitor::<B> {
             source: self.source,
             l1: None,
@@ -115,6 +124,9 @@ impl<'a, B: AutodiffBackend> NormCollector<'a, B> {
         }
     }
 
+}
+
+impl<B: AutodiffBackend> NormCollector<'_, B> {
     /// The norms of every unit, in order.
     pub(crate) fn finish(self) -> Vec<Option<GradNorm>> {
         if self.sums.is_empty() {
@@ -259,6 +271,19 @@ impl LayerMap {
             .iter()
             .take_while(|r| r.end <= unit_front)
             .count()
+    }
+
+    /// The first unit of the first layer (units below it, an embedding,
+    /// belong to no layer).
+    ///
+    /// ```
+    /// use burn_freeze::LayerMap;
+    ///
+    /// assert_eq!(LayerMap::uniform(1, 2, 12, 27).unwrap().first_unit(), 1);
+    /// assert_eq!(LayerMap::per_unit(4).first_unit(), 0);
+    /// ```
+    pub fn first_unit(&self) -> usize {
+        self.layers.first().map_or(0, |range| range.start)
     }
 
     /// Per-layer sums of per-unit values (as the update gains of

@@ -91,7 +91,7 @@ where
             cache: None,
             keep_sums: false,
             gains: vec![None; units],
-            keep_gains: false,
+            gains_from: None,
             gain_time: std::time::Duration::ZERO,
         })
     }

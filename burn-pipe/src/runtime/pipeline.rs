@@ -100,9 +100,10 @@ pub struct Pipeline<S: StackTypes, O> {
     /// Per-unit update gains of the last optimizer step
     /// ([`FreezeFront::last_update_gains`]).
     pub(crate) gains: Vec<Option<f64>>,
-    /// Whether every stage keeps a snapshot of its weights before each
-    /// step, to measure update gains ([`FreezeFront::set_update_gains`]).
-    pub(crate) keep_gains: bool,
+    /// From which unit every stage keeps a snapshot of its weights before
+    /// each step, to measure update gains
+    /// ([`FreezeFront::set_update_gains`]); `None`: no gains.
+    pub(crate) gains_from: Option<usize>,
     /// Time the last step's slowest stage spent on its update gains and
     /// weight snapshot.
     pub(crate) gain_time: std::time::Duration,
@@ -252,8 +253,8 @@ where
                 unit: Some(unit),
             });
         }
-        let keep_gains = self.keep_gains;
-        let stepped = on_each_stage(&mut self.stages, |_, stage| step_stage(stage, lr, keep_gains))?;
+        let gains_from = self.gains_from;
+        let stepped = on_each_stage(&mut self.stages, |_, stage| step_stage(stage, lr, gains_from))?;
         let panicked = stepped
             .iter()
             .enumerate()
@@ -365,7 +366,7 @@ struct Stepped<S: StackTypes, O> {
 /// Applies `stage`'s optimizer to its pending gradients with learning rate
 /// `lr`, catching a panic (the stage's units are then left incomplete: the
 /// caller puts back [`Stepped::before`]).
-fn step_stage<S, O>(stage: &mut Stage<S, O>, lr: f64, keep_gains: bool) -> Stepped<S, O>
+fn step_stage<S, O>(stage: &mut Stage<S, O>, lr: f64, gains_from: Option<usize>) -> Stepped<S, O>
 where
     S: StackTypes,
     O: Optimizer<TrainableUnits<S>, S::Backend>,
@@ -394,15 +395,15 @@ where
         // The gain of the last step's move on this step's batch, then the
         // weights this step moves from.
         let measuring = std::time::Instant::now();
-        let (gains, snapshot) = match keep_gains {
-            true => {
+        let (gains, snapshot) = match gains_from {
+            Some(from) => {
                 let gains = match &last_snapshot {
                     Some(before) => units.unit_update_gains(&grads, before),
                     None => vec![None; units.units().len()],
                 };
-                (gains, Some(units.weight_snapshot()))
+                (gains, Some(units.weight_snapshot(from)))
             }
-            false => (Vec::new(), None),
+            None => (Vec::new(), None),
         };
         let gain_time = measuring.elapsed();
         units.map_trainable(|module| optimizer.step(lr, module, grads));
@@ -584,18 +585,18 @@ where
         }
     }
 
-    /// Every stage keeps a snapshot of its trainable weights before each
-    /// step (one more copy of them); a repartition drops the snapshots, so
-    /// the first step after it reads no gain.
-    fn set_update_gains(&mut self, keep: bool) {
-        if keep == self.keep_gains {
+    /// Every stage keeps a snapshot of its trainable weights (of units
+    /// `from..`) before each step (one more copy of them); a repartition
+    /// drops the snapshots, so the first step after it reads no gain.
+    fn set_update_gains(&mut self, from: Option<usize>) {
+        if from == self.gains_from {
             return;
         }
-        self.keep_gains = keep;
-        if !keep {
-            for stage in &mut self.stages {
-                stage.snapshot = None;
-            }
+        self.gains_from = from;
+        for stage in &mut self.stages {
+            stage.snapshot = None;
+        }
+        if from.is_none() {
             self.gains = vec![None; self.num_units()];
         }
     }

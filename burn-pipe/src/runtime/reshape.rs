@@ -264,7 +264,7 @@ where
             cache: None,
             keep_sums: self.keep_sums,
             gains: self.gains.clone(),
-            keep_gains: self.keep_gains,
+            gains_from: self.gains_from,
             gain_time: std::time::Duration::ZERO,
         })
     }

@@ -2,11 +2,11 @@
 //! memory (parameters, measured activations), the start that fits and the fit later shapes keep.
 
 use burn::config::Config;
+use burn_freeze::FreezePolicy;
 use burn_pipe::UnitMemory;
 
 use super::config::TrainerConfig;
 use super::error::{TrainerError, invalid};
-use burn_freeze::FreezePolicy;
 use crate::pipetransformer::shape::{MemoryFit, PipelineShape, starting_shape};
 use burn_pipe::UnitCosts;
 
@@ -40,11 +40,9 @@ pub struct MemoryConfig {
     #[config(default = "None")]
     pub device_bytes: Option<u64>,
     /// The optimizer's state per parameter, in copies of the parameters
-    /// (Adam: 2, SGD with momentum: 1, plain SGD: 0); in [0, 16]. The
-    /// running gradient sums a freeze rule reads (the default's per-layer
-    /// evidence, [`FreezeRule::AlphaArgmin`](crate::FreezeRule)'s
-    /// accumulated gradient) are one more copy of the active parameters,
-    /// counted on top ([`TrainerConfig::state_slots`]).
+    /// (Adam: 2, SGD with momentum: 1, plain SGD: 0); in [0, 16]. What
+    /// the freeze rule's evidence keeps (a weight snapshot, gradient sums)
+    /// is counted on top ([`TrainerConfig::with_evidence`]).
     #[config(default = 2.0)]
     pub optimizer_slots: f64,
 }
@@ -68,24 +66,50 @@ impl MemoryConfig {
 }
 
 impl TrainerConfig {
-    /// Copies of the trainable parameters a stage holds beyond the weights
-    /// and gradients: the optimizer's state
-    /// ([`MemoryConfig::optimizer_slots`]) and, when the freeze rule reads
-    /// them, the running gradient sums (one more copy: the default rule's
-    /// per-layer evidence, and the paper's accumulated-gradient argmin).
+    /// What the freeze rule's evidence keeps beside the training units of
+    /// `memory`, added to it: one copy of the parameters of every unit for
+    /// the running gradient sums (the consistency signals, the paper's
+    /// accumulated-gradient argmin), one of every unit from the first
+    /// layer's on for the default rule's weight snapshot (update gains; the
+    /// embedding below the layers is not measured). Memory-aware AutoPipe
+    /// counts it with the optimizer's state.
     ///
     /// ```
-    /// use burn_elastic_dp::{FreezeRule, Parts, TrainerConfig};
+    /// use burn_elastic_dp::{FreezeRule, LayerSpec, Parts, TrainerConfig};
+    /// use burn_pipe::UnitMemory;
     ///
-    /// assert_eq!(TrainerConfig::new().state_slots(), 3.0);
-    /// let schedule = TrainerConfig::new().with_freeze(FreezeRule::AlphaSchedule { alpha: 0.5 });
-    /// assert_eq!(schedule.state_slots(), 2.0);
-    /// let no_freeze = TrainerConfig::new().with_parts(Parts::new().with_freeze(false));
-    /// assert_eq!(no_freeze.state_slots(), 2.0);
+    /// let units = UnitMemory::new(vec![100; 4], vec![0; 4]);
+    /// let blocks = LayerSpec::Uniform { offset: 1, per_layer: 1, layers: 2 };
+    /// let default = TrainerConfig::new().with_layers(blocks);
+    /// assert_eq!(default.with_evidence(&units).evidence, [0, 100, 100, 100]);
+    /// let schedule = default.clone().with_freeze(FreezeRule::AlphaSchedule { alpha: 0.5 });
+    /// assert!(schedule.with_evidence(&units).evidence.iter().all(|&b| b == 0));
+    /// let no_freeze = default.with_parts(Parts::new().with_freeze(false));
+    /// assert!(no_freeze.with_evidence(&units).evidence.iter().all(|&b| b == 0));
     /// ```
-    pub fn state_slots(&self) -> f64 {
-        let sums = self.parts.freeze && self.policy(1).needs_gradient_sums();
-        self.memory.optimizer_slots + if sums { 1.0 } else { 0.0 }
+    pub fn with_evidence(&self, memory: &UnitMemory) -> UnitMemory {
+        let memory = memory.clone().with_evidence(0, 0.0);
+        if !self.parts.freeze {
+            return memory;
+        }
+        let policy = self.policy(1);
+        let memory = match policy.needs_gradient_sums() {
+            true => memory.with_evidence(0, 1.0),
+            false => memory,
+        };
+        match policy.needs_update_gains() {
+            true => {
+                let from = self.evidence_from(memory.len());
+                memory.with_evidence(from, 1.0)
+            }
+            false => memory,
+        }
+    }
+
+    /// The first unit whose update gains the default rule measures: the
+    /// first layer's (0 when the map does not fit `units` units).
+    pub(crate) fn evidence_from(&self, units: usize) -> usize {
+        self.layer_map(units).map_or(0, |map| map.first_unit())
     }
 
     /// The memory fit the shape rule keeps, for units of `memory` (see
@@ -94,8 +118,8 @@ impl TrainerConfig {
         MemoryFit::for_run(
             self.stages,
             self.memory.device_bytes,
-            self.state_slots(),
-            memory,
+            self.memory.optimizer_slots,
+            &self.with_evidence(memory),
             self.batch,
             self.replicas.pipeline.micro_batches,
             self.replicas.pipeline.schedule,

@@ -35,6 +35,11 @@ pub struct UnitMemory {
     /// Bytes each unit's forward pass keeps for its backward pass, per
     /// sample (0 where unknown).
     pub activations: Vec<u64>,
+    /// Bytes a training unit's freeze rule keeps beside it (a snapshot of
+    /// its weights, its running gradient sums), counted with its optimizer
+    /// state; empty or 0 where none.
+    #[serde(default)]
+    pub evidence: Vec<u64>,
 }
 
 /// What one stage holds, in bytes.
@@ -45,7 +50,8 @@ pub struct StageMemory {
     pub params: u64,
     /// Gradients of the training units.
     pub grads: u64,
-    /// Optimizer state of the training units.
+    /// Optimizer state of the training units, and what their freeze rule
+    /// keeps beside them ([`UnitMemory::evidence`]).
     pub optimizer: u64,
     /// Activations of the micro-batches in flight.
     pub activations: u64,
@@ -82,7 +88,28 @@ impl UnitMemory {
         Self {
             params,
             activations,
+            evidence: Vec::new(),
         }
+    }
+
+    /// These figures with `copies` copies of the parameters of each unit
+    /// from `from` on kept by a freeze rule beside a training unit (see
+    /// [`evidence`](Self::evidence)), added to what is there.
+    ///
+    /// ```
+    /// use burn_pipe::UnitMemory;
+    ///
+    /// let memory = UnitMemory::new(vec![400, 400], vec![0, 0]).with_evidence(1, 1.0);
+    /// assert_eq!(memory.unit(0, false, 0, 2.0).total(), 1600);
+    /// assert_eq!(memory.unit(1, false, 0, 2.0).total(), 2000);
+    /// assert_eq!(memory.unit(1, true, 0, 2.0).total(), 400);
+    /// ```
+    pub fn with_evidence(mut self, from: usize, copies: f64) -> Self {
+        self.evidence.resize(self.params.len(), 0);
+        for (unit, bytes) in self.evidence.iter_mut().enumerate().skip(from) {
+            *bytes += (self.params[unit] as f64 * copies).round() as u64;
+        }
+        self
     }
 
     /// From parameter counts of `element_bytes` bytes each, activations
@@ -96,6 +123,7 @@ impl UnitMemory {
         Self {
             params,
             activations,
+            evidence: Vec::new(),
         }
     }
 
@@ -130,10 +158,11 @@ impl UnitMemory {
                 ..StageMemory::default()
             };
         }
+        let evidence = self.evidence.get(unit).copied().unwrap_or(0);
         StageMemory {
             params,
             grads: params,
-            optimizer: (params as f64 * optimizer_slots).round() as u64,
+            optimizer: (params as f64 * optimizer_slots).round() as u64 + evidence,
             activations: self.activations[unit] * samples as u64,
         }
     }
