@@ -44,7 +44,7 @@ fn train() -> Result<(), Box<dyn std::error::Error>> {
         per_layer: 2,
         layers: BLOCKS,
     };
-    // The default rule: a block of layers whose gradients turned to noise freezes.
+    // The default rule: a bottom block whose share of the loss's decrease is small freezes.
     let evidence = EvidenceConfig::new();
     let cross_entropy = CrossEntropyLossConfig::new().init(&device);
     let mut trainer = TrainerConfig::new()
