@@ -127,8 +127,18 @@ pub(super) struct Budget {
 /// the activations measured on one global batch.
 ///
 /// `memory`: the units' memory measured on one global batch of the task
-/// ([`unit_memory`] for the generated one).
+/// ([`unit_memory`] for the generated one). The stages are sized for the
+/// configuration that holds the most: the default freeze rule, whose
+/// evidence keeps a snapshot of the blocks' weights
+/// ([`TrainerConfig::with_evidence`]), so that every configuration compared
+/// can run at K = 2 and 4.
 pub(super) fn budget(spec: &JobSpec, memory: UnitMemory) -> Result<Budget, BenchError> {
+    let blocks = burn_elastic_dp::LayerSpec::Uniform {
+        offset: 1,
+        per_layer: 2,
+        layers: spec.layers,
+    };
+    let memory = TrainerConfig::new().with_layers(blocks).with_evidence(&memory);
     let units = memory.len();
     let one_stage = memory.stages(&MemoryQuery {
         balance: &[units],
