@@ -383,7 +383,9 @@ where
     };
     let before = (stage.units().clone(), stage.optimizer.clone());
     let keep_sums = stage.sums.is_some();
-    let last_snapshot = stage.snapshot.take();
+    // Left in place until the step succeeds everywhere: a refused or undone
+    // step measures against it again.
+    let last_snapshot = stage.snapshot.as_ref();
     let units = stage.units.as_mut().expect("units present");
     let optimizer = &mut stage.optimizer;
     let result = caught(|| {
@@ -397,7 +399,7 @@ where
         let measuring = std::time::Instant::now();
         let (gains, snapshot) = match gains_from {
             Some(from) => {
-                let gains = match &last_snapshot {
+                let gains = match last_snapshot {
                     Some(before) => units.unit_update_gains(&grads, before),
                     None => vec![None; units.units().len()],
                 };
@@ -418,17 +420,14 @@ where
             snapshot,
             gain_time,
         },
-        Err(message) => {
-            stage.snapshot = last_snapshot;
-            Stepped {
-                before: Some(before),
-                sums: None,
-                panicked: Some(message),
-                gains: Vec::new(),
-                snapshot: None,
-                gain_time: std::time::Duration::ZERO,
-            }
-        }
+        Err(message) => Stepped {
+            before: Some(before),
+            sums: None,
+            panicked: Some(message),
+            gains: Vec::new(),
+            snapshot: None,
+            gain_time: std::time::Duration::ZERO,
+        },
     }
 }
 
