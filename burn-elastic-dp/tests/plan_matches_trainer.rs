@@ -16,7 +16,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn_elastic_dp::plan::{ClusterConfig, Link, ModelSpec, PlanConfig, UnitSpec, plan};
-use burn_elastic_dp::shape::{MemoryFit, initial_shape};
+use burn_elastic_dp::shape::{ShapeRule, ShapeSettings};
 use burn_elastic_dp::{
     BatchPolicy, CostModel, FreezeRule, LayerSpec, MemoryConfig, Parts, ReplicaConfig,
     TrainerConfig,
@@ -287,16 +287,11 @@ fn four_stage_budget() -> u64 {
     let device: Device<B> = Default::default();
     let params = stack(&device).unit_params();
     let costs = UnitCosts::from_params(&params, 1.0 / 3.0);
-    let fit = MemoryFit {
-        units: UnitMemory::from_param_counts(&params, 4),
-        device_bytes: u64::MAX,
-        batch: BatchPolicy::FixedGlobal { batch: BATCH },
-        micro_batches: None,
-        schedule: burn_pipe::Schedule::OneFOneB,
-        optimizer_slots: 2.0,
-    };
-    let (four, _) = initial_shape(&costs, 4, 1);
-    fit.stage_memory(&four.balance, 0, DEVICES)
+    let mut settings = ShapeSettings::new(DEVICES, BatchPolicy::FixedGlobal { batch: BATCH });
+    settings.stages = Some(4);
+    let mut rule = ShapeRule::new(settings, costs, UnitMemory::from_param_counts(&params, 4));
+    let four = rule.start().unwrap();
+    rule.stage_memory(&four.balance, 0)
         .iter()
         .map(|m| m.total())
         .max()

@@ -143,8 +143,10 @@ where
 
     /// Sets every replica's micro-batch count for the steps that follow
     /// (see [`Pipeline::set_micro_batches`]; `None`: the paper's count for
-    /// the number of stages), new replicas included. Fails, changing
-    /// nothing, on `Some(0)`.
+    /// the number of stages), new replicas included (they are copies of
+    /// replica 0). The group's [`config`](Self::config) keeps the user's
+    /// setting; [`micro_batches`](Self::micro_batches) tells the running
+    /// count. Fails, changing nothing, on `Some(0)`.
     pub fn set_micro_batches(&mut self, micro_batches: Option<usize>) -> Result<(), ElasticError> {
         if micro_batches == Some(0) {
             return Err(ElasticError::Replica {
@@ -157,7 +159,6 @@ where
                 .set_micro_batches(micro_batches)
                 .map_err(|source| ElasticError::Replica { replica, source })?;
         }
-        self.config.pipeline.micro_batches = micro_batches;
         Ok(())
     }
 

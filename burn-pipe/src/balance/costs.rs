@@ -7,7 +7,8 @@ use burn::serde::{Deserialize, Serialize};
 use burn_freeze::{LayerStack, StackTypes};
 
 /// Measured time of one unit for one batch.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(crate = "burn::serde")]
 pub struct UnitProfile {
     /// Forward pass.
     pub forward: Duration,

@@ -11,7 +11,7 @@ use crate::pipetransformer::plan::collective_model::Link;
 use crate::pipetransformer::plan::error::{PlanError, check, refused};
 use crate::pipetransformer::plan::model::ModelSpec;
 use crate::pipetransformer::plan::sim::parallelism_at;
-use crate::pipetransformer::shape::Reshaping;
+use crate::pipetransformer::shape::ShapeSettings;
 use crate::pipetransformer::trainer::{CostModel, FreezeRule, Parts};
 use crate::sampler::BatchPolicy;
 
@@ -114,9 +114,18 @@ pub struct PlanConfig {
     /// Pass order on each stage.
     #[config(default = "Schedule::OneFOneB")]
     pub schedule: Schedule,
-    /// Micro-batches per step; `None`: `burn_pipe::default_micro_batches(K)`.
+    /// Micro-batches per step; `None`: chosen for each shape by the
+    /// trainer's rule ([`ShapeRule::micro_batches`](crate::shape::ShapeRule::micro_batches)): from
+    /// [`micro_batch_times`](Self::micro_batch_times) when given, else the
+    /// paper's count (`burn_pipe::default_micro_batches(K)`), which the
+    /// plan then says it assumes ([`Plan::micro_batches_measured`](super::Plan::micro_batches_measured)).
     #[config(default = "None")]
     pub micro_batches: Option<usize>,
+    /// The units' times at several micro-batch sizes that a trainer
+    /// measured (see [`Trainer::shape_rule`](crate::Trainer::shape_rule)),
+    /// from which the plan chooses M for each shape as the trainer does.
+    #[config(default = "None")]
+    pub micro_batch_times: Option<burn_pipe::MicroBatchTimes>,
     /// What AutoPipe balances, as the trainer's: parameter counts with a
     /// frozen unit at `frozen_factor` (in [0, 1]) of an active one, or the
     /// units' times ([`ModelSpec::unit_costs`]).
@@ -317,13 +326,24 @@ impl PlanConfig {
         schedule.front(epoch).min(layers)
     }
 
-    /// The shape rule's limits for a run whose largest stage starts at
-    /// `initial_largest`: the parts that run, on one node's devices (every
-    /// node runs the rule on its own, in lockstep, as the trainer's ranks
-    /// do; the whole run holds `nodes` times its replicas).
-    pub fn reshaping(&self, initial_largest: f64) -> Reshaping {
-        self.parts
-            .reshaping(self.cluster.devices_per_node, initial_largest)
+    /// What the trainer's shape rule is asked: the parts that run, on one
+    /// node's devices (every node runs the rule on its own, in lockstep, as
+    /// the trainer's ranks do; the whole run holds `nodes` times its
+    /// replicas).
+    pub fn shape_settings(&self) -> ShapeSettings {
+        ShapeSettings {
+            devices: self.cluster.devices_per_node,
+            stages: self.stages,
+            pipe: self.parts.pipe,
+            dp: self.parts.dp,
+            cache: self.parts.cache,
+            device_bytes: self.memory.device_bytes,
+            optimizer_slots: self.memory.optimizer_slots,
+            batch: self.batch,
+            micro_batches: self.micro_batches,
+            measure_micro_batches: self.micro_batch_times.is_some(),
+            schedule: self.schedule,
+        }
     }
 }
 

@@ -63,6 +63,11 @@ pub struct Plan {
     pub epochs: Vec<EpochPlan>,
     /// The baseline, epoch by epoch.
     pub baseline: Vec<EpochPlan>,
+    /// Whether each shape's M was chosen from measured micro-batch times
+    /// ([`PlanConfig::micro_batch_times`](super::PlanConfig::micro_batch_times));
+    /// `false`: the configured count, or the paper's count for K assumed.
+    #[serde(default)]
+    pub micro_batches_measured: bool,
 }
 
 impl Plan {

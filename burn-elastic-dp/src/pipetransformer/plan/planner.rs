@@ -1,22 +1,19 @@
 //! The per-epoch PipeTransformer schedule and its predicted time: the freeze front, the shape from
 //! the trainer's shape rule, the cache, and each epoch's steps simulated, the all-reduce costed.
 
-use burn_pipe::default_micro_batches;
-
 use crate::pipetransformer::plan::config::PlanConfig;
 use crate::pipetransformer::plan::error::{PlanError, check};
 use crate::pipetransformer::plan::model::ModelSpec;
 use crate::pipetransformer::plan::outcome::{EpochPlan, EpochTime, Plan};
 use crate::pipetransformer::plan::step::{Layout, simulate_step};
 use crate::pipetransformer::plan::transition::transition_cost;
-use crate::pipetransformer::shape::{
-    MemoryFit, PipelineShape, StartError, reshape, starting_shape,
-};
+use crate::pipetransformer::shape::{PipelineShape, ShapeRule, StartError};
 use crate::sampler::BatchPolicy;
 
 /// Plans every epoch of `config` on `model`, and the baseline. Each
-/// epoch's shape comes from the trainer's shape rule ([`initial_shape`](crate::shape::initial_shape),
-/// then [`reshape`] whenever the front moves), on the units' costs under
+/// epoch's shape comes from the trainer's shape rule ([`ShapeRule::start`],
+/// then [`ShapeRule::after_move`] whenever the front moves, and
+/// [`ShapeRule::micro_batches`] for M), on the units' costs under
 /// [`PlanConfig::costs`]. The time of each epoch is split into compute,
 /// bubble, all-reduce and transitions; the baseline is pipeline plus data
 /// parallel, nothing frozen.
@@ -25,8 +22,7 @@ use crate::sampler::BatchPolicy;
 /// ([`FreezeRule`](crate::FreezeRule), [`Parts`](crate::Parts),
 /// [`LayerSpec`](crate::LayerSpec), [`CostModel`](crate::CostModel)):
 /// burn-freeze's freeze schedule and layer map, the trainer's shape rule
-/// ([`crate::pipetransformer::shape`]: [`initial_shape`](crate::pipetransformer::shape::initial_shape),
-/// [`reshape`]) on burn-pipe's one cost rule
+/// ([`ShapeRule`]) on burn-pipe's one cost rule
 /// ([`burn_pipe::UnitCosts`]), burn-pipe's micro-batch count and schedule
 /// (`stage_ops`), and the replica group's all-reduce (per tensor or
 /// bucketed, burn-collective's ring, tree and centralized strategies,
@@ -61,6 +57,8 @@ pub fn plan(config: &PlanConfig, model: &ModelSpec) -> Result<Plan, PlanError> {
     Ok(Plan {
         epochs: run(config, model, false)?,
         baseline: run(config, model, true)?,
+        micro_batches_measured: config.micro_batches.is_none()
+            && config.micro_batch_times.is_some(),
     })
 }
 
@@ -74,23 +72,17 @@ fn run(
     // Every node runs the shape rule on its own devices, in lockstep (as
     // the trainer's MPI ranks do): a pipeline stays within a node, and the
     // run holds `nodes` times one node's replicas.
-    let devices = config.cluster.devices_per_node;
-    let costs = model.unit_costs(config.costs);
-    // The trainer's start and fit (memory-aware AutoPipe, or the paper's
-    // fixed start).
-    let fit = MemoryFit::for_run(
-        config.stages,
-        config.memory.device_bytes,
-        config.memory.optimizer_slots,
-        &model.unit_memory(),
-        config.batch,
-        config.micro_batches,
-        config.schedule,
+    // The trainer's shape rule: its start (memory-aware AutoPipe, or the
+    // paper's fixed start), the shape after each move and M for each shape.
+    let mut rule = ShapeRule::new(
+        config.shape_settings(),
+        model.unit_costs(config.costs),
+        model.unit_memory(),
     );
-    let fixed = config.stages.map(|k| (k, devices / k));
-    let (mut shape, initial_largest) = starting_shape(&costs, fixed, fit.as_ref(), devices)
+    rule.set_micro_batch_times(config.micro_batch_times.clone());
+    let mut shape = rule
+        .start()
         .map_err(|error| PlanError::Invalid(start_message(&error)))?;
-    let rules = config.reshaping(initial_largest).with_memory(fit);
     let mut epochs: Vec<EpochPlan> = Vec::with_capacity(config.epochs);
     for epoch in 0..config.epochs {
         let previous = epochs.last();
@@ -101,17 +93,22 @@ fn run(
         };
         let front = map.unit_front(frozen_layers);
         // The trainer reshapes when the front moves, at once.
+        let front_before = previous.map_or(0, |p| p.front);
         if frozen_layers > previous.map_or(0, |p| p.frozen_layers) {
-            shape = reshape(&costs, front, &shape, &rules);
+            shape = rule
+                .after_move((front_before, front), &shape)
+                .map_err(|error| PlanError::Invalid(start_message(&error)))?;
         }
-        let cached = rules.cache && front > 0;
+        let cached = config.parts.cache && front > 0;
         let at = EpochFront {
             epoch,
             frozen_layers,
             front,
             cached,
         };
-        epochs.push(plan_epoch(config, model, &shape, at, previous)?);
+        let replicas = shape.replicas * config.cluster.nodes;
+        let micro_batches = rule.micro_batches(&shape, front, replicas).count;
+        epochs.push(plan_epoch(config, model, &shape, at, micro_batches, previous)?);
     }
     Ok(epochs)
 }
@@ -131,6 +128,7 @@ fn plan_epoch(
     model: &ModelSpec,
     shape: &PipelineShape,
     at: EpochFront,
+    micro_batches: usize,
     previous: Option<&EpochPlan>,
 ) -> Result<EpochPlan, PlanError> {
     let EpochFront {
@@ -141,9 +139,6 @@ fn plan_epoch(
     } = at;
     let nodes = config.cluster.nodes;
     let (stages, replicas) = (shape.stages(), shape.replicas * nodes);
-    let micro_batches = config
-        .micro_batches
-        .unwrap_or_else(|| default_micro_batches(stages));
     let (replica_batch, global_batch) = match config.batch {
         BatchPolicy::PerReplica { batch } => (batch, batch * replicas),
         BatchPolicy::FixedGlobal { batch } => (batch / replicas, batch),

@@ -7,7 +7,7 @@ use burn_pipe::{
 
 use crate::sampler::BatchPolicy;
 
-use super::form::{PipelineShape, initial_shape};
+use super::form::PipelineShape;
 
 /// Memory-aware AutoPipe's budget, and what its estimate of a stage's
 /// memory needs (see [`UnitMemory::stages`]).
@@ -66,34 +66,6 @@ pub enum StartError {
 }
 
 impl MemoryFit {
-    /// The fit a run keeps (the trainer's and the planner's one rule): with
-    /// a budget in `memory`, or with the start left to memory-aware AutoPipe
-    /// (`stages` unset, then without a budget every model fits one device);
-    /// `None`: the paper's rule (a fixed start, compression under the
-    /// starting largest stage). `device_bytes` and `optimizer_slots` are
-    /// the budget's (`MemoryConfig`'s fields).
-    pub fn for_run(
-        stages: Option<usize>,
-        device_bytes: Option<u64>,
-        optimizer_slots: f64,
-        units: &UnitMemory,
-        batch: BatchPolicy,
-        micro_batches: Option<usize>,
-        schedule: Schedule,
-    ) -> Option<MemoryFit> {
-        if stages.is_some() && device_bytes.is_none() {
-            return None;
-        }
-        Some(MemoryFit {
-            units: units.clone(),
-            device_bytes: device_bytes.unwrap_or(u64::MAX),
-            batch,
-            micro_batches,
-            schedule,
-            optimizer_slots,
-        })
-    }
-
     /// Samples per replica and micro-batches of a pipeline of `stages`
     /// stages over `devices` devices (`devices / stages` replicas).
     fn per_replica(&self, stages: usize, devices: usize) -> (usize, usize) {
@@ -187,32 +159,7 @@ pub fn stage_counts(devices: usize, units: usize) -> Vec<usize> {
 /// the active costs (or, where that balance does not fit, on memory), with
 /// `devices / K` replicas; and the largest stage's cost. Fails with the unit
 /// that does not fit when no partition fits.
-///
-/// ```
-/// use burn_elastic_dp::shape::{MemoryFit, fitting_start};
-/// use burn_pipe::UnitCosts;
-/// use burn_elastic_dp::BatchPolicy;
-/// use burn_pipe::{Schedule, UnitMemory};
-///
-/// let costs = UnitCosts::from_params(&[100; 8], 1.0 / 3.0);
-/// let mut fit = MemoryFit {
-///     units: UnitMemory::from_param_counts(&[100; 8], 4), // 400 bytes a unit
-///     device_bytes: u64::MAX,
-///     batch: BatchPolicy::FixedGlobal { batch: 32 },
-///     micro_batches: None,
-///     schedule: Schedule::OneFOneB,
-///     optimizer_slots: 2.0, // parameters, gradients and Adam: 1600 bytes a unit
-/// };
-/// // Unlimited: one stage, four replicas.
-/// assert_eq!(fitting_start(&costs, &fit, 4).unwrap().0.stages(), 1);
-/// // A quarter of the model per device: four stages.
-/// fit.device_bytes = 2 * 1600;
-/// assert_eq!(fitting_start(&costs, &fit, 4).unwrap().0.balance, vec![2; 4]);
-/// // Less than one unit: an error naming it.
-/// fit.device_bytes = 1000;
-/// assert_eq!(fitting_start(&costs, &fit, 4).unwrap_err().unit, 0);
-/// ```
-pub fn fitting_start(
+pub(super) fn fitting_start(
     costs: &UnitCosts,
     fit: &MemoryFit,
     devices: usize,
@@ -257,40 +204,6 @@ pub fn fitting_start(
         budget: fit.device_bytes,
         stages: longest,
     })
-}
-
-/// The starting shape (the trainer's and the planner's one rule): `fixed`
-/// (stages, replicas) balanced exactly on the active costs when given,
-/// which must then fit `fit`'s budget; else memory-aware AutoPipe's
-/// [`fitting_start`] under `fit`. Returns the shape and its largest stage's
-/// cost.
-pub fn starting_shape(
-    costs: &UnitCosts,
-    fixed: Option<(usize, usize)>,
-    fit: Option<&MemoryFit>,
-    devices: usize,
-) -> Result<(PipelineShape, f64), StartError> {
-    let (shape, largest) = match (fixed, fit) {
-        (Some((stages, replicas)), _) => initial_shape(costs, stages, replicas),
-        (None, Some(fit)) => fitting_start(costs, fit, devices).map_err(StartError::NoFit)?,
-        (None, None) => initial_shape(costs, devices.min(costs.len()).max(1), 1),
-    };
-    if let Some(fit) = fit {
-        let held = fit.stage_memory(&shape.balance, 0, devices);
-        if let Some((stage, over)) = held
-            .iter()
-            .enumerate()
-            .find(|(_, m)| m.total() > fit.device_bytes)
-        {
-            return Err(StartError::StageOver(StageOver {
-                stage,
-                stages: shape.stages(),
-                needed: over.total(),
-                budget: fit.device_bytes,
-            }));
-        }
-    }
-    Ok((shape, largest))
 }
 
 /// The modelled time of a step of `balance` on `stage_costs` over

@@ -1,19 +1,20 @@
-//! The shape rule, AutoPipe's and AutoDP's decision: the starting pipeline ([`initial_shape`] or
-//! [`fitting_start`]), then after each move of the front, stages, balance, replicas ([`reshape()`]).
+//! The shape rule, AutoPipe's and AutoDP's decision, owned by one type ([`ShapeRule`]): the
+//! starting pipeline, then after each move of the front, stages, balance, replicas, and the
+//! micro-batch count of every shape.
 
 mod form;
 mod memory;
 mod reshape;
+mod rule;
 
-pub use form::{PipelineShape, initial_shape};
-pub use memory::{
-    MemoryFit, NoFit, StageOver, StartError, fitting_start, stage_counts, starting_shape,
-};
-pub use reshape::{Reshaping, reshape};
+pub use form::PipelineShape;
+pub use memory::{MemoryFit, NoFit, StageOver, StartError, stage_counts};
+pub use rule::{MicroBatchSource, MicroBatches, ShapeRule, ShapeSettings};
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::form::initial_shape;
+    use super::reshape::{Reshaping, reshape};
     use burn_pipe::{UnitCosts, largest_stage};
 
     fn rules(pipe: bool, dp: bool, cache: bool, initial_largest: f64) -> Reshaping {

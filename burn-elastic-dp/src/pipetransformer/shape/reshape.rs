@@ -59,19 +59,7 @@ impl Reshaping {
 /// planner ([`plan`](crate::pipetransformer::plan::plan)) calls it for every
 /// epoch it predicts: one rule. Unit costs follow burn-pipe's one cost rule
 /// ([`UnitCosts`]).
-///
-/// ```
-/// use burn_elastic_dp::shape::{PipelineShape, Reshaping, initial_shape, reshape};
-/// use burn_pipe::UnitCosts;
-///
-/// let costs = UnitCosts::from_params(&[1; 8], 1.0 / 3.0);
-/// let (start, largest) = initial_shape(&costs, 4, 1);
-/// let rules = Reshaping { pipe: true, dp: true, cache: true, devices: 4, initial_largest: largest, memory: None };
-/// // Half the units frozen and cached: 2 stages do what 4 did, on 2 replicas.
-/// let next = reshape(&costs, 4, &start, &rules);
-/// assert_eq!(next, PipelineShape { balance: vec![6, 2], replicas: 2 });
-/// ```
-pub fn reshape(
+pub(crate) fn reshape(
     costs: &UnitCosts,
     front: usize,
     current: &PipelineShape,
@@ -79,8 +67,7 @@ pub fn reshape(
 ) -> PipelineShape {
     let units = costs.active.len();
     let trainable = units - front.min(units);
-    let balance = if rules.pipe && trainable > 0 && rules.memory.is_some() {
-        let fit = rules.memory.as_ref().expect("checked");
+    let balance = if let Some(fit) = rules.memory.as_ref().filter(|_| rules.pipe && trainable > 0) {
         fitting_reshape(costs, front, current, rules, fit)
     } else if rules.pipe && trainable > 0 {
         let stages = current.stages();

@@ -14,7 +14,7 @@ use super::schedule::{Closure, LrSource, Scheduler};
 use super::transition::shape_of;
 use super::{Trainer, TrainerConfig};
 use crate::group::ReplicaGroup;
-use crate::pipetransformer::shape::PipelineShape;
+use crate::pipetransformer::shape::{PipelineShape, ShapeRule};
 use crate::{StopSignal, TrainerError};
 
 /// The shape, the measurements and the epoch's state.
@@ -37,21 +37,28 @@ impl<TT: TrainerTypes> Trainer<TT> {
     /// per sample measured on the first batch (0 until then, or where the
     /// heap is not counted).
     pub fn unit_memory(&self) -> &UnitMemory {
-        self.measured.memory()
+        self.measured.rule().memory()
     }
 
     /// The estimate of what each stage of the current shape holds (see
     /// [`UnitMemory::stages`]), at the current front.
     pub fn stage_memory(&self) -> Vec<StageMemory> {
         let balance = self.shape().balance;
-        (self.measured).stage_memory(&self.config, &balance, self.front(), self.devices.len())
+        self.measured.rule().stage_memory(&balance, self.front())
     }
 
     /// The micro-batch count the group runs with and how it was chosen:
     /// `None` while the paper's rule or a configured count holds (no table
     /// of micro-batch times, or `micro_batches` set in the configuration).
     pub fn micro_batch_choice(&self) -> Option<&MicroBatchChoice> {
-        self.measured.micro.choice()
+        self.measured.micro_batch_choice()
+    }
+
+    /// The shape rule the run decides its shapes and micro-batch counts
+    /// by, on what it measured: costs, memory, micro-batch times (see
+    /// [`ShapeRule`]).
+    pub fn shape_rule(&self) -> &ShapeRule {
+        self.measured.rule()
     }
 }
 
@@ -191,8 +198,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
     /// what-if), instead of measuring them on the first batch, and chooses
     /// M for the current shape at once; every later shape is chosen from
     /// it too, whatever the cost model. A configured `micro_batches` still
-    /// holds. The table is not checkpointed: a resumed run measures again
-    /// (with profiled costs) or keeps the paper's rule.
+    /// holds. The table is checkpointed: a resumed run chooses from it.
     ///
     /// Fails, changing nothing, when the table does not time every unit of
     /// the model.
@@ -200,7 +206,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
         &mut self,
         times: MicroBatchTimes,
     ) -> Result<Option<&MicroBatchChoice>, TrainerError> {
-        (self.measured.micro).set_times(times, &mut self.group, &self.config)
+        (self.measured).set_micro_batch_times(times, &mut self.group)
     }
 
     /// Watches `signal`: once it is raised (by a SIGTERM handler, say:
@@ -286,7 +292,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
     /// configured, unless the run is one stage throughout: then parameter
     /// counts, which decide nothing there).
     pub fn unit_costs(&self) -> &UnitCosts {
-        self.measured.costs()
+        self.measured.rule().costs()
     }
 
     /// The learning rate of the last step (before the first, the

@@ -59,8 +59,8 @@ impl<TT: TrainerTypes> Trainer<TT> {
             Some(dir) => Some(JsonLog::create(dir, resuming)?),
             None => None,
         };
-        let mut measured = Measurements::start(&stack, &config);
-        let shape = measured.start_shape(&config, devices.len())?;
+        let mut measured = Measurements::start(&stack, &config, devices.len());
+        let shape = measured.start_shape()?;
         let pipeline = (config.replicas.pipeline.clone()).with_balance(Some(shape.balance.clone()));
         let mut group = (config.replicas.clone())
             .with_pipeline(pipeline)
@@ -79,10 +79,13 @@ impl<TT: TrainerTypes> Trainer<TT> {
         if config.parts.caches() {
             group.attach_cache(ActivationCache::new(config.cache.clone())?);
         }
+        // The rule's M from the first step on (the user's, or the paper's
+        // until the first batch measures the micro-batch times).
+        measured.apply_micro_batches(&mut group)?;
         tracing::info!(
             K = shape.stages(),
             R = shape.replicas,
-            M = config.replicas.pipeline.micro_batches_for(shape.stages()),
+            M = group.micro_batches(),
             balance = ?shape.balance,
             "PipeTransformer run starts"
         );

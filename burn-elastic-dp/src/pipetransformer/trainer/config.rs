@@ -10,13 +10,14 @@ use burn_freeze::{
     ChangeRateConfig, Evidence, EvidenceConfig, FixedSchedule, FreezePolicy, LayerMap, LayerStack,
     StackTypes,
 };
-use burn_pipe::MicroBatchLoss;
+use burn_pipe::{MicroBatchLoss, UnitCosts, UnitMemory};
 
 use super::Trainer;
 use super::bounds::TrainerTypesOf;
 use super::error::{TrainerError, invalid};
 use super::rules::{CostModel, FreezeRule, LayerSpec, Parts};
 use crate::ReplicaConfig;
+use crate::pipetransformer::shape::{PipelineShape, ShapeRule, ShapeSettings};
 use crate::sampler::BatchPolicy;
 use burn_freeze::StackOptimizer;
 
@@ -78,11 +79,20 @@ pub struct TrainerConfig {
     #[config(default = "CostModel::Profiled { repeats: 3 }")]
     pub costs: CostModel,
     /// Each replica group's settings: the pipeline's schedule, micro-batches
-    /// (`None`: with profiled costs, chosen for each shape from unit times
-    /// measured at a few micro-batch sizes; otherwise the paper's count for
-    /// each K) and waits, the all-reduce.
+    /// (`Some(m)`: the user's count for every shape; `None`: chosen for each
+    /// shape, see [`measure_micro_batches`](Self::measure_micro_batches))
+    /// and waits, the all-reduce.
     #[config(default = "ReplicaConfig::new()")]
     pub replicas: ReplicaConfig,
+    /// With no micro-batch count given, M is chosen for every shape the run
+    /// takes from each unit's forward and backward time measured at a few
+    /// micro-batch sizes on the first batch (under any cost model: the
+    /// shapes stay those the costs decide, only M is measured), the count
+    /// with the fastest predicted step; the times go into the checkpoints,
+    /// so a resumed run chooses as the run it continues. Off: the paper's
+    /// count for each K, reproducible bit for bit.
+    #[config(default = true)]
+    pub measure_micro_batches: bool,
     /// Seed of the sample order.
     #[config(default = 0)]
     pub seed: u64,
@@ -203,7 +213,7 @@ impl TrainerConfig {
             {
                 let replicas = local * processes;
                 let micro = self.replicas.pipeline.micro_batches_for(stages);
-                if self.batch.global_batch(replicas) < super::micro::min_batch(replicas, micro) {
+                if self.batch.global_batch(replicas) < ShapeRule::min_batch(replicas, micro) {
                     return Err(TrainerError::BatchTooSmall {
                         batch: self.batch.global_batch(replicas),
                         stages,
@@ -233,20 +243,114 @@ impl TrainerConfig {
 
     /// Whether a run of this configuration at `stages` stages chooses its
     /// micro-batch count by measurement: a pipeline (one stage has no
-    /// bubble: M = 1), no count configured, profiled costs.
+    /// bubble: M = 1), no count configured, measuring on (under any cost
+    /// model).
     ///
     /// ```
     /// use burn_elastic_dp::{CostModel, TrainerConfig};
     ///
-    /// let config = TrainerConfig::new().with_costs(CostModel::Profiled { repeats: 1 });
+    /// let config = TrainerConfig::new().with_costs(CostModel::Parameters { frozen_factor: 1.0 / 3.0 });
     /// assert!(config.measures_micro_batches(2) && !config.measures_micro_batches(1));
-    /// let counted = config.with_costs(CostModel::Parameters { frozen_factor: 1.0 / 3.0 });
-    /// assert!(!counted.measures_micro_batches(2));
+    /// let paper = config.with_measure_micro_batches(false);
+    /// assert!(!paper.measures_micro_batches(2));
     /// ```
     pub fn measures_micro_batches(&self, stages: usize) -> bool {
         stages > 1
             && self.replicas.pipeline.micro_batches.is_none()
-            && matches!(self.costs, CostModel::Profiled { .. })
+            && self.measure_micro_batches
+    }
+
+    /// What the shape rule ([`ShapeRule`]) is asked on `devices` devices
+    /// (one process's).
+    pub fn shape_settings(&self, devices: usize) -> ShapeSettings {
+        ShapeSettings {
+            devices,
+            stages: self.stages,
+            pipe: self.parts.pipe,
+            dp: self.parts.dp,
+            cache: self.parts.caches(),
+            device_bytes: self.memory.device_bytes,
+            optimizer_slots: self.memory.optimizer_slots,
+            batch: self.batch,
+            micro_batches: self.replicas.pipeline.micro_batches,
+            measure_micro_batches: self.measure_micro_batches,
+            schedule: self.replicas.pipeline.schedule,
+        }
+    }
+
+    /// What the freeze rule's evidence keeps beside the training units of
+    /// `memory`, added to it: one copy of the parameters of every unit for
+    /// the running gradient sums (the consistency signals, the paper's
+    /// accumulated-gradient argmin), one of every unit from the first
+    /// layer's on for the default rule's weight snapshot (update gains; the
+    /// embedding below the layers is not measured). Memory-aware AutoPipe
+    /// counts it with the optimizer's state.
+    ///
+    /// ```
+    /// use burn_elastic_dp::{FreezeRule, LayerSpec, Parts, TrainerConfig};
+    /// use burn_pipe::UnitMemory;
+    ///
+    /// let units = UnitMemory::new(vec![100; 4], vec![0; 4]);
+    /// let blocks = LayerSpec::Uniform { offset: 1, per_layer: 1, layers: 2 };
+    /// let default = TrainerConfig::new().with_layers(blocks);
+    /// assert_eq!(default.with_evidence(&units).evidence, [0, 100, 100, 100]);
+    /// let schedule = default.clone().with_freeze(FreezeRule::AlphaSchedule { alpha: 0.5 });
+    /// assert!(schedule.with_evidence(&units).evidence.iter().all(|&b| b == 0));
+    /// let no_freeze = default.with_parts(Parts::new().with_freeze(false));
+    /// assert!(no_freeze.with_evidence(&units).evidence.iter().all(|&b| b == 0));
+    /// ```
+    pub fn with_evidence(&self, memory: &UnitMemory) -> UnitMemory {
+        let memory = memory.clone().with_evidence(0, 0.0);
+        if !self.parts.freeze {
+            return memory;
+        }
+        let policy = self.policy(1);
+        let memory = match policy.needs_gradient_sums() {
+            true => memory.with_evidence(0, 1.0),
+            false => memory,
+        };
+        match policy.needs_update_gains() {
+            true => {
+                let from = self.evidence_from(memory.len());
+                memory.with_evidence(from, 1.0)
+            }
+            false => memory,
+        }
+    }
+
+    /// The first unit whose update gains the default rule measures: the
+    /// first layer's (0 when the map does not fit `units` units).
+    pub(crate) fn evidence_from(&self, units: usize) -> usize {
+        self.layer_map(units).map_or(0, |map| map.first_unit())
+    }
+
+    /// Checks, before any work, that a stack whose units hold `unit_params`
+    /// parameters of `element_bytes` bytes each has a start that fits the
+    /// budget on `devices` devices (on parameters, gradients and optimizer
+    /// state: activations are measured on the first batch, which checks
+    /// again); returns that start, balanced on parameter counts.
+    ///
+    /// ```
+    /// use burn_elastic_dp::{MemoryConfig, TrainerConfig, TrainerError};
+    ///
+    /// let config = TrainerConfig::new().with_memory(MemoryConfig::new().with_device_bytes(Some(1000)));
+    /// // Each unit: 100 parameters of 4 bytes, with gradients and Adam 1600 bytes.
+    /// let error = config.validate_memory(&[100; 8], 4, 4).unwrap_err();
+    /// assert!(matches!(error, TrainerError::DoesNotFit { unit: 0, alone: true, .. }));
+    /// let start = TrainerConfig::new().validate_memory(&[100; 8], 4, 4).unwrap();
+    /// assert_eq!((start.stages(), start.replicas), (1, 4));
+    /// ```
+    pub fn validate_memory(
+        &self,
+        unit_params: &[usize],
+        element_bytes: usize,
+        devices: usize,
+    ) -> Result<PipelineShape, TrainerError> {
+        self.validate(devices)?;
+        let memory = UnitMemory::from_param_counts(unit_params, element_bytes);
+        let costs = UnitCosts::from_params(unit_params, 1.0 / 3.0);
+        let memory = self.with_evidence(&memory);
+        Ok(ShapeRule::new(self.shape_settings(devices), costs, memory).start()?)
     }
 
     /// Replicas for a pipeline of `stages` stages: as many as the devices

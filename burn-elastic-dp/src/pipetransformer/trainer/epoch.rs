@@ -141,9 +141,6 @@ impl EpochTally {
     }
 
     /// The shape the epoch's last step ran with.
-    pub(super) fn ran_with(&self) -> &PipelineShape {
-        &self.ran_with
-    }
 
     /// The epoch's figures.
     pub(super) fn report(self, end: EpochEnd) -> EpochReport {

@@ -1,36 +1,40 @@
-//! What the trainer measures of the model and decides shapes from: the units' costs (parameter
-//! counts, or times profiled on the first batch), their memory (parameters, activations
-//! measured on the first batch) and the micro-batch rule.
+//! What the trainer measures of the model for its shape rule: the units' costs (parameter counts,
+//! or times profiled on the first batch), their memory (parameters, activations measured on the
+//! first batch) and their times at several micro-batch sizes; the rule ([`ShapeRule`]) decides
+//! every shape and micro-batch count on them.
 
 use burn::prelude::*;
-use burn_freeze::{Differentiable, LayerStack, StackOptimizer, StackTypes};
+use burn_freeze::{Activation, Differentiable, LayerStack, StackOptimizer, StackTypes};
 use burn_pipe::{
-    HeapCounter, StageMemory, UnitCosts, UnitMemory, measure_unit_memory, profile_units,
+    HeapCounter, MicroBatchChoice, MicroBatchTimes, UnitCosts, UnitMemory, measure_unit_memory,
+    micro_batch_profile_sizes, profile_micro_batches, profile_units,
 };
 use serde::{Deserialize, Serialize};
 
 use super::config::TrainerConfig;
 use super::error::TrainerError;
-use super::memory::MemoryConfig;
-use super::micro::MicroBatchRule;
 use super::rules::CostModel;
 use super::transition::shape_of;
 use crate::group::ReplicaGroup;
-use crate::pipetransformer::shape::{MemoryFit, PipelineShape, reshape};
+use crate::pipetransformer::shape::{MicroBatches, PipelineShape, ShapeRule};
 
-/// The measurements a run's shapes are decided on.
+/// Timed runs per micro-batch size when the unit costs are parameter
+/// counts (profiled costs use their own `repeats`): the fastest counts.
+pub(super) const MICRO_BATCH_REPEATS: usize = 3;
+
+/// The measurements a run's shapes are decided on, and the rule that
+/// decides them.
 pub(super) struct Measurements {
-    costs: UnitCosts,
+    /// The one owner of the run's shape decisions, on what is measured.
+    rule: ShapeRule,
     /// Whether the costs still wait for the first batch's profile.
     profile_pending: bool,
-    /// The units' memory: parameters, and activations once measured.
-    memory: UnitMemory,
     /// Whether the activations still wait for the first batch.
     memory_pending: bool,
-    /// The largest stage's cost at the start: no later stage exceeds it.
-    initial_largest: f64,
-    /// The micro-batch count's times and choice.
-    pub(super) micro: MicroBatchRule,
+    /// Whether the micro-batch times still wait for the first batch.
+    micro_pending: bool,
+    /// The micro-batch count the group runs with, and how it was chosen.
+    micro: Option<MicroBatches>,
 }
 
 /// What a checkpoint keeps of the measurements (fields of `state.json`).
@@ -45,12 +49,23 @@ pub(super) struct MeasuredState {
     pub memory: Option<UnitMemory>,
     #[serde(default)]
     pub memory_pending: bool,
+    /// The micro-batch times M is chosen from (absent in checkpoints from
+    /// before they were kept: a resumed run measures them again), so that
+    /// a resumed run chooses the M the run it continues chose, on any
+    /// number of devices.
+    #[serde(default)]
+    pub micro_batch_times: Option<MicroBatchTimes>,
 }
 
 impl Measurements {
     /// Before the first batch: parameter counts as costs and as memory,
-    /// and what the first batch is to measure under `config`.
-    pub(super) fn start<S: StackTypes>(stack: &LayerStack<S>, config: &TrainerConfig) -> Self {
+    /// and what the first batch is to measure under `config` on `devices`
+    /// devices.
+    pub(super) fn start<S: StackTypes>(
+        stack: &LayerStack<S>,
+        config: &TrainerConfig,
+        devices: usize,
+    ) -> Self {
         let params = stack.unit_params();
         // Parameter counts until the first batch is profiled.
         let (frozen_factor, profile_pending) = match config.costs {
@@ -58,43 +73,50 @@ impl Measurements {
             CostModel::Profiled { .. } => (1.0 / 3.0, true),
         };
         let memory = UnitMemory::from_param_counts(&params, burn_pipe::float_bytes::<S::Backend>());
+        let rule = ShapeRule::new(
+            config.shape_settings(devices),
+            UnitCosts::from_params(&params, frozen_factor),
+            config.with_evidence(&memory),
+        );
         // Activations are measured only where they can decide something: a
         // budget is given, the shape rule keeps a memory fit, the heap is
         // counted.
         let memory_pending = config.memory.device_bytes.is_some()
-            && config.memory_fit(&memory).is_some()
+            && rule.memory_fit().is_some()
             && HeapCounter::installed();
         Self {
-            costs: UnitCosts::from_params(&params, frozen_factor),
+            rule,
             profile_pending,
-            memory,
             memory_pending,
-            initial_largest: 0.0,
-            micro: MicroBatchRule::default(),
+            micro_pending: true,
+            micro: None,
         }
     }
 
-    /// AutoPipe's unit costs.
-    pub(super) fn costs(&self) -> &UnitCosts {
-        &self.costs
+    /// The shape rule, on what is measured so far.
+    pub(super) fn rule(&self) -> &ShapeRule {
+        &self.rule
     }
 
-    /// The units' memory figures.
-    pub(super) fn memory(&self) -> &UnitMemory {
-        &self.memory
+    /// The starting shape on what is known (see [`ShapeRule::start`]); its
+    /// largest stage's cost becomes the bound later shapes keep.
+    pub(super) fn start_shape(&mut self) -> Result<PipelineShape, TrainerError> {
+        Ok(self.rule.start()?)
     }
 
-    /// The starting shape on what is known over `devices` devices (see
-    /// [`TrainerConfig::start_shape`]); its largest stage's cost becomes
-    /// the bound later shapes keep.
-    pub(super) fn start_shape(
-        &mut self,
-        config: &TrainerConfig,
-        devices: usize,
+    /// The shape for the front `front`, reached from `front_before` with
+    /// the group in `before` (see [`ShapeRule::after_move`]).
+    pub(super) fn shape_after(
+        &self,
+        fronts: (usize, usize),
+        before: &PipelineShape,
     ) -> Result<PipelineShape, TrainerError> {
-        let (shape, largest) = config.start_shape(&self.costs, &self.memory, devices)?;
-        self.initial_largest = largest;
-        Ok(shape)
+        Ok(self.rule.after_move(fronts, before)?)
+    }
+
+    /// The micro-batch count the group runs with, when it was measured.
+    pub(super) fn micro_batch_choice(&self) -> Option<&MicroBatchChoice> {
+        self.micro.as_ref().and_then(MicroBatches::choice)
     }
 
     /// Before the first step, where pending: the units' activations, then
@@ -120,21 +142,18 @@ impl Measurements {
         if self.memory_pending {
             let measured = measure_unit_memory(&group.to_layer_stack()?, input.clone(), device);
             // Every process starts on the same figures: the largest measured.
-            self.memory = super::agree::unit_memory(group, measured)?;
+            let measured = super::agree::unit_memory(group, measured)?;
+            tracing::info!(activations = ?measured.activations, "activation bytes per sample measured");
+            self.rule.set_memory(config.with_evidence(&measured));
             self.memory_pending = false;
             changed = true;
-            tracing::info!(activations = ?self.memory.activations, "activation bytes per sample measured");
         }
         if let CostModel::Profiled { repeats } = config.costs
             && self.profile_pending
         {
             self.profile_pending = false;
             let stages = match changed {
-                true => {
-                    config
-                        .start_shape(&self.costs, &self.memory, devices.len())?
-                        .0
-                }
+                true => self.rule.clone().start()?,
                 false => shape_of(group),
             };
             if stages.stages() == 1 {
@@ -144,7 +163,7 @@ impl Measurements {
                     profile_units(&group.to_layer_stack()?, input.clone(), device, repeats);
                 // Every process balances on the same times: the slowest's.
                 let profile = super::agree::unit_profiles(group, profile)?;
-                self.costs = UnitCosts::from_profile(&profile);
+                self.rule.set_costs(UnitCosts::from_profile(&profile));
                 changed = true;
                 tracing::info!("unit costs profiled; the pipeline is balanced on them");
             }
@@ -152,88 +171,125 @@ impl Measurements {
         Ok(changed)
     }
 
-    /// The shape for the front `front`, reached from `front_before` with
-    /// the group in `before`, over `devices` devices. Up (or staying), the
-    /// shape rule compresses from `before`, no stage costlier than at the
-    /// start (the paper's rule) or, with a budget, every stage within it
-    /// (memory-aware AutoPipe). Down (a thaw), it cannot lengthen a
-    /// pipeline, so the shape is derived from the start: the start shape
-    /// (front 0), then the shape rule to `front`, so that AutoPipe
-    /// lengthens the pipeline when the memory budget (or the paper's bound)
-    /// needs it and AutoDP runs fewer replicas.
-    pub(super) fn shape_after(
-        &self,
+    /// Before the first step (of a new or resumed trainer): the unit times
+    /// at a few micro-batch sizes, measured on `input` (a copy of the model
+    /// on `device`) when the rule wants them (no count configured,
+    /// measuring on, a pipeline at the start, no table given or
+    /// checkpointed), agreed across processes; then M for the group's
+    /// shape, set on the group. A run that starts at one stage measures
+    /// nothing (K never grows; one stage has no bubble: M = 1).
+    pub(super) fn measure_micro_batches<S, O>(
+        &mut self,
+        group: &mut ReplicaGroup<S, O>,
         config: &TrainerConfig,
-        devices: usize,
-        (front_before, front): (usize, usize),
-        before: &PipelineShape,
-    ) -> Result<PipelineShape, TrainerError> {
-        let start = if front < front_before {
-            let (start, _) = config.start_shape(&self.costs, &self.memory, devices)?;
-            if front == 0 {
-                return Ok(start);
-            }
-            Some(start)
-        } else {
-            None
-        };
-        let rules = (config.parts)
-            .reshaping(devices, self.initial_largest)
-            .with_memory(config.memory_fit(&self.memory));
-        Ok(reshape(
-            &self.costs,
-            front,
-            start.as_ref().unwrap_or(before),
-            &rules,
-        ))
+        device: &Device<S::Backend>,
+        input: &S::Input,
+    ) -> Result<(), TrainerError>
+    where
+        S: StackTypes<Output: Differentiable<S::Backend>>,
+        O: StackOptimizer<S>,
+    {
+        if !self.micro_pending {
+            return Ok(());
+        }
+        self.micro_pending = false;
+        if self.rule.wants_micro_batch_times(shape_of(group).stages()) {
+            let repeats = match config.costs {
+                CostModel::Profiled { repeats } => repeats,
+                CostModel::Parameters { .. } => MICRO_BATCH_REPEATS,
+            };
+            // The largest batch a replica can get: the global batch of one.
+            let largest = config.batch.global_batch(1).min(input.batch_size());
+            let sizes = micro_batch_profile_sizes(largest);
+            let stack = group.to_layer_stack()?;
+            let measured = profile_micro_batches(&stack, input.clone(), device, &sizes, repeats)
+                .map_err(|error| {
+                    tracing::warn!(%error, "micro-batch sizes not profiled; the paper's micro-batch count holds")
+                })
+                .ok();
+            // Every process chooses from the same table: the slowest's.
+            let agreed = super::agree::micro_batch_times(group, measured)?;
+            self.rule.set_micro_batch_times(agreed);
+        }
+        self.apply_micro_batches(group)
     }
 
-    /// The estimate of what each stage of `balance` holds at `front` over
-    /// `devices` devices (see [`UnitMemory::stages`]).
-    pub(super) fn stage_memory(
-        &self,
-        config: &TrainerConfig,
-        balance: &[usize],
-        front: usize,
-        devices: usize,
-    ) -> Vec<StageMemory> {
-        let fit = config.memory_fit(&self.memory).or_else(|| {
-            let unlimited = MemoryConfig::new();
-            MemoryFit::for_run(
-                None,
-                unlimited.device_bytes,
-                unlimited.optimizer_slots,
-                &self.memory,
-                config.batch,
-                config.replicas.pipeline.micro_batches,
-                config.replicas.pipeline.schedule,
-            )
-        });
-        match fit {
-            Some(fit) => fit.stage_memory(balance, front, devices),
-            None => Vec::new(),
+    /// Takes `times` (which must time every unit of `group`'s model) and
+    /// chooses M for the group's shape at once; no measuring follows.
+    pub(super) fn set_micro_batch_times<S: StackTypes, O: StackOptimizer<S>>(
+        &mut self,
+        times: MicroBatchTimes,
+        group: &mut ReplicaGroup<S, O>,
+    ) -> Result<Option<&MicroBatchChoice>, TrainerError> {
+        let units = group.num_units();
+        if times.units() != units {
+            return Err(TrainerError::InvalidConfig {
+                field: "micro_batch_times",
+                value: format!("a table of {} units", times.units()),
+                accepted: "a table that times every unit of the model",
+            });
         }
+        self.rule.set_micro_batch_times(Some(times));
+        self.micro_pending = false;
+        self.apply_micro_batches(group)?;
+        Ok(self.micro_batch_choice())
+    }
+
+    /// M for the group's shape, from the rule, set on the group and
+    /// logged; asked at the first step and after every transition.
+    pub(super) fn apply_micro_batches<S: StackTypes, O: StackOptimizer<S>>(
+        &mut self,
+        group: &mut ReplicaGroup<S, O>,
+    ) -> Result<(), TrainerError> {
+        let shape = shape_of(group);
+        if shape.replicas == 0 {
+            return Ok(());
+        }
+        let total = group.total_replicas();
+        let chosen = self.rule.micro_batches(&shape, group.front(), total);
+        group.set_micro_batches(Some(chosen.count))?;
+        if let Some(choice) = chosen.choice() {
+            tracing::info!(
+                K = shape.stages(),
+                R = shape.replicas,
+                M = choice.micro_batches,
+                predicted_ms = format!("{:.2}", choice.predicted_step_s * 1e3),
+                paper_M = choice.paper_micro_batches,
+                paper_predicted_ms = choice
+                    .predicted(choice.paper_micro_batches)
+                    .map(|s| format!("{:.2}", s * 1e3)),
+                "micro-batches chosen from measured times"
+            );
+        }
+        self.micro = Some(chosen);
+        Ok(())
     }
 
     /// What a checkpoint keeps.
     pub(super) fn state(&self) -> MeasuredState {
         MeasuredState {
-            costs: self.costs.clone(),
-            initial_largest: self.initial_largest,
+            costs: self.rule.costs().clone(),
+            initial_largest: self.rule.initial_largest(),
             profile_pending: self.profile_pending,
-            memory: Some(self.memory.clone()),
+            memory: Some(self.rule.memory().clone()),
             memory_pending: self.memory_pending,
+            micro_batch_times: self.rule.micro_batch_times().cloned(),
         }
     }
 
-    /// Takes a checkpoint's measurements.
+    /// Takes a checkpoint's measurements (the micro-batch times too: then
+    /// nothing is measured again, and every shape gets the M the run it
+    /// continues would have chosen).
     pub(super) fn restore(&mut self, state: MeasuredState) {
-        self.costs = state.costs;
-        self.initial_largest = state.initial_largest;
+        self.rule.set_costs(state.costs);
+        self.rule.set_initial_largest(state.initial_largest);
         self.profile_pending = state.profile_pending;
         if let Some(memory) = state.memory {
-            self.memory = memory;
+            self.rule.set_memory(memory);
             self.memory_pending = state.memory_pending;
+        }
+        if let Some(times) = state.micro_batch_times {
+            self.rule.set_micro_batch_times(Some(times));
         }
     }
 }

@@ -17,7 +17,6 @@ mod learning_rate;
 mod log;
 mod measure;
 mod memory;
-mod micro;
 mod recovery;
 mod rules;
 mod schedule;
@@ -45,13 +44,13 @@ pub(crate) use schedule::LrSource;
 
 use crate::error::ElasticError;
 use crate::group::{GroupReport, ReplicaGroup};
+use crate::pipetransformer::shape::ShapeRule;
 use cursor::EpochCursor;
 use epoch::{EpochEnd, EpochTally};
 use held_out::HeldOut;
 use learning_rate::LearningRate;
 use log::JsonLog;
 use measure::Measurements;
-use micro::{group_min_batch, micro_batches};
 use transition::move_to;
 
 /// The loss, shared by every replica's thread: a micro-batch's output and
@@ -214,9 +213,8 @@ impl<TT: TrainerTypes> Trainer<TT> {
         );
         self.begin_epoch(dataset.len())?;
         loop {
-            let shape = self.shape();
             let replicas = self.group.total_replicas();
-            let min_batch = group_min_batch(&self.group, &self.config, shape.stages());
+            let min_batch = ShapeRule::min_batch(replicas, self.group.micro_batches());
             let Some(drawn) = self.cursor.next_batch(replicas, min_batch)? else {
                 break;
             };
@@ -243,7 +241,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
             self.checkpoint_after_step(moved || thawed)?;
             self.stop_if_requested()?;
             if flow.into_flow().is_break() && self.cursor.epoch_left() {
-                let end = self.epoch_end(&tally);
+                let end = self.epoch_end();
                 return Ok(tally.report(end));
             }
         }
@@ -262,9 +260,9 @@ impl<TT: TrainerTypes> Trainer<TT> {
         if shape.replicas == 0 {
             return Err(ElasticError::GroupLost.into());
         }
-        let needed = group_min_batch(&self.group, &self.config, shape.stages());
-        let (held_out, config) = (&self.held_out, &self.config);
         let replicas = self.group.total_replicas();
+        let needed = ShapeRule::min_batch(replicas, self.group.micro_batches());
+        let (held_out, config) = (&self.held_out, &self.config);
         let started = (self.cursor).begin(len, needed, replicas, |len| held_out.sampler(config, len))?;
         if let Some(steps) = started {
             // Checks scaled to the run (a resumed epoch keeps the length its
@@ -326,13 +324,13 @@ impl<TT: TrainerTypes> Trainer<TT> {
     {
         let (config, devices) = (&self.config, &self.devices);
         if (self.measured).measure_first_batch(&self.group, config, devices, input)? {
-            let start = self.measured.start_shape(config, devices.len())?;
+            let start = self.measured.start_shape()?;
             if move_to(&mut self.group, devices, &start)? {
                 self.rate.rebase(self.group.total_replicas());
             }
             tracing::info!(balance = ?start.balance, "the start decided again on what was measured");
         }
-        (self.measured.micro).measure_if_pending(&mut self.group, config, &devices[0], input)
+        (self.measured).measure_micro_batches(&mut self.group, config, &devices[0], input)
     }
 
     /// The group's forward and backward pass on a batch, the frozen prefix
@@ -424,11 +422,9 @@ impl<TT: TrainerTypes> Trainer<TT> {
         let front = self.group.front();
         let before = self.shape();
         let total_before = self.group.total_replicas();
-        let devices = self.devices.len();
-        let after =
-            (self.measured).shape_after(&self.config, devices, (front_before, front), &before)?;
+        let after = (self.measured).shape_after((front_before, front), &before)?;
         move_to(&mut self.group, &self.devices, &after)?;
-        let micro_batch_choice = self.measured.micro.choose(&mut self.group, &self.config);
+        self.measured.apply_micro_batches(&mut self.group)?;
         let record = Transition {
             epoch: self.cursor.epoch(),
             step: self.cursor.steps(),
@@ -437,8 +433,8 @@ impl<TT: TrainerTypes> Trainer<TT> {
             stages: (before.stages(), after.stages()),
             replicas: (before.replicas, after.replicas),
             total_replicas: (total_before, self.group.total_replicas()),
-            micro_batches: micro_batches(&self.group, &self.config, after.stages()),
-            micro_batch_choice,
+            micro_batches: self.group.micro_batches(),
+            micro_batch_choice: self.measured.micro_batch_choice().cloned(),
             balance: after.balance,
             millis: start.elapsed().as_secs_f64() * 1e3,
         };
@@ -475,19 +471,19 @@ impl<TT: TrainerTypes> Trainer<TT> {
     }
 
     /// What the epoch's end adds to `tally`.
-    fn epoch_end(&self, tally: &EpochTally) -> EpochEnd {
+    fn epoch_end(&self) -> EpochEnd {
         EpochEnd {
             epoch: self.cursor.epoch(),
             frozen_layers: self.auto.frozen_layers(),
             front: self.front(),
-            micro_batches: micro_batches(&self.group, &self.config, tally.ran_with().stages()),
+            micro_batches: self.group.micro_batches(),
             cache_after: self.cache_counts(),
         }
     }
 
     /// The epoch's report (logged), and the epoch closed (checkpointed).
     fn end_epoch(&mut self, tally: EpochTally) -> Result<EpochReport, TrainerError> {
-        let end = self.epoch_end(&tally);
+        let end = self.epoch_end();
         let report = tally.report(end);
         if let Some(log) = self.log.as_mut() {
             log.write_epoch(&report)?;

@@ -5,7 +5,6 @@ use burn::config::Config;
 use burn_freeze::{ArgminStatistic, EvidenceConfig};
 
 use super::error::{TrainerError, invalid};
-use crate::pipetransformer::shape::Reshaping;
 
 /// Which of PipeTransformer's four parts run; every combination is valid
 /// (the paper's ablations). With `freeze` off nothing freezes, so the other
@@ -44,12 +43,6 @@ impl Parts {
     /// ```
     pub fn caches(self) -> bool {
         self.cache && self.freeze
-    }
-
-    /// What the shape rule may do when these parts run on `devices`
-    /// devices, the largest stage at the start costing `initial_largest`.
-    pub fn reshaping(self, devices: usize, initial_largest: f64) -> Reshaping {
-        Reshaping::new(self.pipe, self.dp, self.cache, devices, initial_largest)
     }
 }
 

@@ -1,6 +1,8 @@
 //! A timing table for the micro-batch search: each unit's forward and
 //! backward time at several micro-batch sizes, read at any size.
 
+use burn::serde::{Deserialize, Serialize};
+
 use crate::balance::costs::{UnitProfile, UnitState};
 use crate::balance::micro::error::MicroSearchError;
 
@@ -25,11 +27,31 @@ use crate::balance::micro::error::MicroSearchError;
 /// assert!((times.unit_seconds(1, 8).0 - 0.008).abs() < 1e-12);
 /// # Ok::<(), burn_pipe::MicroSearchError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+///
+/// A table is serde (a checkpoint keeps the one a run chose its micro-batch
+/// counts from); reading one checks it as [`new`](Self::new) does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(crate = "burn::serde", try_from = "RawTimes")]
 pub struct MicroBatchTimes {
     sizes: Vec<usize>,
     /// `profiles[i][u]`: unit `u` at `sizes[i]` samples.
     profiles: Vec<Vec<UnitProfile>>,
+}
+
+/// A table as read, before [`MicroBatchTimes::new`] checks it.
+#[derive(Deserialize)]
+#[serde(crate = "burn::serde")]
+struct RawTimes {
+    sizes: Vec<usize>,
+    profiles: Vec<Vec<UnitProfile>>,
+}
+
+impl TryFrom<RawTimes> for MicroBatchTimes {
+    type Error = MicroSearchError;
+
+    fn try_from(raw: RawTimes) -> Result<Self, Self::Error> {
+        Self::new(raw.sizes, raw.profiles)
+    }
 }
 
 impl MicroBatchTimes {

@@ -1,7 +1,7 @@
 //! The headline's memory: memory-aware AutoPipe's estimate against the
 //! measured peak heap, and the memory-bound setting's budget.
 
-use burn_elastic_dp::shape::{MemoryFit, initial_shape};
+use burn_elastic_dp::shape::{ShapeRule, ShapeSettings};
 use burn_elastic_dp::{BatchPolicy, TrainerConfig};
 use burn_pipe::UnitCosts;
 use burn_pipe::{MemoryQuery, Schedule, UnitMemory, measure_unit_memory};
@@ -98,18 +98,6 @@ pub(super) fn unit_memory(spec: &JobSpec, pretrained: &Pretrained) -> UnitMemory
     })
 }
 
-/// The fit of `memory` for the job's batch on [`DEVICES`] devices.
-fn fit(spec: &JobSpec, memory: &UnitMemory, budget: u64) -> MemoryFit {
-    MemoryFit {
-        units: memory.clone(),
-        device_bytes: budget,
-        batch: BatchPolicy::FixedGlobal { batch: spec.batch },
-        micro_batches: None,
-        schedule: Schedule::OneFOneB,
-        optimizer_slots: ADAM_SLOTS,
-    }
-}
-
 /// The memory-bound setting's budget and the estimates it rests on.
 #[derive(Debug)]
 pub(super) struct Budget {
@@ -152,12 +140,17 @@ pub(super) fn budget(spec: &JobSpec, memory: UnitMemory) -> Result<Budget, Bench
     // Parameter costs (bytes are counts times 4: the same balance).
     let params: Vec<usize> = memory.params.iter().map(|&b| b as usize).collect();
     let costs = UnitCosts::from_params(&params, 1.0 / 3.0);
-    let unlimited = fit(spec, &memory, u64::MAX);
     let stages_by_k: Vec<(usize, Vec<u64>)> = burn_elastic_dp::shape::stage_counts(DEVICES, units)
         .into_iter()
         .map(|k| {
-            let (shape, _) = initial_shape(&costs, k, DEVICES / k);
-            let held = unlimited.stage_memory(&shape.balance, 0, DEVICES);
+            let mut settings = ShapeSettings::new(DEVICES, BatchPolicy::FixedGlobal { batch: spec.batch });
+            settings.stages = Some(k);
+            settings.optimizer_slots = ADAM_SLOTS;
+            let mut rule = ShapeRule::new(settings, costs.clone(), memory.clone());
+            let held = match rule.start() {
+                Ok(shape) => rule.stage_memory(&shape.balance, 0),
+                Err(_) => Vec::new(),
+            };
             (k, held.iter().map(|m| m.total()).collect())
         })
         .collect();
