@@ -1,15 +1,12 @@
 //! What a trainer shows of itself (its configuration, front, shape, measurements, rate, group,
 //! counts and model) and what a user sets on it (schedule, validation batch, micro-batch times,
-//! stop signal), and its checkpoints.
-
-use std::path::PathBuf;
+//! stop signal); its checkpoints are `checkpoint/`'s.
 
 use burn::lr_scheduler::LrScheduler;
 use burn_freeze::{Activation, InnerInput, InnerOutput, LayerStack};
 use burn_pipe::{MicroBatchChoice, MicroBatchTimes, StageMemory, UnitCosts, UnitMemory};
 
 use super::bounds::{TrainerBackend, TrainerInput, TrainerTypes};
-use super::checkpoint_files::RunState;
 use super::schedule::{Closure, LrSource, Scheduler};
 use super::transition::shape_of;
 use super::{Trainer, TrainerConfig};
@@ -226,48 +223,6 @@ impl<TT: TrainerTypes> Trainer<TT> {
     /// ```
     pub fn set_stop_signal(&mut self, signal: StopSignal) {
         self.group.set_stop_signal(signal);
-    }
-
-    /// Writes a checkpoint of the run into the configured directory (see
-    /// [`CheckpointConfig`](crate::CheckpointConfig); the trainer also does so every `every_steps`
-    /// steps, after each transition and at each epoch's end): weights,
-    /// optimizer state, freeze front and policy statistics, pipeline shape
-    /// and costs, replica count, the sampler's place in the epoch and the
-    /// step and epoch counters. Returns its directory, or `None` without a
-    /// checkpoint configuration.
-    ///
-    /// A directory per checkpoint, written under a temporary name and renamed
-    /// when complete (a crash never leaves a half-written checkpoint under a
-    /// real name), every file's CRC-32 in its `state.json`.
-    ///
-    /// Not saved: the AutoCache's entries (a resumed run recomputes them,
-    /// exactly) and the backend's random state (Burn has no API for it: a
-    /// model with dropout resumes with other dropout masks).
-    pub fn save_checkpoint(&mut self) -> Result<Option<PathBuf>, TrainerError> {
-        if self.config.checkpoint.is_none() {
-            return Ok(None);
-        }
-        // The freeze rule's evidence in the running gradient sums (not
-        // saved) closed into its state, which is.
-        self.auto.before_checkpoint(&mut self.group);
-        let Some(config) = &self.config.checkpoint else {
-            return Ok(None);
-        };
-        let (freeze, policy) = self.auto.save_state();
-        let state = RunState {
-            format: 0,
-            cursor: self.cursor.state(),
-            freeze,
-            policy,
-            front: self.group.front(),
-            shape: self.shape(),
-            measured: self.measured.state(),
-            rate: self.rate.state()?,
-            processes: self.group.processes(),
-            total_replicas: self.group.total_replicas(),
-            files: Vec::new(),
-        };
-        super::checkpoint::save(config, &self.group, state).map(Some)
     }
 }
 

@@ -12,9 +12,8 @@ use burn_freeze::{
 use burn_pipe::MicroBatchLoss;
 
 use super::Trainer;
-use super::bounds::{OptimizerRecord, TrainerBackend, TrainerTypes, TrainerTypesOf};
-use super::checkpoint::load_weights;
-use super::checkpoint_files::{Loaded, RunState, one_process_dir, read_agreed, read_latest};
+use super::bounds::{TrainerBackend, TrainerTypes, TrainerTypesOf};
+use super::checkpoint::{self, Resumed};
 use super::config::TrainerConfig;
 use super::cursor::EpochCursor;
 use super::error::TrainerError;
@@ -22,9 +21,8 @@ use super::held_out::HeldOut;
 use super::learning_rate::LearningRate;
 use super::log::JsonLog;
 use super::measure::Measurements;
-use super::transition::{device_lists, through_one};
+use super::transition::device_lists;
 use crate::group::nodes::OtherNodes;
-use crate::pipetransformer::shape::PipelineShape;
 
 impl<TT: TrainerTypes> Trainer<TT> {
     /// See [`TrainerConfig::init`]; `resuming` appends to the output
@@ -105,73 +103,6 @@ impl<TT: TrainerTypes> Trainer<TT> {
             config,
         })
     }
-
-    /// A trainer just built takes a checkpoint's state: front, shape,
-    /// optimizer state, measurements, freeze policy, rate, sampler, counts.
-    /// On another number of processes or devices the replicas are derived
-    /// again (under AutoDP), or the checkpoint is refused, naming its shape
-    /// and the devices given.
-    fn restore(
-        &mut self,
-        state: RunState,
-        optimizer: OptimizerRecord<TT>,
-    ) -> Result<(), TrainerError>
-    where
-        OptimizerRecord<TT>: Clone,
-    {
-        let shape = self.resumed_shape(&state)?;
-        let front = state.front;
-        through_one(&mut self.group, &self.devices, &shape, |group| {
-            if front > 0 {
-                group.freeze_to(front)?;
-            }
-            Ok(())
-        })?;
-        self.group.load_optimizer_record(optimizer);
-        self.measured.restore(state.measured);
-        self.rate.restore(state.rate);
-        self.auto.load_state(state.freeze, state.policy);
-        let (held_out, config) = (&self.held_out, &self.config);
-        self.cursor = EpochCursor::restore(state.cursor, |len| held_out.sampler(config, len))?;
-        Ok(())
-    }
-
-    /// The shape a checkpoint resumes at: its own, or on another number of
-    /// processes or devices, under AutoDP as many replicas as the devices
-    /// hold at the saved K (the global batch is shared among them all);
-    /// without AutoDP the saved R must fit.
-    fn resumed_shape(&self, state: &RunState) -> Result<PipelineShape, TrainerError> {
-        let mut shape = state.shape.clone();
-        let processes = self.group.processes();
-        let devices = self.devices.len();
-        let saved_devices = shape.stages() * shape.replicas;
-        if processes == state.processes && devices == saved_devices {
-            return Ok(shape);
-        }
-        let dp = self.config.parts.dp;
-        let needed = if dp { shape.stages() } else { saved_devices };
-        if devices < needed {
-            return Err(TrainerError::Checkpoint(format!(
-                "it was written at K={}, R={} ({saved_devices} devices); {devices} device(s) given: resume on at least {needed}{}",
-                shape.stages(),
-                shape.replicas,
-                if dp { "" } else { ", or turn AutoDP on" },
-            )));
-        }
-        if dp {
-            shape.replicas = devices / shape.stages();
-        }
-        tracing::info!(
-            written_by = state.processes,
-            resumed_on = processes,
-            devices_before = saved_devices,
-            devices_now = devices,
-            total_replicas_before = state.total_replicas,
-            replicas_here = shape.replicas,
-            "resuming on another number of processes or devices"
-        );
-        Ok(shape)
-    }
 }
 
 /// Resuming takes the parts a trainer is made of, as
@@ -202,31 +133,14 @@ where
         O::Record: Clone,
     {
         let config = config.for_rank(OtherNodes::job_rank());
-        let Some(checkpoint) = &config.checkpoint else {
-            return Err(TrainerError::InvalidConfig {
-                field: "checkpoint",
-                value: "None".into(),
-                accepted: "a checkpoint directory to resume from",
-            });
-        };
-        // Across processes, the ranks agree on the checkpoint over the link
-        // the group is then built on.
-        let (loaded, nodes) = if config.replicas.nodes.is_some() && OtherNodes::job_size().is_some()
-        {
-            let nodes = OtherNodes::join(&config.replicas, 1)?;
-            let timeout = std::time::Duration::from_millis(config.replicas.timeout_ms);
-            (read_agreed(&checkpoint.dir, &nodes, timeout)?, Some(nodes))
-        } else {
-            (read_latest(&one_process_dir(&checkpoint.dir)?)?, None)
-        };
         let device = devices.first().cloned().unwrap_or_default();
-        let Loaded {
+        let Resumed {
             path,
             state,
-            model,
+            stack,
             optimizer,
-        } = loaded;
-        let (stack, optimizer) = load_weights::<S, O>(stack, model, optimizer, &path, &device)?;
+            nodes,
+        } = checkpoint::load::<S, O>(&config, stack, &device)?;
         let mut trainer = Self::new(stack, devices, config, make_optimizer, loss, true, nodes)?;
         trainer.restore(state, optimizer)?;
         tracing::info!(

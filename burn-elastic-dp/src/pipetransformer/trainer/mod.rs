@@ -6,7 +6,6 @@ mod agree;
 mod bounds;
 mod build;
 mod checkpoint;
-mod checkpoint_files;
 mod config;
 mod cursor;
 mod epoch;
@@ -31,7 +30,7 @@ use burn_freeze::{AutoFreeze, FreezePolicy};
 use burn_pipe::MicroBatchLoss;
 
 pub use bounds::{CacheableStack, TrainerBackend, TrainerInput, TrainerTypes, TrainerTypesOf};
-pub use checkpoint_files::CheckpointConfig;
+pub use checkpoint::CheckpointConfig;
 pub use config::TrainerConfig;
 pub use epoch::StepProgress;
 pub use error::TrainerError;

@@ -1,5 +1,5 @@
-//! Checkpoints of a PipeTransformer run, as the trainer writes and reads them: a group's weights
-//! and optimizer state recorded beside the run's state (see `checkpoint_files.rs` for the files).
+//! A checkpoint's records: a group's weights and optimizer state encoded beside the run's state
+//! (written by `files.rs`), and decoded into a stack when read back.
 
 use std::path::{Path, PathBuf};
 
@@ -8,8 +8,9 @@ use burn::prelude::*;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn_freeze::{LayerStack, StackOptimizer, StackTypes};
 
-use super::checkpoint_files::{CheckpointConfig, RunState, write};
-use super::error::TrainerError;
+use super::files::write;
+use super::{CheckpointConfig, RunState};
+use crate::pipetransformer::trainer::error::TrainerError;
 use crate::group::ReplicaGroup;
 
 /// Writes a checkpoint of `group` (weights, optimizer state) and `state`
@@ -34,7 +35,7 @@ pub(super) fn save<S: StackTypes, O: StackOptimizer<S>>(
 }
 
 /// A checkpoint's weights loaded into `stack`, and its optimizer state.
-pub(super) fn load_weights<S, O>(
+pub(super) fn load<S, O>(
     stack: LayerStack<S>,
     model: Vec<u8>,
     optimizer: Vec<u8>,

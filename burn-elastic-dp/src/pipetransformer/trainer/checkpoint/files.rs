@@ -1,92 +1,18 @@
 //! A checkpoint's files: written under a temporary name and renamed when complete, verified by
-//! CRC-32 when read back.
+//! CRC-32 when read back, chosen (the newest that verifies; across processes, the newest every
+//! rank holds).
 
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use burn::config::Config;
-use burn_freeze::{FreezeState, PolicyState};
-use serde::{Deserialize, Serialize};
-
-use super::cursor::CursorState;
-use super::error::{TrainerError, invalid, io};
-use super::learning_rate::RateState;
-use super::measure::MeasuredState;
+use super::{CheckpointConfig, RunState};
 use crate::group::nodes::OtherNodes;
-use crate::pipetransformer::shape::PipelineShape;
+use crate::pipetransformer::trainer::error::{TrainerError, io};
 
-/// When and where a [`Trainer`](super::Trainer) writes checkpoints.
-///
-/// ```
-/// use burn_elastic_dp::CheckpointConfig;
-///
-/// let config = CheckpointConfig::new("runs/ckpt".into()).with_every_steps(50);
-/// assert_eq!(config.keep, 2);
-/// ```
-#[derive(Config, Debug)]
-pub struct CheckpointConfig {
-    /// Directory of the checkpoints (made if missing).
-    pub dir: PathBuf,
-    /// Steps between checkpoints (at least 1); one is also written after
-    /// every transition.
-    #[config(default = 100)]
-    pub every_steps: usize,
-    /// Checkpoints kept, the newest (at least 1); older ones are removed.
-    #[config(default = 2)]
-    pub keep: usize,
-}
-
-impl CheckpointConfig {
-    /// Checks the values; the error names the field and its range.
-    pub fn validate(&self) -> Result<(), TrainerError> {
-        if self.every_steps == 0 {
-            return Err(invalid("checkpoint.every_steps", 0, "at least 1"));
-        }
-        if self.keep == 0 {
-            return Err(invalid("checkpoint.keep", 0, "at least 1"));
-        }
-        Ok(())
-    }
-}
-
-/// Format of `state.json`.
-pub(super) const FORMAT: u32 = 1;
-pub(super) const MODEL: &str = "model.bin";
-pub(super) const OPTIMIZER: &str = "optimizer.bin";
-pub(super) const STATE: &str = "state.json";
-
-/// Everything of a run but its weights and optimizer state: a field per
-/// part of the trainer, the parts' own fields flattened into one object.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(super) struct RunState {
-    pub format: u32,
-    /// Steps, epochs and the sampler's place.
-    #[serde(flatten)]
-    pub cursor: CursorState,
-    pub freeze: FreezeState,
-    pub policy: Option<PolicyState>,
-    pub front: usize,
-    pub shape: PipelineShape,
-    /// Costs, memory and what is still to measure.
-    #[serde(flatten)]
-    pub measured: MeasuredState,
-    /// The learning rate's reference and schedule.
-    #[serde(flatten)]
-    pub rate: RateState,
-    /// Processes of the group that wrote it (1 for one process).
-    #[serde(default = "one")]
-    pub processes: usize,
-    /// Replicas of the whole group, every process's.
-    #[serde(default)]
-    pub total_replicas: usize,
-    /// (file, CRC-32, length) of the weights and optimizer files.
-    pub files: Vec<(String, u32, u64)>,
-}
-
-fn one() -> usize {
-    1
-}
+const MODEL: &str = "model.bin";
+const OPTIMIZER: &str = "optimizer.bin";
+const STATE: &str = "state.json";
 
 /// What a checkpoint holds, read back and verified.
 pub(super) struct Loaded {
@@ -134,7 +60,6 @@ pub(super) fn write(
         .join(format!(".tmp-{}", name(state.cursor.steps)));
     let _ = fs::remove_dir_all(&temporary);
     fs::create_dir(&temporary).map_err(io(&temporary))?;
-    state.format = FORMAT;
     state.files = vec![
         (MODEL.into(), crc32fast::hash(model), model.len() as u64),
         (
@@ -145,7 +70,8 @@ pub(super) fn write(
     ];
     write_synced(&temporary.join(MODEL), model)?;
     write_synced(&temporary.join(OPTIMIZER), optimizer)?;
-    let json = serde_json::to_vec_pretty(&state).expect("the run state serialises");
+    let json = serde_json::to_vec_pretty(&state)
+        .map_err(|e| TrainerError::Checkpoint(format!("the run state: {e}")))?;
     write_synced(&temporary.join(STATE), &json)?;
     let _ = fs::remove_dir_all(&final_dir);
     fs::rename(&temporary, &final_dir).map_err(io(&final_dir))?;
@@ -181,14 +107,14 @@ fn read(path: &Path) -> Result<Loaded, String> {
     let json = fs::read(path.join(STATE)).map_err(|e| format!("{STATE}: {e}"))?;
     let state: RunState =
         serde_json::from_slice(&json).map_err(|e| format!("{STATE} is not valid: {e}"))?;
-    if state.format != FORMAT {
+    if state.format != super::FORMAT {
         return Err(format!(
-            "format {} (this version reads {FORMAT})",
-            state.format
+            "format {} (this version reads {})",
+            state.format,
+            super::FORMAT
         ));
     }
-    let mut bytes = Vec::new();
-    for name in [MODEL, OPTIMIZER] {
+    let verified = |name: &str| -> Result<Vec<u8>, String> {
         let Some((_, crc, len)) = state.files.iter().find(|(n, _, _)| n == name) else {
             return Err(format!("{STATE} lists no {name}"));
         };
@@ -199,10 +125,10 @@ fn read(path: &Path) -> Result<Loaded, String> {
                 data.len()
             ));
         }
-        bytes.push(data);
-    }
-    let optimizer = bytes.pop().expect("two files");
-    let model = bytes.pop().expect("two files");
+        Ok(data)
+    };
+    let model = verified(MODEL)?;
+    let optimizer = verified(OPTIMIZER)?;
     Ok(Loaded {
         path: path.to_path_buf(),
         state,
@@ -211,9 +137,24 @@ fn read(path: &Path) -> Result<Loaded, String> {
     })
 }
 
+/// Every checkpoint in `dir` (none when it does not exist), newest first,
+/// each read and verified, or the reason it was rejected (logged).
+fn newest_first(
+    dir: &Path,
+) -> Result<impl Iterator<Item = (PathBuf, Result<Loaded, String>)>, TrainerError> {
+    let all = if dir.exists() { list(dir)? } else { Vec::new() };
+    Ok(all.into_iter().rev().map(|path| {
+        let read = read(&path);
+        if let Err(reason) = &read {
+            tracing::error!(checkpoint = %path.display(), %reason, "checkpoint rejected");
+        }
+        (path, read)
+    }))
+}
+
 /// Most checkpoint steps a process tells the others when they agree where
 /// to resume.
-pub(super) const AGREED_STEPS: usize = 32;
+const AGREED_STEPS: usize = 32;
 
 /// The step a checkpoint directory is named after.
 fn step_of(path: &Path) -> Option<i64> {
@@ -237,18 +178,10 @@ pub(super) fn read_agreed(
     nodes: &OtherNodes,
     timeout: std::time::Duration,
 ) -> Result<Loaded, TrainerError> {
-    let all = if dir.exists() { list(dir)? } else { Vec::new() };
-    let mut verified: Vec<(i64, Loaded)> = Vec::new();
-    for path in all.iter().rev() {
-        let Some(step) = step_of(path) else { continue };
-        match read(path) {
-            Ok(loaded) if verified.len() < AGREED_STEPS => verified.push((step, loaded)),
-            Ok(_) => break,
-            Err(reason) => {
-                tracing::error!(checkpoint = %path.display(), %reason, "checkpoint rejected");
-            }
-        }
-    }
+    let verified: Vec<(i64, Loaded)> = newest_first(dir)?
+        .filter_map(|(path, read)| Some((step_of(&path)?, read.ok()?)))
+        .take(AGREED_STEPS)
+        .collect();
     let mut record: Vec<i64> = verified.iter().map(|(step, _)| *step).collect();
     record.resize(AGREED_STEPS, -1);
     let Some(steps) = nodes.gather(record, std::time::Instant::now() + timeout)? else {
@@ -279,11 +212,12 @@ pub(super) fn read_agreed(
             "some ranks hold a newer checkpoint; every rank resumes from the newest they all hold"
         );
     }
-    let (_, loaded) = verified
+    // Every rank holds the common step, this one included.
+    verified
         .into_iter()
         .find(|(step, _)| *step == common)
-        .expect("every rank holds the common step, this one included");
-    Ok(loaded)
+        .map(|(_, loaded)| loaded)
+        .ok_or_else(|| TrainerError::ResumeDisagrees(format!("step {common} is no longer held here")))
 }
 
 /// Where one process resumes: `dir`, or, when `dir` holds no checkpoint of
@@ -302,15 +236,11 @@ pub(super) fn one_process_dir(dir: &Path) -> Result<PathBuf, TrainerError> {
 /// The newest checkpoint in `dir` that verifies; every one rejected is
 /// logged with the reason.
 pub(super) fn read_latest(dir: &Path) -> Result<Loaded, TrainerError> {
-    let all = if dir.exists() { list(dir)? } else { Vec::new() };
     let mut reasons = Vec::new();
-    for path in all.iter().rev() {
-        match read(path) {
+    for (path, read) in newest_first(dir)? {
+        match read {
             Ok(loaded) => return Ok(loaded),
-            Err(reason) => {
-                tracing::error!(checkpoint = %path.display(), %reason, "checkpoint rejected; trying the previous one");
-                reasons.push(format!("{}: {reason}", path.display()));
-            }
+            Err(reason) => reasons.push(format!("{}: {reason}", path.display())),
         }
     }
     Err(TrainerError::NoCheckpoint {
