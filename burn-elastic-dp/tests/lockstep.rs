@@ -526,6 +526,94 @@ fn two_ranks_train_every_sample_once_whatever_the_epochs_tail() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+// ---- Large gradients, summed in place, with an epoch's tail ----
+
+const WIDE_TAIL: &str = "two_ranks_sum_large_gradients_in_place_with_an_epochs_tail_of_3";
+
+/// Width of the wide model: each block's weight has 256 x 256 = 65 536
+/// values, enough to be summed in its own memory (the exchange's large
+/// path), its bias packed into the stage's arena (the small path).
+const WIDE: usize = 256;
+/// Its blocks.
+const WIDE_UNITS: usize = 4;
+/// An epoch of 32 + 3 samples on 2 ranks of 2 replicas, M = 2, a global
+/// batch of 16: two full steps, then a tail of 3.
+const WIDE_LEN: usize = 32 + 3;
+
+/// One stage on every device, 2 micro-batches, nothing frozen.
+fn wide_config() -> TrainerConfig {
+    TrainerConfig::new()
+        .with_freeze(FreezeRule::Fronts { layers: vec![0] })
+        .with_batch(BatchPolicy::FixedGlobal { batch: 16 })
+        .with_lr(1e-2)
+        .with_costs(CostModel::Parameters {
+            frozen_factor: 1.0 / 3.0,
+        })
+        .with_replicas(
+            ReplicaConfig::new()
+                .with_timeout_ms(60_000)
+                .with_pipeline(PipelineConfig::new().with_micro_batches(Some(2))),
+        )
+        .with_seed(7)
+}
+
+/// Two epochs of the wide model on `devices` devices; its weights and
+/// reports.
+fn train_wide(config: &TrainerConfig, devices: usize) -> (Vec<f32>, Vec<EpochReport>) {
+    let device: Device<B> = Default::default();
+    let mut trainer = config
+        .init(
+            block_stack(WIDE_UNITS, WIDE),
+            vec![device; devices],
+            || AdamConfig::new().init(),
+            loss,
+        )
+        .unwrap();
+    let data = common::four_class_rows::<WIDE>(WIDE_LEN);
+    let reports = (0..2)
+        .map(|_| trainer.fit_epoch(&data, &Rows).unwrap())
+        .collect();
+    (flat_weights(&trainer.to_layer_stack().unwrap()), reports)
+}
+
+fn wide_tail_rank() {
+    let (mpi, out) = rank_setup();
+    let (weights, reports) = train_wide(&across(wide_config()), 2);
+    let samples: Vec<usize> = reports.iter().map(|r| r.samples).collect();
+    let rank = mpi.rank();
+    std::fs::write(out.join(format!("wide-{rank}")), to_bytes(&weights)).unwrap();
+    std::fs::write(out.join(format!("wide-{rank}.samples")), format!("{samples:?}")).unwrap();
+}
+
+#[test]
+fn two_ranks_sum_large_gradients_in_place_with_an_epochs_tail_of_3() {
+    if std::env::var(ROLE).is_ok() {
+        return wide_tail_rank();
+    }
+    let out = std::env::temp_dir().join(format!("burn-elastic-dp-wide-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let (status, stderr) = job(WIDE_TAIL, 2, "wide", &out, Duration::from_secs(600));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the MPI job failed ({status:?}):\n{stderr}"
+    );
+    // One process of as many replicas (4) trains the same batches.
+    let (expected, reports) = train_wide(&wide_config(), 4);
+    assert!(
+        reports.iter().all(|r| r.samples == WIDE_LEN && r.total_replicas == 4),
+        "{reports:?}"
+    );
+    let weights: Vec<Vec<u8>> = (0..2).map(|r| read(&out.join(format!("wide-{r}")))).collect();
+    assert_eq!(weights[0], weights[1], "the ranks' weights differ");
+    for rank in 0..2 {
+        let samples = String::from_utf8(read(&out.join(format!("wide-{rank}.samples")))).unwrap();
+        assert_eq!(samples, format!("{:?}", [WIDE_LEN, WIDE_LEN]), "rank {rank}'s samples per epoch");
+    }
+    let worst = difference(&from_bytes(&weights[0]), &expected);
+    assert!(worst <= 1e-4, "two ranks and one process differ by {worst}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 // ---- Killed mid-epoch, resumed on fewer ranks ----
 
 const RESUME: &str = "a_rank_killed_mid_epoch_resumes_on_fewer_ranks_where_the_whole_run_ends";

@@ -1,7 +1,8 @@
 //! The trainer's micro-batch count: chosen from micro-batch times for each
 //! shape (at the first step and after each transition) and run, logged with
-//! each transition; the paper's rule where costs are parameter counts; a
-//! configured count always holds.
+//! each transition, under any cost model; the times checkpointed, so that a
+//! resumed run chooses as the run it continues; the paper's rule with
+//! measuring off; a configured count always holds.
 
 use std::time::Duration;
 
@@ -160,8 +161,8 @@ fn the_chosen_micro_batch_count_is_what_runs_at_every_shape() {
 }
 
 #[test]
-fn parameter_costs_keep_the_papers_count() {
-    let mut trainer = trainer(config());
+fn measuring_off_keeps_the_papers_count() {
+    let mut trainer = trainer(config().with_measure_micro_batches(false));
     let report = trainer.fit_epoch(&dataset(2 * BATCH), &Rows).unwrap();
     assert_eq!(report.micro_batches, default_micro_batches(4));
     assert_eq!(
@@ -212,8 +213,17 @@ fn a_table_of_another_model_is_refused() {
 }
 
 #[test]
+fn parameter_costs_measure_micro_batch_times_on_the_first_batch() {
+    measured_on_the_first_batch(config());
+}
+
+#[test]
 fn profiled_costs_measure_micro_batch_times_on_the_first_batch() {
-    let mut trainer = trainer(config().with_costs(CostModel::Profiled { repeats: 1 }));
+    measured_on_the_first_batch(config().with_costs(CostModel::Profiled { repeats: 1 }));
+}
+
+fn measured_on_the_first_batch(config: TrainerConfig) {
+    let mut trainer = trainer(config);
     assert!(
         trainer.micro_batch_choice().is_none(),
         "nothing measured before the first batch"
@@ -285,7 +295,72 @@ fn the_group_sets_every_replicas_count_and_refuses_zero() {
         ),
         (3, 3)
     );
-    assert_eq!(group.config().pipeline.micro_batches, Some(3));
+    // The configuration keeps the user's setting; the running count is
+    // the group's.
+    assert_eq!(group.config().pipeline.micro_batches, None);
     group.set_micro_batches(None).unwrap();
     assert_eq!(group.micro_batches(), default_micro_batches(2));
+}
+
+/// The expected M of `trainer`'s current shape from `times`, the units up
+/// to `front` frozen and cached on stage 0.
+fn expected_m(trainer: &Run, times: &MicroBatchTimes, front: usize) -> usize {
+    let shape = trainer.shape();
+    let states: Vec<UnitState> = (0..UNITS)
+        .map(|u| UnitState::of(u, front, front.min(shape.balance[0])))
+        .collect();
+    let total = trainer.group().total_replicas();
+    choose_micro_batches(
+        times,
+        &MicroBatchQuery {
+            balance: &shape.balance,
+            states: &states,
+            batch_per_replica: BATCH / total,
+            schedule: trainer.config().replicas.pipeline.schedule,
+        },
+    )
+    .unwrap()
+    .micro_batches
+}
+
+#[test]
+fn a_resumed_run_chooses_from_the_checkpointed_times_on_the_same_and_fewer_devices() {
+    let dir = tempdir("resume");
+    let checkpointed = config().with_checkpoint(Some(burn_elastic_dp::CheckpointConfig::new(dir.clone())));
+    let mut trainer = trainer(checkpointed.clone());
+    trainer.set_micro_batch_times(steep_below_8()).unwrap();
+    let data = dataset(4 * BATCH);
+    let first = trainer.fit_epoch(&data, &Rows).unwrap();
+    assert_eq!(first.transitions.len(), 1);
+    let (shape, m) = (trainer.shape(), trainer.group().micro_batches());
+    assert_eq!((shape.stages(), shape.replicas, m), (2, 2, 2));
+    drop(trainer);
+
+    let device: Device<B> = Default::default();
+    for devices in [4, 2] {
+        let (mut resumed, _) = Run::resume(
+            stack(),
+            vec![device; devices],
+            checkpointed.clone().with_stages(Some(devices.min(4))),
+            || AdamConfig::new().init(),
+            loss,
+        )
+        .unwrap();
+        // The table is the checkpoint's, not measured again (a measurement
+        // on this machine's clock would not be the synthetic one).
+        assert_eq!(resumed.shape_rule().micro_batch_times(), Some(&steep_below_8()));
+        let report = resumed.fit_epoch(&data, &Rows).unwrap();
+        let expected = expected_m(&resumed, &steep_below_8(), UNITS / 2);
+        assert_eq!((report.stages, report.replicas), (2, devices / 2));
+        assert_eq!(report.micro_batches, expected, "on {devices} devices");
+        assert_eq!(resumed.group().micro_batches(), expected);
+        if devices == 4 {
+            assert_eq!(expected, m, "the uninterrupted run's M");
+        }
+        assert_eq!(
+            resumed.micro_batch_choice().map(|c| c.micro_batches),
+            Some(expected)
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -22,8 +22,7 @@ use burn_elastic_dp::{
     TrainerConfig,
 };
 use burn_freeze::{LayerStack, StackMarker};
-use burn_pipe::UnitCosts;
-use burn_pipe::UnitMemory;
+use burn_pipe::{MicroBatchTimes, UnitCosts, UnitMemory};
 
 mod common;
 
@@ -92,13 +91,23 @@ fn job_config() -> TrainerConfig {
 
 /// The planner's view of the same run: the stack's units (parameter bytes
 /// of 4-byte values), the trainer's layers, parts, freeze rule and costs.
-fn planned(config: &TrainerConfig, params: &[usize]) -> Vec<EpochShape> {
-    planned_on(config, params, 1)
+fn planned(
+    config: &TrainerConfig,
+    params: &[usize],
+    times: Option<MicroBatchTimes>,
+) -> Vec<EpochShape> {
+    planned_on(config, params, 1, times)
 }
 
 /// [`planned`] on `nodes` nodes of `DEVICES` devices (the ranks of an MPI
-/// job, every one running the shape rule in lockstep).
-fn planned_on(config: &TrainerConfig, params: &[usize], nodes: usize) -> Vec<EpochShape> {
+/// job, every one running the shape rule in lockstep), M chosen from
+/// `times` (the trainer's measured micro-batch times) when given.
+fn planned_on(
+    config: &TrainerConfig,
+    params: &[usize],
+    nodes: usize,
+    times: Option<MicroBatchTimes>,
+) -> Vec<EpochShape> {
     let units = params
         .iter()
         .enumerate()
@@ -132,7 +141,8 @@ fn planned_on(config: &TrainerConfig, params: &[usize], nodes: usize) -> Vec<Epo
     .with_costs(config.costs)
     .with_stages(config.stages)
     .with_memory(config.memory.clone())
-    .with_micro_batches(config.replicas.pipeline.micro_batches);
+    .with_micro_batches(config.replicas.pipeline.micro_batches)
+    .with_micro_batch_times(times);
     plan(&plan_config, &model)
         .unwrap()
         .epochs
@@ -180,8 +190,9 @@ impl Batcher<B, ([f32; WIDTH], i64), (Tensor<B, 2>, Tensor<B, 1, Int>)> for Poin
 
 /// The trainer's shapes, epoch by epoch: the starting one, then after each
 /// epoch the last transition's (or the same when the front did not move);
-/// R counts the replicas of every process.
-fn trained(config: &TrainerConfig) -> (Vec<EpochShape>, Vec<usize>) {
+/// R counts the replicas of every process, M is the count the epoch ran
+/// with; and the micro-batch times the trainer measured.
+fn trained(config: &TrainerConfig) -> (Vec<EpochShape>, Vec<usize>, Option<MicroBatchTimes>) {
     let device: Device<B> = Default::default();
     <B as Backend>::seed(&device, 7);
     let stack = stack(&device);
@@ -213,9 +224,13 @@ fn trained(config: &TrainerConfig) -> (Vec<EpochShape>, Vec<usize>) {
         balance: shape.balance.clone(),
     };
     let mut epochs = Vec::new();
-    for _ in 0..EPOCHS {
-        epochs.push(current.clone());
+    for epoch in 0..EPOCHS {
         let report = trainer.fit_epoch(&data, &Points).unwrap();
+        if epoch == 0 {
+            // M measured on the first batch, before the first step.
+            current.micro_batches = report.micro_batches;
+        }
+        epochs.push(current.clone());
         if let Some(t) = report.transitions.last() {
             current = EpochShape {
                 frozen_layers: t.frozen_layers,
@@ -227,14 +242,17 @@ fn trained(config: &TrainerConfig) -> (Vec<EpochShape>, Vec<usize>) {
             };
         }
     }
-    (epochs, params)
+    let times = trainer.shape_rule().micro_batch_times().cloned();
+    (epochs, params, times)
 }
 
 /// Trains `config`, plans it, and checks that the two agree epoch by
 /// epoch; returns the epochs.
 fn agree(config: &TrainerConfig) -> Vec<EpochShape> {
-    let (trained, params) = trained(config);
-    let planned = planned(config, &params);
+    let (trained, params, times) = trained(config);
+    // Given the trainer's micro-batch times, the planner chooses each
+    // shape's M as the trainer did.
+    let planned = planned(config, &params, times);
     assert_eq!(planned, trained);
     trained
 }
@@ -307,16 +325,19 @@ fn four_stage_budget() -> u64 {
 #[test]
 fn across_two_ranks_the_planner_decides_every_epoch_as_the_trainer_does() {
     const OUT: &str = "PLAN_MATCHES_RANK_OUT";
+    // M pinned to the paper's count (each rank's clock is its own; the
+    // planner here has no table).
     let config = job_config()
         .with_batch(BatchPolicy::FixedGlobal { batch: 64 })
-        .with_memory(MemoryConfig::new().with_device_bytes(Some(four_stage_budget())));
+        .with_memory(MemoryConfig::new().with_device_bytes(Some(four_stage_budget())))
+        .with_measure_micro_batches(false);
     if let Ok(out) = std::env::var(OUT) {
         let mpi = burn_elastic_dp::Mpi::init().unwrap();
         let replicas = config
             .replicas
             .clone()
             .with_nodes(Some(burn_elastic_dp::NodeConfig::new()));
-        let (epochs, _) = trained(&config.clone().with_replicas(replicas));
+        let (epochs, _, _) = trained(&config.clone().with_replicas(replicas));
         std::fs::write(format!("{out}-{}", mpi.rank()), format!("{epochs:?}")).unwrap();
         return;
     }
@@ -335,7 +356,7 @@ fn across_two_ranks_the_planner_decides_every_epoch_as_the_trainer_does() {
     );
     let device: Device<B> = Default::default();
     let params = stack(&device).unit_params();
-    let planned = planned_on(&config, &params, 2);
+    let planned = planned_on(&config, &params, 2, None);
     assert_eq!(
         (planned[0].stages, planned[0].replicas),
         (4, 2),
