@@ -582,7 +582,11 @@ fn wide_tail_rank() {
     let samples: Vec<usize> = reports.iter().map(|r| r.samples).collect();
     let rank = mpi.rank();
     std::fs::write(out.join(format!("wide-{rank}")), to_bytes(&weights)).unwrap();
-    std::fs::write(out.join(format!("wide-{rank}.samples")), format!("{samples:?}")).unwrap();
+    std::fs::write(
+        out.join(format!("wide-{rank}.samples")),
+        format!("{samples:?}"),
+    )
+    .unwrap();
 }
 
 #[test]
@@ -600,14 +604,22 @@ fn two_ranks_sum_large_gradients_in_place_with_an_epochs_tail_of_3() {
     // One process of as many replicas (4) trains the same batches.
     let (expected, reports) = train_wide(&wide_config(), 4);
     assert!(
-        reports.iter().all(|r| r.samples == WIDE_LEN && r.total_replicas == 4),
+        reports
+            .iter()
+            .all(|r| r.samples == WIDE_LEN && r.total_replicas == 4),
         "{reports:?}"
     );
-    let weights: Vec<Vec<u8>> = (0..2).map(|r| read(&out.join(format!("wide-{r}")))).collect();
+    let weights: Vec<Vec<u8>> = (0..2)
+        .map(|r| read(&out.join(format!("wide-{r}"))))
+        .collect();
     assert_eq!(weights[0], weights[1], "the ranks' weights differ");
     for rank in 0..2 {
         let samples = String::from_utf8(read(&out.join(format!("wide-{rank}.samples")))).unwrap();
-        assert_eq!(samples, format!("{:?}", [WIDE_LEN, WIDE_LEN]), "rank {rank}'s samples per epoch");
+        assert_eq!(
+            samples,
+            format!("{:?}", [WIDE_LEN, WIDE_LEN]),
+            "rank {rank}'s samples per epoch"
+        );
     }
     let worst = difference(&from_bytes(&weights[0]), &expected);
     assert!(worst <= 1e-4, "two ranks and one process differ by {worst}");

@@ -326,7 +326,8 @@ fn expected_m(trainer: &Run, times: &MicroBatchTimes, front: usize) -> usize {
 #[test]
 fn a_resumed_run_chooses_from_the_checkpointed_times_on_the_same_and_fewer_devices() {
     let dir = tempdir("resume");
-    let checkpointed = config().with_checkpoint(Some(burn_elastic_dp::CheckpointConfig::new(dir.clone())));
+    let checkpointed =
+        config().with_checkpoint(Some(burn_elastic_dp::CheckpointConfig::new(dir.clone())));
     let mut trainer = trainer(checkpointed.clone());
     trainer.set_micro_batch_times(steep_below_8()).unwrap();
     let data = dataset(4 * BATCH);
@@ -348,7 +349,10 @@ fn a_resumed_run_chooses_from_the_checkpointed_times_on_the_same_and_fewer_devic
         .unwrap();
         // The table is the checkpoint's, not measured again (a measurement
         // on this machine's clock would not be the synthetic one).
-        assert_eq!(resumed.shape_rule().micro_batch_times(), Some(&steep_below_8()));
+        assert_eq!(
+            resumed.shape_rule().micro_batch_times(),
+            Some(&steep_below_8())
+        );
         let report = resumed.fit_epoch(&data, &Rows).unwrap();
         let expected = expected_m(&resumed, &steep_below_8(), UNITS / 2);
         assert_eq!((report.stages, report.replicas), (2, devices / 2));

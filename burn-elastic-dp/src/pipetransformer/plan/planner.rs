@@ -108,7 +108,14 @@ fn run(
         };
         let replicas = shape.replicas * config.cluster.nodes;
         let micro_batches = rule.micro_batches(&shape, front, replicas).count;
-        epochs.push(plan_epoch(config, model, &shape, at, micro_batches, previous)?);
+        epochs.push(plan_epoch(
+            config,
+            model,
+            &shape,
+            at,
+            micro_batches,
+            previous,
+        )?);
     }
     Ok(epochs)
 }

@@ -47,9 +47,13 @@ pub(super) fn balance_for(
     }
 }
 
-/// The starting shape: `stages` stages balanced exactly on the active
+/// `stages` stages balanced exactly on the active
 /// costs, and its largest stage's cost.
-pub(crate) fn initial_shape(costs: &UnitCosts, stages: usize, replicas: usize) -> (PipelineShape, f64) {
+pub(crate) fn balanced_shape(
+    costs: &UnitCosts,
+    stages: usize,
+    replicas: usize,
+) -> (PipelineShape, f64) {
     let balance = balance_exact(&costs.active, stages);
     let largest = largest_stage(&costs.active, &balance);
     (PipelineShape { balance, replicas }, largest)

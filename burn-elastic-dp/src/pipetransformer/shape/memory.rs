@@ -154,12 +154,12 @@ pub fn stage_counts(devices: usize, units: usize) -> Vec<usize> {
         .collect()
 }
 
-/// Memory-aware AutoPipe's start: the fewest stages (a divisor of
+/// The fewest stages (a divisor of
 /// `devices`) whose every stage fits `fit`'s budget, balanced exactly on
 /// the active costs (or, where that balance does not fit, on memory), with
 /// `devices / K` replicas; and the largest stage's cost. Fails with the unit
 /// that does not fit when no partition fits.
-pub(super) fn fitting_start(
+pub(super) fn fewest_fitting_stages(
     costs: &UnitCosts,
     fit: &MemoryFit,
     devices: usize,

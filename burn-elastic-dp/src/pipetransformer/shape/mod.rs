@@ -13,7 +13,7 @@ pub use rule::{MicroBatchSource, MicroBatches, ShapeRule, ShapeSettings};
 
 #[cfg(test)]
 mod tests {
-    use super::form::initial_shape;
+    use super::form::balanced_shape;
     use super::reshape::{Reshaping, reshape};
     use burn_pipe::{UnitCosts, largest_stage};
 
@@ -31,7 +31,7 @@ mod tests {
     #[test]
     fn the_pipeline_shortens_and_replicas_grow_as_the_front_moves() {
         let costs = UnitCosts::from_params(&[1; 16], 1.0 / 3.0);
-        let (mut shape, largest) = initial_shape(&costs, 8, 1);
+        let (mut shape, largest) = balanced_shape(&costs, 8, 1);
         assert_eq!(shape.balance, vec![2; 8]);
         let mut seen = Vec::new();
         for front in [0, 8, 12, 14, 15] {
@@ -46,7 +46,7 @@ mod tests {
     #[test]
     fn frozen_units_sit_on_stage_zero_when_cached() {
         let costs = UnitCosts::from_params(&[3, 1, 1, 1, 1, 1, 1, 3], 0.5);
-        let (shape, largest) = initial_shape(&costs, 4, 1);
+        let (shape, largest) = balanced_shape(&costs, 4, 1);
         let next = reshape(&costs, 3, &shape, &rules(true, true, true, largest));
         let mut start = 0;
         for (stage, &n) in next.balance.iter().enumerate() {
@@ -60,7 +60,7 @@ mod tests {
     #[test]
     fn a_part_that_is_off_keeps_its_value() {
         let costs = UnitCosts::from_params(&[1; 8], 1.0 / 3.0);
-        let (shape, largest) = initial_shape(&costs, 4, 1);
+        let (shape, largest) = balanced_shape(&costs, 4, 1);
         let no_pipe = reshape(&costs, 6, &shape, &rules(false, true, true, largest));
         assert_eq!(no_pipe.balance, shape.balance);
         assert_eq!(no_pipe.replicas, 2); // 8 devices, 4 stages
@@ -76,7 +76,7 @@ mod tests {
     #[test]
     fn every_unit_frozen_keeps_the_shape() {
         let costs = UnitCosts::from_params(&[1; 4], 1.0 / 3.0);
-        let (shape, largest) = initial_shape(&costs, 2, 1);
+        let (shape, largest) = balanced_shape(&costs, 2, 1);
         let next = reshape(&costs, 4, &shape, &rules(true, false, true, largest));
         assert_eq!(next, shape);
     }

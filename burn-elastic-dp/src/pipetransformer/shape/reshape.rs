@@ -67,7 +67,11 @@ pub(crate) fn reshape(
 ) -> PipelineShape {
     let units = costs.active.len();
     let trainable = units - front.min(units);
-    let balance = if let Some(fit) = rules.memory.as_ref().filter(|_| rules.pipe && trainable > 0) {
+    let balance = if let Some(fit) = rules
+        .memory
+        .as_ref()
+        .filter(|_| rules.pipe && trainable > 0)
+    {
         fitting_reshape(costs, front, current, rules, fit)
     } else if rules.pipe && trainable > 0 {
         let stages = current.stages();

@@ -9,8 +9,8 @@ use burn_pipe::{
 
 use crate::sampler::BatchPolicy;
 
-use super::form::{PipelineShape, initial_shape};
-use super::memory::{MemoryFit, StartError, fitting_start};
+use super::form::{PipelineShape, balanced_shape};
+use super::memory::{MemoryFit, StartError, fewest_fitting_stages};
 use super::reshape::{Reshaping, reshape};
 
 /// What a run asks of its shapes: the trainer's (or the planner's)
@@ -241,11 +241,11 @@ impl ShapeRule {
         let devices = self.settings.devices;
         let fit = self.memory_fit();
         let (shape, largest) = match (self.settings.stages, &fit) {
-            (Some(stages), _) => initial_shape(&self.costs, stages, (devices / stages).max(1)),
+            (Some(stages), _) => balanced_shape(&self.costs, stages, (devices / stages).max(1)),
             (None, Some(fit)) => {
-                fitting_start(&self.costs, fit, devices).map_err(StartError::NoFit)?
+                fewest_fitting_stages(&self.costs, fit, devices).map_err(StartError::NoFit)?
             }
-            (None, None) => initial_shape(&self.costs, devices.min(self.costs.len()).max(1), 1),
+            (None, None) => balanced_shape(&self.costs, devices.min(self.costs.len()).max(1), 1),
         };
         if let Some(fit) = &fit {
             let held = fit.stage_memory(&shape.balance, 0, devices);
@@ -330,7 +330,10 @@ impl ShapeRule {
             count: default_micro_batches(stages.max(1)),
             source: MicroBatchSource::Paper,
         };
-        let Some(times) = self.times.as_ref().filter(|_| total_replicas > 0 && stages > 0)
+        let Some(times) = self
+            .times
+            .as_ref()
+            .filter(|_| total_replicas > 0 && stages > 0)
         else {
             return paper;
         };
@@ -426,7 +429,10 @@ mod tests {
         let mut rule = rule(Some(4), 4);
         let shape = rule.start().unwrap();
         let m = rule.micro_batches(&shape, 0, 1);
-        assert_eq!((m.count, &m.source), (default_micro_batches(4), &MicroBatchSource::Paper));
+        assert_eq!(
+            (m.count, &m.source),
+            (default_micro_batches(4), &MicroBatchSource::Paper)
+        );
         rule.settings.micro_batches = Some(3);
         rule.set_micro_batch_times(Some(overhead_times()));
         assert_eq!(rule.micro_batches(&shape, 0, 1).count, 3);
@@ -446,7 +452,10 @@ mod tests {
         // A fixed cost per micro-batch: fewer than the paper's 16 at K = 2.
         assert!(m.count < choice.paper_micro_batches, "{m:?}");
         // One stage has no bubble: one micro-batch.
-        let one = PipelineShape { balance: vec![8], replicas: 4 };
+        let one = PipelineShape {
+            balance: vec![8],
+            replicas: 4,
+        };
         assert_eq!(rule.micro_batches(&one, 0, 4).count, 1);
     }
 

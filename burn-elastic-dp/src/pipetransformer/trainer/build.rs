@@ -58,7 +58,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
             None => None,
         };
         let mut measured = Measurements::start(&stack, &config, devices.len());
-        let shape = measured.start_shape()?;
+        let shape = measured.rule_mut().start()?;
         let pipeline = (config.replicas.pipeline.clone()).with_balance(Some(shape.balance.clone()));
         let mut group = (config.replicas.clone())
             .with_pipeline(pipeline)

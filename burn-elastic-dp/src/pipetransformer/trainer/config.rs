@@ -255,9 +255,7 @@ impl TrainerConfig {
     /// assert!(!paper.measures_micro_batches(2));
     /// ```
     pub fn measures_micro_batches(&self, stages: usize) -> bool {
-        stages > 1
-            && self.replicas.pipeline.micro_batches.is_none()
-            && self.measure_micro_batches
+        stages > 1 && self.replicas.pipeline.micro_batches.is_none() && self.measure_micro_batches
     }
 
     /// What the shape rule ([`ShapeRule`]) is asked on `devices` devices

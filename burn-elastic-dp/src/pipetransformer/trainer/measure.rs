@@ -16,7 +16,7 @@ use super::error::TrainerError;
 use super::rules::CostModel;
 use super::transition::shape_of;
 use crate::group::ReplicaGroup;
-use crate::pipetransformer::shape::{MicroBatches, PipelineShape, ShapeRule};
+use crate::pipetransformer::shape::{MicroBatches, ShapeRule};
 
 /// Timed runs per micro-batch size when the unit costs are parameter
 /// counts (profiled costs use their own `repeats`): the fastest counts.
@@ -98,20 +98,9 @@ impl Measurements {
         &self.rule
     }
 
-    /// The starting shape on what is known (see [`ShapeRule::start`]); its
-    /// largest stage's cost becomes the bound later shapes keep.
-    pub(super) fn start_shape(&mut self) -> Result<PipelineShape, TrainerError> {
-        Ok(self.rule.start()?)
-    }
-
-    /// The shape for the front `front`, reached from `front_before` with
-    /// the group in `before` (see [`ShapeRule::after_move`]).
-    pub(super) fn shape_after(
-        &self,
-        fronts: (usize, usize),
-        before: &PipelineShape,
-    ) -> Result<PipelineShape, TrainerError> {
-        Ok(self.rule.after_move(fronts, before)?)
+    /// The shape rule, to decide the start again on what was measured.
+    pub(super) fn rule_mut(&mut self) -> &mut ShapeRule {
+        &mut self.rule
     }
 
     /// The micro-batch count the group runs with, when it was measured.

@@ -262,7 +262,8 @@ impl<TT: TrainerTypes> Trainer<TT> {
         let replicas = self.group.total_replicas();
         let needed = ShapeRule::min_batch(replicas, self.group.micro_batches());
         let (held_out, config) = (&self.held_out, &self.config);
-        let started = (self.cursor).begin(len, needed, replicas, |len| held_out.sampler(config, len))?;
+        let started =
+            (self.cursor).begin(len, needed, replicas, |len| held_out.sampler(config, len))?;
         if let Some(steps) = started {
             // Checks scaled to the run (a resumed epoch keeps the length its
             // start gave, saved with the rule's state).
@@ -323,7 +324,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
     {
         let (config, devices) = (&self.config, &self.devices);
         if (self.measured).measure_first_batch(&self.group, config, devices, input)? {
-            let start = self.measured.start_shape()?;
+            let start = self.measured.rule_mut().start()?;
             if move_to(&mut self.group, devices, &start)? {
                 self.rate.rebase(self.group.total_replicas());
             }
@@ -414,14 +415,14 @@ impl<TT: TrainerTypes> Trainer<TT> {
     }
 
     /// AutoPipe and AutoDP after the front moved from `front_before` (up,
-    /// or down: see [`Measurements::shape_after`]): the new shape, applied,
+    /// or down: see [`ShapeRule::after_move`]): the new shape, applied,
     /// logged and returned as a [`Transition`].
     fn reshape_after_move(&mut self, front_before: usize) -> Result<Transition, TrainerError> {
         let start = std::time::Instant::now();
         let front = self.group.front();
         let before = self.shape();
         let total_before = self.group.total_replicas();
-        let after = (self.measured).shape_after((front_before, front), &before)?;
+        let after = (self.measured.rule()).after_move((front_before, front), &before)?;
         move_to(&mut self.group, &self.devices, &after)?;
         self.measured.apply_micro_batches(&mut self.group)?;
         let record = Transition {

@@ -217,7 +217,9 @@ pub(super) fn read_agreed(
         .into_iter()
         .find(|(step, _)| *step == common)
         .map(|(_, loaded)| loaded)
-        .ok_or_else(|| TrainerError::ResumeDisagrees(format!("step {common} is no longer held here")))
+        .ok_or_else(|| {
+            TrainerError::ResumeDisagrees(format!("step {common} is no longer held here"))
+        })
 }
 
 /// Where one process resumes: `dir`, or, when `dir` holds no checkpoint of

@@ -10,8 +10,8 @@ use burn_freeze::{LayerStack, StackOptimizer, StackTypes};
 
 use super::files::write;
 use super::{CheckpointConfig, RunState};
-use crate::pipetransformer::trainer::error::TrainerError;
 use crate::group::ReplicaGroup;
+use crate::pipetransformer::trainer::error::TrainerError;
 
 /// Writes a checkpoint of `group` (weights, optimizer state) and `state`
 /// (the rest of the run) into `config`'s directory; returns its directory.
