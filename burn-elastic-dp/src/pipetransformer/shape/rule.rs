@@ -4,7 +4,7 @@
 
 use burn_pipe::{
     MicroBatchChoice, MicroBatchQuery, MicroBatchTimes, Schedule, StageMemory, UnitCosts,
-    UnitMemory, UnitState, choose_micro_batches, default_micro_batches,
+    UnitMemory, UnitState, choose_micro_batches_where, default_micro_batches,
 };
 
 use crate::sampler::BatchPolicy;
@@ -311,7 +311,9 @@ impl ShapeRule {
     /// `total_replicas` in the whole group (across processes): the user's
     /// count; else, with measured times, the count whose predicted step is
     /// the fastest (burn-pipe's step model, the cached prefix served on
-    /// stage 0); else the paper's count for K. A shape with no replica (a
+    /// stage 0) among those whose stages fit the memory budget (the
+    /// activations in flight grow with the micro-batch); else the paper's
+    /// count for K. A shape with no replica (a
     /// lost group) has the paper's.
     pub fn micro_batches(
         &self,
@@ -351,7 +353,19 @@ impl ShapeRule {
             batch_per_replica: self.settings.batch.global_batch(total_replicas) / total_replicas,
             schedule: self.settings.schedule,
         };
-        match choose_micro_batches(times, &query) {
+        // With a budget, only counts whose stages fit it (the shape fits at
+        // the paper's count, which it was judged at).
+        let budget = self.memory_fit().filter(|fit| fit.device_bytes < u64::MAX);
+        let fits = |m: usize| {
+            budget.as_ref().is_none_or(|fit| {
+                let fit = MemoryFit {
+                    micro_batches: Some(m),
+                    ..fit.clone()
+                };
+                fit.fits(&shape.balance, front, self.settings.devices)
+            })
+        };
+        match choose_micro_batches_where(times, &query, |c| fits(c.micro_batches)) {
             Ok(choice) => MicroBatches {
                 count: choice.micro_batches,
                 source: MicroBatchSource::Measured(choice),
@@ -457,6 +471,31 @@ mod tests {
             replicas: 4,
         };
         assert_eq!(rule.micro_batches(&one, 0, 4).count, 1);
+    }
+
+    #[test]
+    fn a_measured_count_keeps_the_stages_within_the_budget() {
+        let mut rule = rule(Some(2), 2);
+        // Activations of 10 000 bytes per sample and unit: the fewer and
+        // larger the micro-batches, the more 1F1B keeps in flight.
+        let memory = UnitMemory::new(vec![400; 8], vec![10_000; 8]);
+        rule.set_memory(memory);
+        rule.set_micro_batch_times(Some(overhead_times()));
+        let shape = rule.start().unwrap();
+        let free = rule.micro_batches(&shape, 0, 1).count;
+        // A budget that holds the paper's count (16 micro-batches of 4 at
+        // K = 2) but not the fastest unbounded count.
+        let paper = rule.stage_memory(&shape.balance, 0);
+        let worst = paper.iter().map(|m| m.total()).max().unwrap();
+        rule.settings.device_bytes = Some(worst);
+        assert!(rule.fits(&shape.balance, 0));
+        let bounded = rule.micro_batches(&shape, 0, 1).count;
+        assert!(bounded > free, "{bounded} <= {free}");
+        let fit = MemoryFit {
+            micro_batches: Some(bounded),
+            ..rule.memory_fit().unwrap()
+        };
+        assert!(fit.fits(&shape.balance, 0, 2));
     }
 
     #[test]
