@@ -92,7 +92,10 @@ impl TrainerConfig {
         if !self.parts.freeze {
             return memory;
         }
-        let policy = self.policy(1);
+        // A rule refused by its check reads nothing (the run refuses it).
+        let Ok(policy) = self.policy(1) else {
+            return memory;
+        };
         let memory = match policy.needs_gradient_sums() {
             true => memory.with_evidence(0, 1.0),
             false => memory,
