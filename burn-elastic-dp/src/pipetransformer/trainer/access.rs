@@ -10,7 +10,7 @@ use burn_pipe::{MicroBatchChoice, MicroBatchTimes, StageMemory, UnitCosts, UnitM
 
 use super::bounds::{TrainerBackend, TrainerInput, TrainerTypes};
 use super::checkpoint_files::RunState;
-use super::schedule::{Closure, LrSource, Scheduler};
+use super::lr_source::{Closure, LrSource, Scheduler};
 use super::transition::shape_of;
 use super::{Trainer, TrainerConfig};
 use crate::group::ReplicaGroup;

@@ -17,6 +17,21 @@ pub enum TrainerError {
         /// The accepted range.
         accepted: &'static str,
     },
+    /// A value met while running, not in the configuration, outside its
+    /// range: a learning-rate schedule's rate that is not a finite number
+    /// of at least 0 (the step is refused and changes nothing), or a
+    /// micro-batch time table that does not fit the model or that the
+    /// processes of a group measured differently.
+    #[error("{what} = {value} is not accepted at run time: expected {accepted}")]
+    InvalidRunValue {
+        /// What gave the value (`learning-rate schedule`,
+        /// `micro_batch_times`).
+        what: &'static str,
+        /// The value met, and where (a step, say).
+        value: String,
+        /// The accepted range.
+        accepted: &'static str,
+    },
     /// A freeze rule's setting outside its range, as the rule's own check
     /// in burn-freeze reports it ([`FreezeRule::validate`](crate::FreezeRule::validate)).
     /// The message is the one of [`InvalidConfig`](Self::InvalidConfig),

@@ -55,8 +55,8 @@ impl MicroBatchRule {
     ) -> Result<Option<&MicroBatchChoice>, TrainerError> {
         let units = group.num_units();
         if times.units() != units {
-            return Err(TrainerError::InvalidConfig {
-                field: "micro_batch_times",
+            return Err(TrainerError::InvalidRunValue {
+                what: "micro_batch_times",
                 value: format!("a table of {} units", times.units()),
                 accepted: "a table that times every unit of the model",
             });

@@ -15,12 +15,12 @@ mod flow;
 mod held_out;
 mod learning_rate;
 mod log;
+mod lr_source;
 mod measure;
 mod memory;
 mod micro;
 mod recovery;
 mod rules;
-mod schedule;
 mod transition;
 
 use std::sync::Arc;
@@ -41,7 +41,7 @@ pub use log::{EpochReport, Transition};
 pub use memory::MemoryConfig;
 pub use rules::{CostModel, FreezeRule, LayerSpec, Parts};
 #[cfg(feature = "burn-train")]
-pub(crate) use schedule::LrSource;
+pub(crate) use lr_source::LrSource;
 
 use crate::error::ElasticError;
 use crate::group::{GroupReport, ReplicaGroup};
