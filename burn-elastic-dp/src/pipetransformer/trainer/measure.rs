@@ -118,7 +118,7 @@ impl Measurements {
         let device = &devices[0];
         let mut changed = false;
         if self.memory_pending {
-            let measured = measure_unit_memory(&group.to_layer_stack()?, input.clone(), device);
+            let measured = measure_unit_memory(&group.to_layer_stack()?, input.clone(), device)?;
             // Every process starts on the same figures: the largest measured.
             self.memory = super::agree::unit_memory(group, measured)?;
             self.memory_pending = false;
@@ -141,7 +141,7 @@ impl Measurements {
                 tracing::info!("one stage throughout: unit costs not profiled");
             } else {
                 let profile =
-                    profile_units(&group.to_layer_stack()?, input.clone(), device, repeats);
+                    profile_units(&group.to_layer_stack()?, input.clone(), device, repeats)?;
                 // Every process balances on the same times: the slowest's.
                 let profile = super::agree::unit_profiles(group, profile)?;
                 self.costs = UnitCosts::from_profile(&profile);
