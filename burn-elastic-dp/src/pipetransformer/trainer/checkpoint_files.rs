@@ -279,10 +279,16 @@ pub(super) fn read_agreed(
             "some ranks hold a newer checkpoint; every rank resumes from the newest they all hold"
         );
     }
-    let (_, loaded) = verified
-        .into_iter()
+    // The common step is held by every rank, this one included (its own
+    // record is among those gathered); a link that gave another record
+    // back is an error, not a panic.
+    let (_, loaded) = (verified.into_iter())
         .find(|(step, _)| *step == common)
-        .expect("every rank holds the common step, this one included");
+        .ok_or_else(|| {
+            TrainerError::ResumeDisagrees(format!(
+                "the ranks agreed on step {common}, which this rank does not hold verified"
+            ))
+        })?;
     Ok(loaded)
 }
 
