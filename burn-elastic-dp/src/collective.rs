@@ -3,7 +3,6 @@
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use burn::collective::{
@@ -18,6 +17,7 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use crossbeam_channel::{Receiver, Sender, bounded};
 
 use crate::error::ElasticError;
+use crate::spawn::ReplicaThread;
 
 /// How the replicas' gradients are all-reduced; both give the same mean.
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -117,28 +117,22 @@ pub(crate) fn form<B: Backend>(
     let mut go = Vec::with_capacity(devices.len());
     for (replica, device) in devices.iter().enumerate() {
         let (tx, device, config) = (tx.clone(), device.clone(), config.clone());
-        let spawn_failed = |message: String| ElasticError::Spawn {
-            replica,
-            what: "registration",
-            message,
-        };
-        burn_freeze::fault::check(crate::fault::REGISTER_THREAD, Some(replica), None)
-            .map_err(|injected| spawn_failed(injected.to_string()))?;
         let (word, wait) = bounded::<()>(1);
         // Detached: a registration only waits for the others, and a reset
         // releases it; nothing else runs on these threads.
-        thread::Builder::new()
-            .name(format!("burn-elastic-dp register {replica}"))
-            .spawn(move || {
-                burn_pipe::quiet_worker_panics();
-                // Bounded: the word comes, or is dropped, as soon as every
-                // registration thread has started.
-                if wait.recv().is_ok() {
-                    let result = register::<B>(peer(generation, replica), device, config);
-                    let _ = tx.send((replica, result));
-                }
-            })
-            .map_err(|error| spawn_failed(error.to_string()))?;
+        let thread = ReplicaThread {
+            phase: crate::fault::REGISTER_THREAD,
+            replica,
+            what: "registration",
+        };
+        thread.spawn(move || {
+            // Bounded: the word comes, or is dropped, as soon as every
+            // registration thread has started.
+            if wait.recv().is_ok() {
+                let result = register::<B>(peer(generation, replica), device, config);
+                let _ = tx.send((replica, result));
+            }
+        })?;
         go.push(word);
     }
     drop(tx);

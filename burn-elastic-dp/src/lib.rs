@@ -42,6 +42,7 @@ mod group;
 mod nodes;
 mod pipetransformer;
 mod sampler;
+mod spawn;
 mod stop;
 
 pub use nodes::launcher;

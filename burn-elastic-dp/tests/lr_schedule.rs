@@ -263,8 +263,8 @@ fn a_closure_gives_each_steps_rate_and_a_bad_rate_fails_the_step() {
     assert!(
         matches!(
             &error,
-            TrainerError::InvalidConfig {
-                field: "learning-rate schedule",
+            TrainerError::InvalidRunValue {
+                what: "learning-rate schedule",
                 ..
             }
         ),

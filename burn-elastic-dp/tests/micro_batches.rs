@@ -201,8 +201,8 @@ fn a_table_of_another_model_is_refused() {
     assert!(
         matches!(
             error,
-            TrainerError::InvalidConfig {
-                field: "micro_batch_times",
+            TrainerError::InvalidRunValue {
+                what: "micro_batch_times",
                 ..
             }
         ),

@@ -134,3 +134,39 @@ pub enum CacheError {
     #[error("sample id {0} appears twice in one batch")]
     DuplicateId(u64),
 }
+
+/// A freeze rule's setting outside the range the rule accepts: the field,
+/// the value given and the accepted range. Each rule's config checks its
+/// own settings and returns this ([`EvidenceConfig::validate`](crate::EvidenceConfig::validate),
+/// [`ChangeRateConfig::validate`](crate::ChangeRateConfig::validate),
+/// [`AlphaArgminConfig::validate`](crate::AlphaArgminConfig::validate),
+/// [`FixedSchedule::validate`](crate::FixedSchedule::validate)).
+///
+/// ```
+/// use burn_freeze::EvidenceConfig;
+///
+/// let error = EvidenceConfig::new().with_patience(0).validate().unwrap_err();
+/// assert_eq!(error.field, "patience");
+/// assert_eq!(error.to_string(), "patience = 0 is not accepted: expected at least 1");
+/// ```
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("{field} = {value} is not accepted: expected {accepted}")]
+pub struct PolicyConfigError {
+    /// The field of the rule's config.
+    pub field: &'static str,
+    /// The value given.
+    pub value: String,
+    /// The accepted range.
+    pub accepted: &'static str,
+}
+
+impl PolicyConfigError {
+    /// `field`'s `value` is outside `accepted`.
+    pub fn new(field: &'static str, value: impl ToString, accepted: &'static str) -> Self {
+        Self {
+            field,
+            value: value.to_string(),
+            accepted,
+        }
+    }
+}

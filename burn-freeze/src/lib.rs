@@ -77,7 +77,7 @@ pub mod testing;
 pub use activation::{Activation, AutodiffActivation, Differentiable};
 pub use cache::{ActivationCache, CacheConfig, CacheStats, Cacheable, StackCache};
 pub use composite::{ActivationPart, CachePart};
-pub use error::{CacheError, FreezeError, StackError};
+pub use error::{CacheError, FreezeError, PolicyConfigError, StackError};
 pub use freezable::FreezableStack;
 pub use freeze_front::FreezeFront;
 pub use frozen::FrozenUnits;

@@ -11,7 +11,7 @@ use crate::error::{FreezeError, StackError};
 use crate::flow::{Flow, InnerFlow, TrainFlow, flow_from_inner, flow_into_inner};
 use crate::frozen::FrozenUnits;
 use crate::grad_sums::GradientSums;
-use crate::policy::stats::{GradNorm, GradSource, NormCollector, UnitReader};
+use crate::policy::layer_map::{GradNorm, GradSource, NormCollector, UnitReader};
 use crate::stack::LayerStack;
 use crate::types::{InnerBackendOf, StackTypes, TrainableUnits};
 use crate::unit::Unit;

@@ -22,7 +22,7 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::grad_sums::flatten;
-use crate::policy::stats::UnitReader;
+use crate::policy::layer_map::UnitReader;
 
 /// A stage's trainable weights as they were before its last optimizer
 /// step, flattened, by parameter, on the inner backend: what the next

@@ -55,6 +55,7 @@ fn argmin_rule(statistic: ArgminStatistic) -> AlphaArgmin {
             .with_alpha(1.0)
             .with_statistic(statistic),
     )
+    .unwrap()
 }
 
 /// The loss `sum(y)` on `x` and on `-x`: every weight gradient of units 0

@@ -47,7 +47,7 @@ fn fixed_schedule_drives_the_front_epoch_by_epoch() {
 
 #[test]
 fn paper_rule_takes_the_smaller_of_alpha_bound_and_argmin() {
-    let rule = AlphaArgmin::new(AlphaArgminConfig::new().with_alpha(1.0 / 3.0));
+    let rule = AlphaArgmin::new(AlphaArgminConfig::new().with_alpha(1.0 / 3.0)).unwrap();
     let norms = |min_at: usize| -> Vec<Option<f64>> {
         (0..12)
             .map(|l| Some(if l == min_at { 0.5 } else { 1.0 + l as f64 }))
@@ -76,7 +76,8 @@ fn paper_rule_sums_norms_over_the_epoch() {
         AlphaArgminConfig::new()
             .with_alpha(0.5)
             .with_statistic(ArgminStatistic::SummedStepNorms),
-    );
+    )
+    .unwrap();
     let s = state(0, 4, 0);
     let n = |l2: f64| Some(GradNorm { l1: l2, l2 });
     // Step 1 alone would pick layer 0; over the epoch layer 1 is smallest.
@@ -89,7 +90,7 @@ fn paper_rule_sums_norms_over_the_epoch() {
 
 #[test]
 fn change_rate_rule_evaluates_every_n_steps() {
-    let mut rule = ChangeRate::new(ChangeRateConfig::new().with_every_steps(2));
+    let mut rule = ChangeRate::new(ChangeRateConfig::new().with_every_steps(2)).unwrap();
     let s = state(0, 3, 0);
     let n = |v: [f64; 3]| v.map(|l1| Some(GradNorm { l1, l2: l1 })).to_vec();
     assert_eq!(rule.after_step(s, &n([1.0, 1.0, 1.0])), None);

@@ -28,12 +28,19 @@ pub const REPLICATE: Phase = Phase::new("replica spawn");
 /// operating system's refusal to start it would.
 pub const STAGE_THREAD: Phase = Phase::new("stage thread start");
 
+/// Synchronising the device while profiling a unit's times
+/// ([`profile_units`](crate::profile_units)) or measuring its memory
+/// ([`measure_unit_memory`](crate::measure_unit_memory)) (unit given, as
+/// the stage): an error fails as a failing device's sync would.
+pub const DEVICE_SYNC: Phase = Phase::new("device sync");
+
 /// Every point of this crate.
-pub const ALL: [Phase; 6] = [
+pub const ALL: [Phase; 7] = [
     FORWARD,
     BACKWARD,
     STEP,
     REPARTITION,
     REPLICATE,
     STAGE_THREAD,
+    DEVICE_SYNC,
 ];

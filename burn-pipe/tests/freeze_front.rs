@@ -132,7 +132,7 @@ fn assert_close(a: &[Vec<Option<GradNorm>>], b: &[Vec<Option<GradNorm>>], policy
 
 #[test]
 fn the_change_rate_rule_moves_a_pipeline_as_it_moves_a_stack() {
-    let policy = || ChangeRate::new(ChangeRateConfig::new().with_every_steps(3));
+    let policy = || ChangeRate::new(ChangeRateConfig::new().with_every_steps(3)).unwrap();
     let model = user_stack(6, 16, 4, 3);
     let stack = run_stack(model.clone(), policy());
     let pipeline = run_pipeline(model, policy());
@@ -141,7 +141,7 @@ fn the_change_rate_rule_moves_a_pipeline_as_it_moves_a_stack() {
 
 #[test]
 fn the_papers_rule_moves_a_pipeline_as_it_moves_a_stack() {
-    let policy = || AlphaArgmin::new(AlphaArgminConfig::new().with_alpha(0.5));
+    let policy = || AlphaArgmin::new(AlphaArgminConfig::new().with_alpha(0.5)).unwrap();
     let model = user_stack(6, 16, 4, 3);
     let stack = run_stack(model.clone(), policy());
     let pipeline = run_pipeline(model, policy());
@@ -158,6 +158,7 @@ fn the_papers_rule_on_summed_step_norms_moves_a_pipeline_as_it_moves_a_stack() {
                 .with_alpha(0.5)
                 .with_statistic(ArgminStatistic::SummedStepNorms),
         )
+        .unwrap()
     };
     let model = user_stack(6, 16, 4, 3);
     let stack = run_stack(model.clone(), policy());

@@ -25,6 +25,7 @@ use burn_pipe::{MicroBatchLoss, Pipeline, StepReport};
 
 use crate::collective::{self, GroupToken};
 use crate::error::ElasticError;
+use crate::spawn::ReplicaThread;
 use crate::stop::StopSignal;
 use config::ReplicaConfig;
 use nodes::OtherNodes;
@@ -433,23 +434,17 @@ where
     thread::scope(|scope| {
         let mut started = Vec::with_capacity(replicas.len());
         for replica in 0..replicas.len() {
-            let spawn_failed = |message: String| ElasticError::Spawn {
+            let (slot, work) = crossbeam_channel::bounded::<&mut Pipeline<S, O>>(1);
+            let thread = ReplicaThread {
+                phase: crate::fault::REPLICA_THREAD,
                 replica,
                 what: "optimizer step",
-                message,
             };
-            burn_freeze::fault::check(crate::fault::REPLICA_THREAD, Some(replica), None)
-                .map_err(|injected| spawn_failed(injected.to_string()))?;
-            let (slot, work) = crossbeam_channel::bounded::<&mut Pipeline<S, O>>(1);
-            let handle = thread::Builder::new()
-                .name(format!("burn-elastic-dp step {replica}"))
-                .spawn_scoped(scope, move || {
-                    burn_pipe::quiet_worker_panics();
-                    // Bounded: the slot is filled, or dropped, as soon as
-                    // every replica's thread has started.
-                    work.recv().ok().map(|pipeline| pipeline.step(lr))
-                })
-                .map_err(|error| spawn_failed(error.to_string()))?;
+            let handle = thread.spawn_scoped(scope, move || {
+                // Bounded: the slot is filled, or dropped, as soon as every
+                // replica's thread has started.
+                work.recv().ok().map(|pipeline| pipeline.step(lr))
+            })?;
             started.push((slot, handle));
         }
         let handles: Vec<_> = started

@@ -2,7 +2,6 @@
 //! own, the results collected by the deadline, and the step's report or the error explaining it.
 
 use std::sync::Arc;
-use std::thread;
 use std::time::Instant;
 
 use burn_freeze::{Activation, InnerBackendOf, StackOptimizer, StackTypes};
@@ -13,6 +12,7 @@ use super::deadline::{self, Progress};
 use super::share::{self, Shard, Share};
 use super::{GroupReport, Outline, ReplicaGroup, failure};
 use crate::error::ElasticError;
+use crate::spawn::ReplicaThread;
 
 /// Where a replica thread waits for its work.
 type WorkSlot = Sender<Box<dyn FnOnce() + Send>>;
@@ -23,25 +23,19 @@ type WorkSlot = Sender<Box<dyn FnOnce() + Send>>;
 fn start_threads(count: usize) -> Result<Vec<WorkSlot>, ElasticError> {
     (0..count)
         .map(|replica| {
-            let spawn_failed = |message: String| ElasticError::Spawn {
+            let (slot, work) = crossbeam_channel::bounded::<Box<dyn FnOnce() + Send>>(1);
+            let thread = ReplicaThread {
+                phase: crate::fault::REPLICA_THREAD,
                 replica,
                 what: "step",
-                message,
             };
-            burn_freeze::fault::check(crate::fault::REPLICA_THREAD, Some(replica), None)
-                .map_err(|injected| spawn_failed(injected.to_string()))?;
-            let (slot, work) = crossbeam_channel::bounded::<Box<dyn FnOnce() + Send>>(1);
-            thread::Builder::new()
-                .name(format!("burn-elastic-dp replica {replica}"))
-                .spawn(move || {
-                    burn_pipe::quiet_worker_panics();
-                    // Bounded: the slot is filled, or dropped, as soon as
-                    // every replica's thread has started.
-                    if let Ok(work) = work.recv() {
-                        work();
-                    }
-                })
-                .map_err(|error| spawn_failed(error.to_string()))?;
+            thread.spawn(move || {
+                // Bounded: the slot is filled, or dropped, as soon as every
+                // replica's thread has started.
+                if let Ok(work) = work.recv() {
+                    work();
+                }
+            })?;
             Ok(slot)
         })
         .collect()

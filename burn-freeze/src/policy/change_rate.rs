@@ -4,7 +4,8 @@
 use burn::config::Config;
 use serde::{Deserialize, Serialize};
 
-use super::{FreezePolicy, FreezeState, GradNorm};
+use super::{FreezePolicy, FreezeState, GradNorm, PolicyState};
+use crate::PolicyConfigError;
 
 /// How the change rates and the threshold turn into a front.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,6 +31,40 @@ pub struct ChangeRateConfig {
     /// How rates and threshold become a front.
     #[config(default = "ChangeRateReading::ConvergedPrefix")]
     pub reading: ChangeRateReading,
+}
+
+impl ChangeRateConfig {
+    /// Checks the values: `every_steps` at least 1, `percentile` in
+    /// [0, 100]; the error names the field, the value and the range.
+    ///
+    /// ```
+    /// use burn_freeze::ChangeRateConfig;
+    ///
+    /// assert!(ChangeRateConfig::new().validate().is_ok());
+    /// let error = ChangeRateConfig::new().with_percentile(101.0).validate().unwrap_err();
+    /// assert_eq!(error.to_string(), "percentile = 101 is not accepted: expected [0, 100]");
+    /// ```
+    pub fn validate(&self) -> Result<(), PolicyConfigError> {
+        if self.every_steps == 0 {
+            return Err(PolicyConfigError::new("every_steps", 0, "at least 1"));
+        }
+        if !(0.0..=100.0).contains(&self.percentile) {
+            return Err(PolicyConfigError::new("percentile", self.percentile, "[0, 100]"));
+        }
+        Ok(())
+    }
+}
+
+/// What [`ChangeRate`] keeps between evaluations, as its checkpoint stores
+/// it. A sum that is not finite is stored as `None` and read back as 0.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+struct ChangeRateState {
+    /// Per layer, the L1 norms summed since the last evaluation.
+    current: Vec<Option<f64>>,
+    /// Per layer, the sums at the last evaluation (`None` before the first).
+    previous: Option<Vec<Option<f64>>>,
+    /// Steps since the rule started.
+    steps: usize,
 }
 
 /// The `p`-th percentile of `values` with linear interpolation between
@@ -76,7 +111,7 @@ pub(crate) fn change_rate_front(
 /// ```
 /// use burn_freeze::{ChangeRate, ChangeRateConfig, FreezePolicy, FreezeState, GradNorm};
 ///
-/// let mut rule = ChangeRate::new(ChangeRateConfig::new().with_every_steps(1));
+/// let mut rule = ChangeRate::new(ChangeRateConfig::new().with_every_steps(1)).unwrap();
 /// let mut state = FreezeState { frozen_layers: 0, num_layers: 4, epoch: 0, step: 1 };
 /// let norms = |v: [f64; 4]| v.map(|l1| Some(GradNorm { l1, l2: l1 })).to_vec();
 /// assert_eq!(rule.after_step(state, &norms([1.0, 1.0, 1.0, 1.0])), None); // first: records only
@@ -93,21 +128,24 @@ pub struct ChangeRate {
 }
 
 impl ChangeRate {
-    /// The rule with `config`.
+    /// The rule with `config`; an error naming the field when
+    /// [`ChangeRateConfig::validate`] refuses a value (`every_steps` of 0,
+    /// a percentile outside [0, 100]).
     ///
-    /// # Panics
-    /// When `every_steps` is 0.
-    pub fn new(config: ChangeRateConfig) -> Self {
-        assert!(
-            config.every_steps > 0,
-            "ChangeRate: every_steps must be at least 1"
-        );
-        Self {
+    /// ```
+    /// use burn_freeze::{ChangeRate, ChangeRateConfig};
+    ///
+    /// let error = ChangeRate::new(ChangeRateConfig::new().with_every_steps(0)).unwrap_err();
+    /// assert_eq!(error.field, "every_steps");
+    /// ```
+    pub fn new(config: ChangeRateConfig) -> Result<Self, PolicyConfigError> {
+        config.validate()?;
+        Ok(Self {
             config,
             current: Vec::new(),
             previous: None,
             steps: 0,
-        }
+        })
     }
 }
 
@@ -139,31 +177,75 @@ impl FreezePolicy for ChangeRate {
         (front > frozen).then_some(front)
     }
 
-    fn save_state(&self) -> Option<super::PolicyState> {
-        let some = |v: &[f64]| v.iter().copied().map(Some).collect();
-        let mut series = vec![some(&self.current)];
-        if let Some(previous) = &self.previous {
-            series.push(some(previous));
-        }
-        Some(super::PolicyState {
-            series,
-            counter: self.steps,
-            state: None,
+    fn save_state(&self) -> Option<PolicyState> {
+        let some = |v: &[f64]| v.iter().map(|x| x.is_finite().then_some(*x)).collect();
+        PolicyState::typed(&ChangeRateState {
+            current: some(&self.current),
+            previous: self.previous.as_deref().map(some),
+            steps: self.steps,
         })
     }
 
-    fn load_state(&mut self, state: super::PolicyState) {
+    fn load_state(&mut self, state: PolicyState) {
         let values = |v: Vec<Option<f64>>| v.into_iter().map(|x| x.unwrap_or(0.0)).collect();
-        let mut series = state.series.into_iter();
-        self.current = series.next().map(values).unwrap_or_default();
-        self.previous = series.next().map(values);
-        self.steps = state.counter;
+        let saved = state.read::<ChangeRateState>().unwrap_or_else(|| {
+            // A checkpoint written before typed states: `series[0]` the
+            // current sums, `series[1]` the previous ones, `counter` the
+            // steps.
+            let mut series = state.series.into_iter();
+            ChangeRateState {
+                current: series.next().unwrap_or_default(),
+                previous: series.next(),
+                steps: state.counter,
+            }
+        });
+        self.current = values(saved.current);
+        self.previous = saved.previous.map(values);
+        self.steps = saved.steps;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bad_settings_are_refused_not_panicked_on() {
+        let every = ChangeRate::new(ChangeRateConfig::new().with_every_steps(0)).unwrap_err();
+        assert_eq!((every.field, every.value.as_str(), every.accepted), ("every_steps", "0", "at least 1"));
+        for pct in [-1.0, 100.5, f64::NAN] {
+            let error = ChangeRate::new(ChangeRateConfig::new().with_percentile(pct)).unwrap_err();
+            assert_eq!(error.field, "percentile");
+        }
+        assert!(ChangeRate::new(ChangeRateConfig::new().with_percentile(100.0)).is_ok());
+    }
+
+    #[test]
+    fn a_resumed_rule_decides_as_the_one_it_continues_typed_and_from_the_old_layout() {
+        let config = || ChangeRateConfig::new().with_every_steps(2);
+        let s = FreezeState { frozen_layers: 0, num_layers: 3, epoch: 0, step: 1 };
+        let n = |v: [f64; 3]| v.map(|l1| Some(GradNorm { l1, l2: l1 })).to_vec();
+        let mut a = ChangeRate::new(config()).unwrap();
+        for _ in 0..3 {
+            a.after_step(s, &n([1.0, 1.0, 1.0]));
+        }
+        let saved = a.save_state().unwrap();
+        assert!(saved.series.is_empty() && saved.counter == 0);
+        let mut b = ChangeRate::new(config()).unwrap();
+        b.load_state(saved.clone());
+        assert_eq!(b.save_state(), Some(saved));
+        let old_layout = PolicyState {
+            series: vec![vec![Some(1.0); 3], vec![Some(2.0); 3]],
+            counter: 3,
+            state: None,
+        };
+        let mut c = ChangeRate::new(config()).unwrap();
+        c.load_state(old_layout);
+        let last = n([1.0, 0.5, 0.1]);
+        let (x, y, z) = (a.after_step(s, &last), b.after_step(s, &last), c.after_step(s, &last));
+        assert_eq!(x, Some(1));
+        assert_eq!((x, x), (y, z));
+    }
 
     #[test]
     fn percentile_interpolates_between_closest_ranks() {

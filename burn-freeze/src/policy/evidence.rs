@@ -8,7 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use super::consistency::{ConsistencyMeasure, GradientWindow};
 use super::gain_window::{GainReading, GainWindow};
-use super::{FreezePolicy, FreezeState, GradNorm, PolicyState, ceil_tolerant};
+use super::alpha::{alpha_most, check_alpha};
+use super::{FreezePolicy, FreezeState, GradNorm, PolicyState};
+use crate::PolicyConfigError;
 
 /// The per-layer evidence of [`Evidence`]: what says that training no
 /// longer gains from updating a layer.
@@ -106,11 +108,19 @@ pub struct EvidenceConfig {
 }
 
 impl EvidenceConfig {
-    /// Checks the values: on a value out of range, the field's name, the
-    /// value and the accepted range.
-    pub fn validate(&self) -> Result<(), (&'static str, String, &'static str)> {
-        let fail =
-            |field, value: &dyn std::fmt::Display, range| Err((field, value.to_string(), range));
+    /// Checks the values: on a value out of range, an error naming the
+    /// field, the value and the accepted range.
+    ///
+    /// ```
+    /// use burn_freeze::EvidenceConfig;
+    ///
+    /// let error = EvidenceConfig::new().with_patience(0).validate().unwrap_err();
+    /// assert_eq!((error.field, error.accepted), ("patience", "at least 1"));
+    /// ```
+    pub fn validate(&self) -> Result<(), PolicyConfigError> {
+        let fail = |field, value: &dyn std::fmt::Display, range| {
+            Err(PolicyConfigError::new(field, value, range))
+        };
         if let Some(every) = self.every_steps
             && every < 2
         {
@@ -128,9 +138,7 @@ impl EvidenceConfig {
         if !(0.0..1.0).contains(&self.plateau_below) {
             return fail("plateau_below", &self.plateau_below, "a number in [0, 1)");
         }
-        if !(self.alpha > 0.0 && self.alpha <= 1.0) {
-            return fail("alpha", &self.alpha, "a number in (0, 1]");
-        }
+        check_alpha(self.alpha)?;
         if !(self.rise_tolerance.is_finite() && self.rise_tolerance >= 0.0) {
             return fail("rise_tolerance", &self.rise_tolerance, "a number >= 0");
         }
@@ -232,7 +240,7 @@ struct EvidenceState {
 ///   [`signal_below`](EvidenceConfig::signal_below) for
 ///   [`converged_checks`](EvidenceConfig::converged_checks) checks in a row
 ///   has converged, and the longest bottom block of converged layers
-///   freezes ([`ConsistencyMeasure`] picks the statistic; `signal: None`
+///   freezes ([`EvidenceConfig::signal`] picks the evidence, a [`LayerSignal`]; `signal: None`
 ///   turns this off).
 /// - **Whole model: the held-out loss**, on samples never trained on (a
 ///   trainer reads the user's validation batch, or carves samples out of
@@ -288,9 +296,10 @@ pub struct Evidence {
 }
 
 impl Evidence {
-    /// The rule with `config`, whose values
-    /// [`EvidenceConfig::validate`] checks (a count of 0 is taken as 1 and
-    /// a check every step as every 2).
+    /// The rule with `config`. It does not refuse a value: a count of 0 is
+    /// taken as 1 and a check every step as every 2; call
+    /// [`EvidenceConfig::validate`] first for an error naming a value out
+    /// of range (the trainer does).
     pub fn new(config: EvidenceConfig) -> Self {
         let config = EvidenceConfig {
             every_steps: config.every_steps.map(|e| e.max(2)),
@@ -503,11 +512,10 @@ impl Evidence {
     /// active layers: the new front, with the guard set to watch it.
     fn freeze(&mut self, state: FreezeState, layers: usize, cause: Cause) -> Option<usize> {
         let frozen = state.frozen_layers;
-        let active = state.num_layers.saturating_sub(frozen);
-        if active == 0 || layers == 0 {
+        let most = alpha_most(self.config.alpha, frozen, state.num_layers);
+        if most == 0 || layers == 0 {
             return None;
         }
-        let most = ceil_tolerant(self.config.alpha * active as f64).clamp(1, active);
         let front = frozen + layers.min(most);
         let (level, rise, noise) = self.expectation();
         tracing::info!(
@@ -607,18 +615,11 @@ impl FreezePolicy for Evidence {
     }
 
     fn save_state(&self) -> Option<PolicyState> {
-        Some(PolicyState {
-            series: Vec::new(),
-            counter: self.state.losses.len(),
-            state: serde_json::to_value(&self.state).ok(),
-        })
+        PolicyState::typed(&self.state)
     }
 
     fn load_state(&mut self, state: PolicyState) {
-        if let Some(saved) = state
-            .state
-            .and_then(|value| serde_json::from_value::<EvidenceState>(value).ok())
-        {
+        if let Some(saved) = state.read::<EvidenceState>() {
             self.state = EvidenceState {
                 since_move: saved.since_move.min(saved.losses.len()),
                 block: saved.block.max(self.config.patience),
@@ -730,12 +731,24 @@ mod tests {
     #[test]
     fn the_checks_name_the_field() {
         let bad = EvidenceConfig::new().with_plateau_below(1.5);
-        assert_eq!(bad.validate().unwrap_err().0, "plateau_below");
-        assert!(EvidenceConfig::new().with_alpha(0.0).validate().is_err());
+        assert_eq!(bad.validate().unwrap_err().field, "plateau_below");
+        let alpha = EvidenceConfig::new().with_alpha(0.0).validate().unwrap_err();
+        assert_eq!((alpha.field, alpha.accepted), ("alpha", "a number in (0, 1]"));
         let every = EvidenceConfig::new().with_every_steps(Some(1));
-        assert_eq!(every.validate().unwrap_err().0, "every_steps");
+        assert_eq!(every.validate().unwrap_err().field, "every_steps");
         let bound = EvidenceConfig::new().with_signal_below(1.0);
-        assert_eq!(bound.validate().unwrap_err().0, "signal_below");
+        assert_eq!(bound.validate().unwrap_err().field, "signal_below");
+        let patience = EvidenceConfig { patience: 0, ..EvidenceConfig::new() };
+        assert_eq!(
+            patience.validate(),
+            Err(PolicyConfigError {
+                field: "patience",
+                value: "0".to_string(),
+                accepted: "at least 1",
+            })
+        );
+        let rise = EvidenceConfig::new().with_rise_tolerance(f64::NAN);
+        assert_eq!(rise.validate().unwrap_err().field, "rise_tolerance");
         assert!(EvidenceConfig::new().validate().is_ok());
     }
 

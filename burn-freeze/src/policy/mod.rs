@@ -1,20 +1,40 @@
 //! AutoFreeze: when to move the freeze front, and how far.
+//!
+//! The rules ([`FreezePolicy`] implementations), the default first:
+//! - [`Evidence`] (settings [`EvidenceConfig`]), the default: a few checks
+//!   an epoch on per-layer evidence ([`LayerSignal`]) and a held-out loss;
+//!   a freeze the held-out loss rises after is thawed.
+//! - [`AlphaArgmin`] ([`AlphaArgminConfig`], [`ArgminStatistic`]),
+//!   PipeTransformer's rule: the alpha bound and the argmin of per-layer
+//!   gradient norms, once per epoch.
+//! - [`ChangeRate`] ([`ChangeRateConfig`], [`ChangeRateReading`]), the
+//!   gradient-change rule of Liu et al., every N steps.
+//! - [`FixedSchedule`]: a fixed list of fronts per epoch, or the alpha
+//!   closed form ([`alpha_front`]).
+//!
+//! Each rule's settings are checked by the rule's own `validate`, which
+//! returns a [`PolicyConfigError`](crate::PolicyConfigError) naming the
+//! field, the value and the range. [`AutoFreeze`] drives a rule, reading
+//! per-layer statistics through a [`LayerMap`] ([`GradNorm`]); a rule's
+//! checkpoint state is one typed serde value ([`PolicyState`]).
 
+mod alpha;
 mod auto;
 mod change_rate;
 mod consistency;
 mod gain_window;
 mod evidence;
-mod paper;
+mod alpha_argmin;
 mod schedule;
-pub(crate) mod stats;
+pub(crate) mod layer_map;
 
 pub use auto::AutoFreeze;
 pub use change_rate::{ChangeRate, ChangeRateConfig, ChangeRateReading};
 pub use evidence::{Evidence, EvidenceConfig, LayerSignal};
-pub use paper::{AlphaArgmin, AlphaArgminConfig, ArgminStatistic};
-pub use schedule::{FixedSchedule, alpha_front};
-pub use stats::{GradNorm, LayerMap};
+pub use alpha_argmin::{AlphaArgmin, AlphaArgminConfig, ArgminStatistic};
+pub use alpha::alpha_front;
+pub use schedule::FixedSchedule;
+pub use layer_map::{GradNorm, LayerMap};
 
 /// Where training stands when a policy is asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -147,16 +167,69 @@ pub trait FreezePolicy {
 }
 
 /// A policy's statistics between decisions, as a checkpoint stores them.
+///
+/// Every rule of this crate writes its state as one typed serde value in
+/// [`state`](Self::state) ([`PolicyState::typed`], read back by
+/// [`PolicyState::read`]). `series` and `counter` are the layout that
+/// [`ChangeRate`] and [`AlphaArgmin`] wrote before (ChangeRate: `series[0]`
+/// the sums since the last evaluation, `series[1]` the sums at it,
+/// `counter` its steps; AlphaArgmin: `series[0]` the summed step norms):
+/// they still read a checkpoint written that way, and write them empty.
 #[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct PolicyState {
-    /// Per-layer series (a policy's own layout).
+    /// Per-layer series (the layout before typed states; empty in new
+    /// checkpoints of this crate's rules).
+    #[serde(default)]
     pub series: Vec<Vec<Option<f64>>>,
-    /// A step counter.
+    /// A step counter (the layout before typed states; 0 in new
+    /// checkpoints of this crate's rules).
+    #[serde(default)]
     pub counter: usize,
-    /// A policy's typed state, serialised (`None` for the policies that
-    /// use `series`).
+    /// A policy's typed state, serialised (`None` in a checkpoint written
+    /// before typed states).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<serde_json::Value>,
+}
+
+impl PolicyState {
+    /// `state`, a policy's typed state, serialised; `None` (with a warning)
+    /// when it does not serialise (a map with non-string keys).
+    ///
+    /// ```
+    /// use burn_freeze::PolicyState;
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+    /// struct Mine { steps: usize }
+    ///
+    /// let saved = PolicyState::typed(&Mine { steps: 3 }).unwrap();
+    /// assert_eq!(saved.read::<Mine>(), Some(Mine { steps: 3 }));
+    /// ```
+    pub fn typed<T: serde::Serialize>(state: &T) -> Option<Self> {
+        match serde_json::to_value(state) {
+            Ok(value) => Some(Self {
+                state: Some(value),
+                ..Self::default()
+            }),
+            Err(error) => {
+                tracing::warn!(%error, "a freeze policy's state does not serialise: not checkpointed");
+                None
+            }
+        }
+    }
+
+    /// The typed state [`typed`](Self::typed) wrote; `None` when there is
+    /// none or it is not a `T` (with a warning: a checkpoint of another
+    /// rule, say).
+    pub fn read<T: serde::de::DeserializeOwned>(&self) -> Option<T> {
+        let value = self.state.clone()?;
+        match serde_json::from_value(value) {
+            Ok(state) => Some(state),
+            Err(error) => {
+                tracing::warn!(%error, "a freeze policy's checkpointed state does not read: starting afresh");
+                None
+            }
+        }
+    }
 }
 
 /// A boxed policy is a policy, so a trainer can hold any of them (or a
@@ -221,9 +294,4 @@ impl<P: FreezePolicy + ?Sized> FreezePolicy for Box<P> {
     fn load_state(&mut self, state: PolicyState) {
         (**self).load_state(state)
     }
-}
-
-/// `ceil(x)` that ignores floating-point noise just above an integer.
-pub(crate) fn ceil_tolerant(x: f64) -> usize {
-    (x - 1e-9).ceil().max(0.0) as usize
 }

@@ -1,20 +1,8 @@
 //! A fixed freeze schedule: the front per epoch, given or from the alpha closed form.
 
-use super::{FreezePolicy, FreezeState, ceil_tolerant};
-
-/// The alpha bound's closed form: `ceil(L * (1 - (1 - alpha)^T))` layers frozen
-/// in epoch `T`.
-///
-/// ```
-/// use burn_freeze::alpha_front;
-///
-/// let fronts: Vec<usize> = (0..10).map(|t| alpha_front(12, 1.0 / 3.0, t)).collect();
-/// assert_eq!(fronts, [0, 4, 7, 9, 10, 11, 11, 12, 12, 12]);
-/// ```
-pub fn alpha_front(layers: usize, alpha: f64, epoch: usize) -> usize {
-    let frozen = layers as f64 * (1.0 - (1.0 - alpha).powi(epoch as i32));
-    ceil_tolerant(frozen).min(layers)
-}
+use super::alpha::{alpha_front, check_alpha};
+use super::{FreezePolicy, FreezeState};
+use crate::PolicyConfigError;
 
 /// Freezes a fixed number of layers in each epoch.
 ///
@@ -49,6 +37,23 @@ impl FixedSchedule {
     /// The alpha closed form for `layers` layers.
     pub fn alpha(layers: usize, alpha: f64) -> Self {
         Self::Alpha { layers, alpha }
+    }
+
+    /// Checks the schedule's values: an [`Alpha`](Self::Alpha)'s alpha in
+    /// (0, 1] (a list of fronts is any list: an entry beyond the model is
+    /// clamped to it).
+    ///
+    /// ```
+    /// use burn_freeze::FixedSchedule;
+    ///
+    /// assert!(FixedSchedule::alpha(12, 0.5).validate().is_ok());
+    /// assert_eq!(FixedSchedule::alpha(12, 1.5).validate().unwrap_err().field, "alpha");
+    /// ```
+    pub fn validate(&self) -> Result<(), PolicyConfigError> {
+        match self {
+            Self::Fronts(_) => Ok(()),
+            Self::Alpha { alpha, .. } => check_alpha(*alpha),
+        }
     }
 
     /// Layers frozen in epoch `epoch`.

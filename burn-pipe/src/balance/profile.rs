@@ -6,57 +6,67 @@ use burn::tensor::Device;
 use burn::tensor::backend::AutodiffBackend;
 use burn_freeze::{Activation, AutodiffActivation, Differentiable, LayerStack, StackTypes, Unit};
 
+use crate::PipeError;
 use crate::balance::costs::UnitProfile;
+use crate::balance::sync_device;
 use crate::balance::micro::error::MicroSearchError;
 use crate::balance::micro::times::{MicroBatchTimes, check_sizes};
 
 /// Times each unit's forward and backward pass on `input`, the fastest of
 /// `repeats` runs (at least 1), synchronising the device around each timing.
+///
+/// Fails with [`PipeError::DeviceSync`], naming the unit, when the device
+/// fails to synchronise.
 pub fn profile_units<S>(
     stack: &LayerStack<S>,
     input: S::Input,
     device: &Device<S::Backend>,
     repeats: usize,
-) -> Vec<UnitProfile>
+) -> Result<Vec<UnitProfile>, PipeError>
 where
     S: StackTypes,
     S::Output: Differentiable<S::Backend>,
 {
     type B<S> = <S as StackTypes>::Backend;
-    let mut best: Vec<Option<UnitProfile>> = vec![None; stack.num_units()];
+    let last = stack.num_units() - 1;
+    let mut best: Option<Vec<UnitProfile>> = None;
     for _ in 0..repeats.max(1) {
         let mut times = Vec::with_capacity(stack.num_units());
         let (hidden, time) = time_unit::<B<S>, _, _>(
             device,
+            0,
             || stack.first().forward(input.clone()),
             None::<&S::Hidden>,
-        );
+        )?;
         times.push(time);
         let mut hidden = hidden;
-        for unit in stack.middle() {
+        for (i, unit) in stack.middle().iter().enumerate() {
             let leaf = S::Hidden::from_inner(hidden.inner()).require_grad();
             let (out, time) =
-                time_unit::<B<S>, _, _>(device, || unit.forward(leaf.clone()), Some(&leaf));
+                time_unit::<B<S>, _, _>(device, i + 1, || unit.forward(leaf.clone()), Some(&leaf))?;
             times.push(time);
             hidden = out;
         }
         let leaf = S::Hidden::from_inner(hidden.inner()).require_grad();
-        let (_, time) =
-            time_unit::<B<S>, _, _>(device, || stack.last().forward(leaf.clone()), Some(&leaf));
+        let (_, time) = time_unit::<B<S>, _, _>(
+            device,
+            last,
+            || stack.last().forward(leaf.clone()),
+            Some(&leaf),
+        )?;
         times.push(time);
-        for (slot, time) in best.iter_mut().zip(times) {
-            *slot = Some(match *slot {
-                None => time,
-                Some(old) => UnitProfile {
+        best = Some(match best {
+            None => times,
+            Some(old) => (old.into_iter().zip(times))
+                .map(|(old, time)| UnitProfile {
                     forward: old.forward.min(time.forward),
                     backward: old.backward.min(time.backward),
-                },
-            });
-        }
+                })
+                .collect(),
+        });
     }
-    best.into_iter()
-        .map(|p| p.expect("at least one repeat"))
-        .collect()
+    // `repeats.max(1)` runs: at least one filled `best`.
+    Ok(best.unwrap_or_default())
 }
 
 /// [`profile_units`] at each micro-batch size of `sizes` (increasing, 1 to
@@ -64,7 +74,9 @@ where
 /// picks a few), each on the first `size` samples of `input` (split as the
 /// pipeline splits a batch): the table [`choose_micro_batches`](crate::choose_micro_batches)
 /// reads. Fails, before timing anything, on a size beyond the batch or
-/// sizes that are not strictly increasing from 1.
+/// sizes that are not strictly increasing from 1, and with
+/// [`MicroSearchError::Profile`] when profiling fails (a device that does
+/// not synchronise).
 pub fn profile_micro_batches<S>(
     stack: &LayerStack<S>,
     input: S::Input,
@@ -91,27 +103,35 @@ where
                 parts.swap_remove(0)
             };
             tracing::debug!(size, "profiling every unit at a micro-batch size");
-            profile_units(stack, part, device, repeats)
+            profile_units(stack, part, device, repeats).map_err(|error| {
+                MicroSearchError::Profile {
+                    size,
+                    error: error.to_string(),
+                }
+            })
         })
-        .collect();
+        .collect::<Result<Vec<_>, _>>()?;
     MicroBatchTimes::new(sizes.to_vec(), profiles)
 }
 
-/// Runs `forward`, then a backward pass seeded with the output itself.
+/// Runs unit `unit`'s `forward`, then a backward pass seeded with the
+/// output itself.
 fn time_unit<B, O, Run>(
     device: &Device<B>,
+    unit: usize,
     forward: Run,
     input: Option<&impl Differentiable<B>>,
-) -> (O, UnitProfile)
+) -> Result<(O, UnitProfile), PipeError>
 where
     B: AutodiffBackend,
     O: Differentiable<B>,
     Run: FnOnce() -> O,
 {
-    B::sync(device).expect("device sync");
+    let sync = || sync_device::<B>(device, "profiling", unit);
+    sync()?;
     let start = Instant::now();
     let output = forward();
-    B::sync(device).expect("device sync");
+    sync()?;
     let forward_time = start.elapsed();
     let seed = output.clone().inner();
     let start = Instant::now();
@@ -119,13 +139,13 @@ where
     if let Some(input) = input {
         let _ = input.grad(&grads);
     }
-    B::sync(device).expect("device sync");
+    sync()?;
     let backward = start.elapsed();
-    (
+    Ok((
         output,
         UnitProfile {
             forward: forward_time,
             backward,
         },
-    )
+    ))
 }

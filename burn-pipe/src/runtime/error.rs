@@ -166,6 +166,19 @@ pub enum PipeError {
         /// The micro-batch.
         micro_batch: usize,
     },
+    /// The device failed to synchronise while a unit was profiled
+    /// ([`profile_units`](crate::profile_units)) or its memory measured
+    /// ([`measure_unit_memory`](crate::measure_unit_memory)); nothing was
+    /// changed.
+    #[error("device sync failed while {during} unit {unit}: {reason}")]
+    DeviceSync {
+        /// What was under way: `profiling` or `measuring the memory of`.
+        during: &'static str,
+        /// The unit being run.
+        unit: usize,
+        /// The backend's error (or the injected fault's).
+        reason: String,
+    },
     /// A fault injected by a reliability test (`burn_freeze::fault`).
     #[error("{0}")]
     Injected(String),

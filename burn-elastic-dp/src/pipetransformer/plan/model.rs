@@ -35,10 +35,15 @@ fn interpolate(measured: &[MeasuredPass], samples: f64, pass: fn(&MeasuredPass) 
     if samples >= last.batch as f64 {
         return pass(last) * samples / last.batch as f64;
     }
-    let right = measured
-        .iter()
+    // `samples` lies past the first pass and before the last: a later pass
+    // is at or past it. Samples that are not a number (a caller's) match
+    // none and read the last pass's rate: a time that is not a number.
+    let Some(right) = (measured.iter())
         .position(|m| m.batch as f64 >= samples)
-        .expect("samples within the measured range");
+        .filter(|&right| right > 0)
+    else {
+        return pass(last) * samples / last.batch as f64;
+    };
     let (a, b) = (&measured[right - 1], &measured[right]);
     let w = (samples - a.batch as f64) / (b.batch - a.batch) as f64;
     pass(a) + w * (pass(b) - pass(a))
@@ -270,5 +275,23 @@ impl ModelSpec {
                 frozen: self.units.iter().map(|u| u.forward).collect(),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interpolating_a_pass_never_panics() {
+        let pass = |batch, forward| MeasuredPass {
+            batch,
+            forward,
+            backward: 0.0,
+            frozen_forward: None,
+        };
+        let sorted = [pass(2, 0.002), pass(6, 0.010)];
+        assert!(interpolate(&sorted, f64::NAN, |m| m.forward).is_nan());
+        assert!((interpolate(&sorted, 4.0, |m| m.forward) - 0.006).abs() < 1e-12);
     }
 }

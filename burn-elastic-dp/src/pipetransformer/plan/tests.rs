@@ -215,7 +215,7 @@ fn bad_values_name_their_range() {
     .unwrap_err();
     assert!(
         err.to_string()
-            .contains("freeze.alpha = 1.5 is not accepted: expected a number in (0, 1)")
+            .contains("freeze.alpha = 1.5 is not accepted: expected a number in (0, 1]")
     );
     let err = plan(&paper(0), &costs).unwrap_err();
     assert!(err.to_string().contains("epochs must be in 1..=10000"));

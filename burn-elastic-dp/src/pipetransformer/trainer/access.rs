@@ -7,7 +7,7 @@ use burn_freeze::{Activation, InnerInput, InnerOutput, LayerStack};
 use burn_pipe::{MicroBatchChoice, MicroBatchTimes, StageMemory, UnitCosts, UnitMemory};
 
 use super::bounds::{TrainerBackend, TrainerInput, TrainerTypes};
-use super::schedule::{Closure, LrSource, Scheduler};
+use super::lr_source::{Closure, LrSource, Scheduler};
 use super::transition::shape_of;
 use super::{Trainer, TrainerConfig};
 use crate::group::ReplicaGroup;

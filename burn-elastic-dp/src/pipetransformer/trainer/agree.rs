@@ -98,8 +98,8 @@ where
     let max = group.agree_max(flatten(&values))?;
     let profiles = max.chunks_exact(2 * times.units()).map(unflatten).collect();
     let agreed =
-        MicroBatchTimes::new(sizes, profiles).map_err(|error| TrainerError::InvalidConfig {
-            field: "micro_batch_times",
+        MicroBatchTimes::new(sizes, profiles).map_err(|error| TrainerError::InvalidRunValue {
+            what: "micro_batch_times",
             value: error.to_string(),
             accepted: "a table every process measured alike",
         })?;

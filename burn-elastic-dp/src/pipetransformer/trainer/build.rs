@@ -52,7 +52,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
             return Err(TrainerError::TooManyStages { stages, units });
         }
         let map = config.layer_map(units)?;
-        let policy = config.policy(map.num_layers());
+        let policy = config.policy(map.num_layers())?;
         let log = match &config.output_dir {
             Some(dir) => Some(JsonLog::create(dir, resuming)?),
             None => None,

@@ -6,16 +6,15 @@ use std::path::PathBuf;
 use burn::config::Config;
 use burn::tensor::Device;
 use burn_freeze::{
-    Activation, AlphaArgmin, AlphaArgminConfig, ArgminStatistic, CacheConfig, ChangeRate,
-    ChangeRateConfig, Evidence, EvidenceConfig, FixedSchedule, FreezePolicy, LayerMap, LayerStack,
-    StackTypes,
+    Activation, AlphaArgmin, CacheConfig, ChangeRate, Evidence, EvidenceConfig, FixedSchedule,
+    FreezePolicy, LayerMap, LayerStack, StackTypes,
 };
 use burn_pipe::{MicroBatchLoss, UnitCosts, UnitMemory};
 
 use super::Trainer;
 use super::bounds::TrainerTypesOf;
 use super::error::{TrainerError, invalid};
-use super::rules::{CostModel, FreezeRule, LayerSpec, Parts};
+use super::rules::{CostModel, FreezeRule, LayerSpec, Parts, argmin_config, change_rate_config};
 use crate::ReplicaConfig;
 use crate::pipetransformer::shape::{PipelineShape, ShapeRule, ShapeSettings};
 use crate::sampler::BatchPolicy;
@@ -302,7 +301,10 @@ impl TrainerConfig {
         if !self.parts.freeze {
             return memory;
         }
-        let policy = self.policy(1);
+        // A rule refused by its check reads nothing (the run refuses it).
+        let Ok(policy) = self.policy(1) else {
+            return memory;
+        };
         let memory = match policy.needs_gradient_sums() {
             true => memory.with_evidence(0, 1.0),
             false => memory,
@@ -373,30 +375,32 @@ impl TrainerConfig {
         })
     }
 
-    /// The configured freeze policy for a model of `layers` layers.
+    /// The configured freeze policy for a model of `layers` layers; the
+    /// rule's error ([`FreezeRule::validate`]) on a value out of range.
     ///
     /// With [`ArgminStatistic::AccumulatedGradient`] every stage of every
     /// replica keeps a running sum of its trainable parameters' gradients
     /// (one copy of its active weights, on its device) for the epoch.
-    pub(crate) fn policy(&self, layers: usize) -> Box<dyn FreezePolicy + Send> {
-        match &self.freeze {
+    pub(crate) fn policy(&self, layers: usize) -> Result<Box<dyn FreezePolicy + Send>, TrainerError> {
+        self.freeze.validate()?;
+        let refused = |error| TrainerError::InvalidFreezeRule {
+            path: "freeze",
+            error,
+        };
+        Ok(match &self.freeze {
             FreezeRule::AlphaSchedule { alpha } => Box::new(FixedSchedule::alpha(layers, *alpha)),
-            FreezeRule::AlphaArgmin { alpha, statistic } => Box::new(AlphaArgmin::new(
-                AlphaArgminConfig::new()
-                    .with_alpha(*alpha)
-                    .with_statistic(statistic.unwrap_or(ArgminStatistic::AccumulatedGradient)),
-            )),
+            FreezeRule::AlphaArgmin { alpha, statistic } => {
+                Box::new(AlphaArgmin::new(argmin_config(*alpha, *statistic)).map_err(refused)?)
+            }
             FreezeRule::ChangeRate {
                 every_steps,
                 percentile,
-            } => Box::new(ChangeRate::new(
-                ChangeRateConfig::new()
-                    .with_every_steps(*every_steps)
-                    .with_percentile(*percentile),
-            )),
+            } => Box::new(
+                ChangeRate::new(change_rate_config(*every_steps, *percentile)).map_err(refused)?,
+            ),
             FreezeRule::Evidence { rule } => Box::new(Evidence::new(rule.clone())),
             FreezeRule::Fronts { layers } => Box::new(FixedSchedule::Fronts(layers.clone())),
-        }
+        })
     }
 
     /// Builds the trainer of `stack` over `devices` (logical devices on a

@@ -17,6 +17,35 @@ pub enum TrainerError {
         /// The accepted range.
         accepted: &'static str,
     },
+    /// A value met while running, not in the configuration, outside its
+    /// range: a learning-rate schedule's rate that is not a finite number
+    /// of at least 0 (the step is refused and changes nothing), or a
+    /// micro-batch time table that does not fit the model or that the
+    /// processes of a group measured differently.
+    #[error("{what} = {value} is not accepted at run time: expected {accepted}")]
+    InvalidRunValue {
+        /// What gave the value (`learning-rate schedule`,
+        /// `micro_batch_times`).
+        what: &'static str,
+        /// The value met, and where (a step, say).
+        value: String,
+        /// The accepted range.
+        accepted: &'static str,
+    },
+    /// A freeze rule's setting outside its range, as the rule's own check
+    /// in burn-freeze reports it ([`FreezeRule::validate`](crate::FreezeRule::validate)).
+    /// The message is the one of [`InvalidConfig`](Self::InvalidConfig),
+    /// the field named by its path: `freeze.rule.patience = 0 is not
+    /// accepted: expected at least 1`.
+    #[error("{path}.{error}")]
+    InvalidFreezeRule {
+        /// Where the rule's settings sit in
+        /// [`TrainerConfig`](super::TrainerConfig): `freeze` (the rule's
+        /// own fields) or `freeze.rule` (an [`EvidenceConfig`](burn_freeze::EvidenceConfig)).
+        path: &'static str,
+        /// The rule's error: the field, the value and the accepted range.
+        error: burn_freeze::PolicyConfigError,
+    },
     /// A global batch too small for a shape the run can reach.
     #[error(
         "a global batch of {batch} cannot give {replicas} replicas {micro_batches} micro-batches each (K = {stages}): raise the batch or lower micro_batches"

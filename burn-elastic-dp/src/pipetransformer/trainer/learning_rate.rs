@@ -1,16 +1,24 @@
-//! The trainer's learning rate at each step: the configured rate or a schedule's (see
-//! `schedule.rs`), scaled with the replicas under a per-replica batch.
+//! The trainer's learning rate at each step: the configured rate or a source's (a burn-train
+//! scheduler, a closure: `lr_source.rs`), scaled with the replicas under a per-replica batch.
 
 use serde::{Deserialize, Serialize};
 
 use super::error::TrainerError;
-use super::schedule::{LrSource, Schedule};
+use super::lr_source::LrSource;
 use crate::sampler::ElasticSampler;
 
-/// The learning rate of a run: where each step's base rate comes from,
-/// the base of the last step, and the replica count the base is tuned for.
+/// The learning rate of a run: where each step's base rate comes from
+/// (a source, the rate it last gave, and a checkpoint's state that waits
+/// for its source: a resumed run sets the source after
+/// [`Trainer::resume`](super::Trainer::resume)), the base of the last
+/// step, and the replica count the base is tuned for.
 pub(super) struct LearningRate {
-    schedule: Schedule,
+    /// The scheduled rates' source (`None`: the configured rate).
+    source: Option<Box<dyn LrSource>>,
+    /// The step last asked of the source and its rate.
+    asked: Option<(usize, f64)>,
+    /// A checkpoint's source state, kept until a source is set.
+    waiting: Option<Vec<u8>>,
     /// The unscaled rate of the last step (before the first: the
     /// configured one).
     last_base: f64,
@@ -32,7 +40,9 @@ impl LearningRate {
     /// The configured rate `lr`, tuned for `base_replicas` replicas.
     pub(super) fn new(lr: f64, base_replicas: usize) -> Self {
         Self {
-            schedule: Schedule::default(),
+            source: None,
+            asked: None,
+            waiting: None,
             last_base: lr,
             base_replicas,
         }
@@ -47,7 +57,7 @@ impl LearningRate {
         }
     }
 
-    /// The rate of step `step` (the schedule asked when it has not been for
+    /// The rate of step `step` (the source asked when it has not been for
     /// this step, else `fixed`), scaled as [`current`](Self::current) says;
     /// remembered as the last rate.
     pub(super) fn next(
@@ -57,14 +67,52 @@ impl LearningRate {
         sampler: Option<&ElasticSampler>,
         replicas: usize,
     ) -> Result<f64, TrainerError> {
-        self.last_base = self.schedule.rate(step, fixed)?;
+        self.last_base = self.base_rate(step, fixed)?;
         Ok(self.current(sampler, replicas))
     }
 
-    /// Sets where the base rates come from (a checkpoint's state waiting
-    /// for it restored into it).
-    pub(super) fn set_source(&mut self, source: Box<dyn LrSource>) -> Result<(), TrainerError> {
-        self.schedule.set(source)
+    /// The unscaled rate of step `step`: the source's, else `fixed`. The
+    /// source is asked once per optimizer step, in order; a step that fails
+    /// is taken again with the rate it was given: the source is asked once
+    /// per step index, however many times the step runs.
+    fn base_rate(&mut self, step: usize, fixed: f64) -> Result<f64, TrainerError> {
+        let Some(source) = self.source.as_mut() else {
+            if self.waiting.take().is_some() {
+                tracing::warn!(
+                    "the checkpoint holds a learning-rate schedule, but none was set after \
+                     resuming: training on at the configured lr"
+                );
+            }
+            return Ok(fixed);
+        };
+        if let Some((asked, lr)) = self.asked
+            && asked == step
+        {
+            return Ok(lr);
+        }
+        let lr = source.next(step);
+        if !(lr.is_finite() && lr >= 0.0) {
+            return Err(TrainerError::InvalidRunValue {
+                what: "learning-rate schedule",
+                value: format!("{lr} at step {step}"),
+                accepted: "a finite number of at least 0",
+            });
+        }
+        self.asked = Some((step, lr));
+        Ok(lr)
+    }
+
+    /// Sets where the base rates come from, restoring a checkpoint's state
+    /// waiting for it.
+    pub(super) fn set_source(&mut self, mut source: Box<dyn LrSource>) -> Result<(), TrainerError> {
+        if let Some(bytes) = self.waiting.take() {
+            source.load(bytes).map_err(|e| {
+                TrainerError::Checkpoint(format!("the learning-rate schedule's state: {e}"))
+            })?;
+        }
+        self.source = Some(source);
+        self.asked = None;
+        Ok(())
     }
 
     /// The scaling's reference becomes `replicas` (the start moved before
@@ -77,14 +125,19 @@ impl LearningRate {
     pub(super) fn state(&self) -> Result<RateState, TrainerError> {
         Ok(RateState {
             base_replicas: self.base_replicas,
-            lr_schedule: self.schedule.save()?,
+            lr_schedule: match &self.source {
+                Some(source) => source.save().map_err(|e| {
+                    TrainerError::Checkpoint(format!("the learning-rate schedule's state: {e}"))
+                })?,
+                None => None,
+            },
         })
     }
 
-    /// Takes a checkpoint's state: the reference, and the schedule's state
-    /// (applied when a schedule is set).
+    /// Takes a checkpoint's state: the reference, and the source's state
+    /// (applied when a source is set).
     pub(super) fn restore(&mut self, state: RateState) {
         self.base_replicas = state.base_replicas;
-        self.schedule.restore(state.lr_schedule);
+        self.waiting = state.lr_schedule;
     }
 }

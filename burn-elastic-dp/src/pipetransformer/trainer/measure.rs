@@ -129,7 +129,7 @@ impl Measurements {
         let device = &devices[0];
         let mut changed = false;
         if self.memory_pending {
-            let measured = measure_unit_memory(&group.to_layer_stack()?, input.clone(), device);
+            let measured = measure_unit_memory(&group.to_layer_stack()?, input.clone(), device)?;
             // Every process starts on the same figures: the largest measured.
             let measured = super::agree::unit_memory(group, measured)?;
             tracing::info!(activations = ?measured.activations, "activation bytes per sample measured");
@@ -149,7 +149,7 @@ impl Measurements {
                 tracing::info!("one stage throughout: unit costs not profiled");
             } else {
                 let profile =
-                    profile_units(&group.to_layer_stack()?, input.clone(), device, repeats);
+                    profile_units(&group.to_layer_stack()?, input.clone(), device, repeats)?;
                 // Every process balances on the same times: the slowest's.
                 let profile = super::agree::unit_profiles(group, profile)?;
                 self.rule.set_costs(UnitCosts::from_profile(&profile));
@@ -212,8 +212,8 @@ impl Measurements {
     ) -> Result<Option<&MicroBatchChoice>, TrainerError> {
         let units = group.num_units();
         if times.units() != units {
-            return Err(TrainerError::InvalidConfig {
-                field: "micro_batch_times",
+            return Err(TrainerError::InvalidRunValue {
+                what: "micro_batch_times",
                 value: format!("a table of {} units", times.units()),
                 accepted: "a table that times every unit of the model",
             });

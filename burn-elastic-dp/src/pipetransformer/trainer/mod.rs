@@ -14,11 +14,11 @@ mod flow;
 mod held_out;
 mod learning_rate;
 mod log;
+mod lr_source;
 mod measure;
 mod memory;
 mod recovery;
 mod rules;
-mod schedule;
 mod transition;
 
 use std::sync::Arc;
@@ -39,7 +39,7 @@ pub use log::{EpochReport, Transition};
 pub use memory::MemoryConfig;
 pub use rules::{CostModel, FreezeRule, LayerSpec, Parts};
 #[cfg(feature = "burn-train")]
-pub(crate) use schedule::LrSource;
+pub(crate) use lr_source::LrSource;
 
 use crate::error::ElasticError;
 use crate::group::{GroupReport, ReplicaGroup};

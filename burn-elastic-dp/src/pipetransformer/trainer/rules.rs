@@ -2,7 +2,10 @@
 //! checking its own values.
 
 use burn::config::Config;
-use burn_freeze::{ArgminStatistic, EvidenceConfig};
+use burn_freeze::{
+    AlphaArgminConfig, ArgminStatistic, ChangeRateConfig, EvidenceConfig, FixedSchedule,
+    PolicyConfigError,
+};
 
 use super::error::{TrainerError, invalid};
 
@@ -55,7 +58,7 @@ pub enum FreezeRule {
     /// The paper's alpha closed form, once per epoch: `ceil(L (1 - (1 -
     /// alpha)^T))` layers frozen in epoch `T` (gradient-free).
     AlphaSchedule {
-        /// In (0, 1): the share of the remaining layers frozen per epoch.
+        /// In (0, 1]: the share of the remaining layers frozen per epoch.
         alpha: f64,
     },
     /// The paper's AutoFreeze, once per epoch: the alpha bound combined with
@@ -80,7 +83,7 @@ pub enum FreezeRule {
     /// assert_eq!(old, FreezeRule::AlphaArgmin { alpha: 0.5, statistic: None });
     /// ```
     AlphaArgmin {
-        /// In (0, 1).
+        /// In (0, 1]: the most of the remaining layers one epoch freezes.
         alpha: f64,
         /// The per-layer statistic; `None` (or absent from a configuration
         /// file) is the default, [`ArgminStatistic::AccumulatedGradient`].
@@ -151,6 +154,20 @@ impl FreezeRule {
     }
 }
 
+/// [`FreezeRule::AlphaArgmin`]'s settings as burn-freeze's config.
+pub(crate) fn argmin_config(alpha: f64, statistic: Option<ArgminStatistic>) -> AlphaArgminConfig {
+    AlphaArgminConfig::new()
+        .with_alpha(alpha)
+        .with_statistic(statistic.unwrap_or(ArgminStatistic::AccumulatedGradient))
+}
+
+/// [`FreezeRule::ChangeRate`]'s settings as burn-freeze's config.
+pub(crate) fn change_rate_config(every_steps: usize, percentile: f64) -> ChangeRateConfig {
+    ChangeRateConfig::new()
+        .with_every_steps(every_steps)
+        .with_percentile(percentile)
+}
+
 /// How the freeze policy's layers map onto the stack's units.
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
 pub enum LayerSpec {
@@ -187,42 +204,45 @@ pub enum CostModel {
 }
 
 impl FreezeRule {
-    /// Checks the rule's values; the error names the field and its range.
+    /// Checks the rule's values by the rule's own check in burn-freeze
+    /// ([`EvidenceConfig::validate`], [`ChangeRateConfig::validate`],
+    /// [`AlphaArgminConfig::validate`], [`FixedSchedule::validate`]): the
+    /// error, [`TrainerError::InvalidFreezeRule`], names the field by its
+    /// path in the configuration (`freeze.alpha`, `freeze.rule.patience`),
+    /// the value and its range.
+    ///
+    /// ```
+    /// use burn_elastic_dp::{FreezeRule, TrainerError};
+    /// use burn_freeze::EvidenceConfig;
+    ///
+    /// let bad = FreezeRule::Evidence { rule: EvidenceConfig::new().with_patience(0) };
+    /// let error = bad.validate().unwrap_err();
+    /// assert_eq!(error.to_string(), "freeze.rule.patience = 0 is not accepted: expected at least 1");
+    /// assert!(matches!(error, TrainerError::InvalidFreezeRule { path: "freeze.rule", .. }));
+    /// ```
     pub fn validate(&self) -> Result<(), TrainerError> {
-        match self {
-            FreezeRule::AlphaSchedule { alpha } | FreezeRule::AlphaArgmin { alpha, .. } => {
-                check_alpha(*alpha)
+        let (path, checked): (_, Result<(), PolicyConfigError>) = match self {
+            FreezeRule::AlphaSchedule { alpha } => (
+                "freeze",
+                FixedSchedule::Alpha {
+                    layers: 0,
+                    alpha: *alpha,
+                }
+                .validate(),
+            ),
+            FreezeRule::AlphaArgmin { alpha, statistic } => {
+                ("freeze", argmin_config(*alpha, *statistic).validate())
             }
             FreezeRule::ChangeRate {
                 every_steps,
                 percentile,
-            } => {
-                if *every_steps == 0 {
-                    return Err(invalid("freeze.every_steps", 0, "at least 1"));
-                }
-                if !(0.0..=100.0).contains(percentile) {
-                    return Err(invalid("freeze.percentile", percentile, "[0, 100]"));
-                }
-                Ok(())
-            }
-            FreezeRule::Evidence { rule } => rule.validate().map_err(|(field, value, accepted)| {
-                let field = match field {
-                    "every_steps" => "freeze.rule.every_steps",
-                    "checks_per_epoch" => "freeze.rule.checks_per_epoch",
-                    "patience" => "freeze.rule.patience",
-                    "learned_drop" => "freeze.rule.learned_drop",
-                    "plateau_below" => "freeze.rule.plateau_below",
-                    "alpha" => "freeze.rule.alpha",
-                    "signal_below" => "freeze.rule.signal_below",
-                    "converged_checks" => "freeze.rule.converged_checks",
-                    _ => "freeze.rule.rise_tolerance",
-                };
-                invalid(field, value, accepted)
-            }),
+            } => ("freeze", change_rate_config(*every_steps, *percentile).validate()),
+            FreezeRule::Evidence { rule } => ("freeze.rule", rule.validate()),
             // Any list: an entry below the one before thaws layers, and
             // one beyond the model is clamped to it (AutoFreeze).
-            FreezeRule::Fronts { .. } => Ok(()),
-        }
+            FreezeRule::Fronts { .. } => ("freeze", Ok(())),
+        };
+        checked.map_err(|error| TrainerError::InvalidFreezeRule { path, error })
     }
 }
 
@@ -257,10 +277,102 @@ impl CostModel {
     }
 }
 
-fn check_alpha(alpha: f64) -> Result<(), TrainerError> {
-    if alpha > 0.0 && alpha < 1.0 {
-        Ok(())
-    } else {
-        Err(invalid("freeze.alpha", alpha, "a number in (0, 1)"))
+#[cfg(test)]
+mod tests {
+    use burn_freeze::EvidenceConfig;
+
+    use super::*;
+    use crate::TrainerConfig;
+
+    /// The message a configuration with `rule` is refused with.
+    fn refusal(rule: FreezeRule) -> (String, TrainerError) {
+        let error = TrainerConfig::new().with_freeze(rule).validate(4).unwrap_err();
+        (error.to_string(), error)
+    }
+
+    #[test]
+    fn each_rule_is_refused_by_its_own_check_named_by_its_path() {
+        let evidence = |rule: EvidenceConfig| FreezeRule::Evidence { rule };
+        let cases = [
+            (
+                evidence(EvidenceConfig::new().with_patience(0)),
+                "freeze.rule.patience = 0 is not accepted: expected at least 1",
+            ),
+            (
+                evidence(EvidenceConfig::new().with_rise_tolerance(-1.0)),
+                "freeze.rule.rise_tolerance = -1 is not accepted: expected a number >= 0",
+            ),
+            (
+                evidence(EvidenceConfig::new().with_converged_checks(0)),
+                "freeze.rule.converged_checks = 0 is not accepted: expected at least 1",
+            ),
+            (
+                evidence(EvidenceConfig::new().with_alpha(1.5)),
+                "freeze.rule.alpha = 1.5 is not accepted: expected a number in (0, 1]",
+            ),
+            (
+                FreezeRule::AlphaSchedule { alpha: 0.0 },
+                "freeze.alpha = 0 is not accepted: expected a number in (0, 1]",
+            ),
+            (
+                FreezeRule::AlphaArgmin {
+                    alpha: 2.0,
+                    statistic: None,
+                },
+                "freeze.alpha = 2 is not accepted: expected a number in (0, 1]",
+            ),
+            (
+                FreezeRule::ChangeRate {
+                    every_steps: 0,
+                    percentile: 50.0,
+                },
+                "freeze.every_steps = 0 is not accepted: expected at least 1",
+            ),
+            (
+                FreezeRule::ChangeRate {
+                    every_steps: 10,
+                    percentile: 120.0,
+                },
+                "freeze.percentile = 120 is not accepted: expected [0, 100]",
+            ),
+        ];
+        for (rule, message) in cases {
+            let (text, error) = refusal(rule);
+            assert_eq!(text, message);
+            assert!(
+                matches!(error, TrainerError::InvalidFreezeRule { .. }),
+                "{error:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_typed_error_is_passed_on_whole() {
+        let rule = FreezeRule::Evidence {
+            rule: EvidenceConfig::new().with_signal_below(1.0),
+        };
+        match refusal(rule).1 {
+            TrainerError::InvalidFreezeRule { path, error } => {
+                assert_eq!(path, "freeze.rule");
+                assert_eq!(error.field, "signal_below");
+                assert_eq!(error.value, "1");
+                assert_eq!(error.accepted, "a number in (0, 1)");
+            }
+            other => panic!("expected the rule's error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_bad_rule_is_an_error_where_the_policy_is_made_not_a_panic() {
+        let config = TrainerConfig::new().with_freeze(FreezeRule::ChangeRate {
+            every_steps: 0,
+            percentile: 50.0,
+        });
+        assert!(config.policy(4).is_err());
+        let good = TrainerConfig::new().with_freeze(FreezeRule::AlphaArgmin {
+            alpha: 1.0,
+            statistic: None,
+        });
+        assert!(good.policy(4).unwrap().needs_gradient_sums());
     }
 }

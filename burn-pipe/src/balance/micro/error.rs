@@ -40,6 +40,15 @@ pub enum MicroSearchError {
         /// Samples per replica.
         batch: usize,
     },
+    /// Profiling at a micro-batch size failed (the device did not
+    /// synchronise: [`PipeError::DeviceSync`](crate::PipeError::DeviceSync)).
+    #[error("profiling at micro-batch size {size} failed: {error}")]
+    Profile {
+        /// The micro-batch size.
+        size: usize,
+        /// The profile's error.
+        error: String,
+    },
     /// No candidate accepted.
     #[error(
         "none of the {searched} micro-batch counts searched is allowed: allow at least one of 1 to {searched}"

@@ -162,7 +162,8 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
     let (images, labels) =
         BandImages::new(10, 3, config.image_size, 1).batch::<Train>(0, batch, &device);
 
-    let profile = profile_units(&stack, images.clone(), &device, 3);
+    let profile = profile_units(&stack, images.clone(), &device, 3)
+        .map_err(|e| BenchError::Run(e.to_string()))?;
     let costs: Vec<f64> = profile.iter().map(|p| p.cost(false, false)).collect();
     let channel = measure_channel(
         quick,

@@ -208,7 +208,8 @@ impl JobSpec {
         let items: Vec<SstItem> = job.train.items().iter().take(self.batch).cloned().collect();
         let (input, _): (BertInput<Train>, Tensor<Train, 1, Int>) =
             job.batcher.batch(items, &device);
-        Ok(burn_pipe::measure_unit_memory(stack, input, &device))
+        burn_pipe::measure_unit_memory(stack, input, &device)
+            .map_err(|error| JobError::Trainer(error.into()))
     }
 
     /// [`finetune`](Self::finetune) on SST ([`load_sst`](Self::load_sst)),

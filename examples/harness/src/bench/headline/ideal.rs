@@ -4,6 +4,8 @@
 use burn::data::dataloader::batcher::Batcher;
 use burn_pipe::{UnitCosts, UnitProfile, UnitState, profile_units};
 
+use crate::bench::BenchError;
+
 use pipetransformer_jobs::backend;
 use pipetransformer_jobs::job::{
     FINETUNE_CLASSES, JobModel, JobSpec, Pretrained, RunRecord, with_model,
@@ -13,12 +15,15 @@ use pipetransformer_jobs::job::{
 const PROFILE_REPEATS: usize = 5;
 
 /// Each unit's forward and backward time on one global batch.
-pub(super) fn profile(spec: &JobSpec, pretrained: &Pretrained) -> Vec<UnitProfile> {
+pub(super) fn profile(
+    spec: &JobSpec,
+    pretrained: &Pretrained,
+) -> Result<Vec<UnitProfile>, BenchError> {
     let device = backend::device(0);
     let items: Vec<usize> = (0..spec.batch).collect();
     with_model!(pretrained, M, stack => {
         let (x, _) = M::task(FINETUNE_CLASSES, spec.task, spec.seed).batch(items, &device);
-        profile_units(stack, x, &device, PROFILE_REPEATS)
+        profile_units(stack, x, &device, PROFILE_REPEATS).map_err(|e| BenchError::Run(e.to_string()))
     })
 }
 

@@ -89,12 +89,15 @@ impl BoundRun {
 }
 
 /// The units' memory measured on one global batch of the job's task.
-pub(super) fn unit_memory(spec: &JobSpec, pretrained: &Pretrained) -> UnitMemory {
+pub(super) fn unit_memory(
+    spec: &JobSpec,
+    pretrained: &Pretrained,
+) -> Result<UnitMemory, BenchError> {
     let device = backend::device(0);
     let items: Vec<usize> = (0..spec.batch).collect();
     with_model!(pretrained, M, stack => {
         let (x, _) = M::task(FINETUNE_CLASSES, spec.task, spec.seed).batch(items, &device);
-        measure_unit_memory(stack, x, &device)
+        measure_unit_memory(stack, x, &device).map_err(run_err)
     })
 }
 

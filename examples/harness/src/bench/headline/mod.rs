@@ -130,7 +130,7 @@ pub fn run(
     let spec = first_spec(quick, model, task, seeds)?;
     print_start(&spec, quick);
     let (pretrained, pretrain_seconds) = pretrain(&spec);
-    let profile = profile(&spec, &pretrained);
+    let profile = profile(&spec, &pretrained)?;
     let unit_profile_ms = unit_profile_ms(&profile);
     eprintln!(
         "unit profile (forward ms, backward ms per batch of {}): {unit_profile_ms:.2?}",
@@ -139,7 +139,7 @@ pub fn run(
     // The paper's situation first: a per-device budget under which the
     // model does not fit one device, so (b*) must pipeline.
     let unbounded = Setting::unbounded(spec.layers, parameter_costs(), false);
-    let budget = memory::budget(&spec, memory::unit_memory(&spec, &pretrained))?;
+    let budget = memory::budget(&spec, memory::unit_memory(&spec, &pretrained)?)?;
     let setting = unbounded.with_budget(budget.bytes);
     let (configurations, strongest) = searched_configurations(&spec, &setting, &pretrained)?;
     let runs = finetune_all(&spec, &pretrained, &configurations)?;

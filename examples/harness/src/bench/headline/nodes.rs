@@ -234,9 +234,9 @@ fn settle_first_seed(
     spec: &JobSpec,
     pretrained: &pipetransformer_jobs::job::Pretrained,
 ) -> Result<FirstSeed, BenchError> {
-    let profile = super::ideal::profile(spec, pretrained);
+    let profile = super::ideal::profile(spec, pretrained)?;
     let unbounded = Setting::unbounded(spec.layers, parameter_costs(), true);
-    let budget = memory::budget(spec, memory::unit_memory(spec, pretrained))?;
+    let budget = memory::budget(spec, memory::unit_memory(spec, pretrained)?)?;
     // Every rank configures the same budget: the largest estimate.
     let agreed = burn_elastic_dp::launcher::agree_max(
         &[budget.bytes as f64],

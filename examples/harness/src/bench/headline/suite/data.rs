@@ -103,7 +103,7 @@ impl TaskData for Generated<'_> {
     }
 
     fn unit_memory(&self, spec: &JobSpec, model: &Pretrained) -> Result<UnitMemory, BenchError> {
-        Ok(memory::unit_memory(spec, model))
+        memory::unit_memory(spec, model)
     }
 
     fn finetune<O: Observer>(

@@ -1,9 +1,13 @@
-//! The paper's rule: the alpha bound combined with the argmin of per-layer
+//! PipeTransformer's rule (the paper's): the alpha bound combined with the argmin of per-layer
 //! gradient norms, once per epoch.
 
 use burn::config::Config;
 
-use super::{FreezePolicy, FreezeState, GradNorm, ceil_tolerant};
+use serde::{Deserialize, Serialize};
+
+use super::alpha::{alpha_most, check_alpha};
+use super::{FreezePolicy, FreezeState, GradNorm, PolicyState};
+use crate::PolicyConfigError;
 
 /// Which per-layer gradient statistic [`AlphaArgmin`] takes the argmin of.
 ///
@@ -21,7 +25,7 @@ use super::{FreezePolicy, FreezeState, GradNorm, ceil_tolerant};
 /// let steps = [[n(1.0), n(0.4), n(0.8)], [n(1.0), n(0.4), n(0.8)]];
 /// let accumulated = [n(0.0), n(0.8), n(1.6)];
 ///
-/// let mut paper = AlphaArgmin::new(AlphaArgminConfig::new().with_alpha(1.0));
+/// let mut paper = AlphaArgmin::new(AlphaArgminConfig::new().with_alpha(1.0)).unwrap();
 /// assert!(paper.needs_gradient_sums()); // the default: AccumulatedGradient
 /// paper.epoch_gradient_sums(state, &accumulated);
 /// assert_eq!(paper.after_epoch(state), Some(1)); // through layer 0
@@ -30,7 +34,8 @@ use super::{FreezePolicy, FreezeState, GradNorm, ceil_tolerant};
 ///     AlphaArgminConfig::new()
 ///         .with_alpha(1.0)
 ///         .with_statistic(ArgminStatistic::SummedStepNorms),
-/// );
+/// )
+/// .unwrap();
 /// for step in &steps {
 ///     summed.after_step(state, step);
 /// }
@@ -62,6 +67,28 @@ pub struct AlphaArgminConfig {
     pub statistic: ArgminStatistic,
 }
 
+impl AlphaArgminConfig {
+    /// Checks the values: alpha in (0, 1].
+    ///
+    /// ```
+    /// use burn_freeze::AlphaArgminConfig;
+    ///
+    /// assert!(AlphaArgminConfig::new().validate().is_ok());
+    /// let error = AlphaArgminConfig::new().with_alpha(0.0).validate().unwrap_err();
+    /// assert_eq!((error.field, error.accepted), ("alpha", "a number in (0, 1]"));
+    /// ```
+    pub fn validate(&self) -> Result<(), PolicyConfigError> {
+        check_alpha(self.alpha)
+    }
+}
+
+/// What [`AlphaArgmin`] keeps between decisions, as its checkpoint stores it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+struct AlphaArgminState {
+    /// Per layer, the summed step norms of the epoch so far.
+    sums: Vec<Option<f64>>,
+}
+
 /// PipeTransformer's AutoFreeze rule, evaluated at the end of each epoch `T`:
 ///
 /// `F_T = min(ceil(F + alpha * (L - F)), argmin_{l in [F, L)} ||g_l|| + 1)`
@@ -86,7 +113,7 @@ pub struct AlphaArgminConfig {
 /// ```
 /// use burn_freeze::{AlphaArgmin, AlphaArgminConfig, FreezePolicy, FreezeState, GradNorm};
 ///
-/// let mut rule = AlphaArgmin::new(AlphaArgminConfig::new().with_alpha(1.0 / 3.0));
+/// let mut rule = AlphaArgmin::new(AlphaArgminConfig::new().with_alpha(1.0 / 3.0)).unwrap();
 /// let state = FreezeState { frozen_layers: 0, num_layers: 12, epoch: 0, step: 0 };
 /// // Layer 2's accumulated gradient is the smallest: freeze layers 0..=2
 /// // (within the bound of 4).
@@ -102,13 +129,15 @@ pub struct AlphaArgmin {
 }
 
 impl AlphaArgmin {
-    /// The rule with `config`'s alpha and statistic.
-    pub fn new(config: AlphaArgminConfig) -> Self {
-        Self {
+    /// The rule with `config`'s alpha and statistic; an error naming the
+    /// field when [`AlphaArgminConfig::validate`] refuses a value.
+    pub fn new(config: AlphaArgminConfig) -> Result<Self, PolicyConfigError> {
+        config.validate()?;
+        Ok(Self {
             alpha: config.alpha,
             statistic: config.statistic,
             sums: Vec::new(),
-        }
+        })
     }
 
     /// The statistic the argmin is taken of.
@@ -119,8 +148,7 @@ impl AlphaArgmin {
     /// The front the rule picks from `frozen` of `layers` layers and per-layer
     /// norms (`None` for layers without statistics).
     pub fn decide(&self, frozen: usize, layers: usize, norms: &[Option<f64>]) -> usize {
-        let bound =
-            ceil_tolerant(frozen as f64 + self.alpha * (layers - frozen) as f64).min(layers);
+        let bound = frozen + alpha_most(self.alpha, frozen, layers);
         let argmin = (frozen..layers)
             .filter_map(|l| norms.get(l).copied().flatten().map(|n| (l, n)))
             .min_by(|a, b| a.1.total_cmp(&b.1))
@@ -167,23 +195,61 @@ impl FreezePolicy for AlphaArgmin {
         Some(self.decide(state.frozen_layers, state.num_layers, &sums))
     }
 
-    fn save_state(&self) -> Option<super::PolicyState> {
+    fn save_state(&self) -> Option<PolicyState> {
         if self.statistic == ArgminStatistic::AccumulatedGradient {
             // The sums are the target's (per parameter); between decisions
             // the policy holds nothing.
             return None;
         }
-        Some(super::PolicyState {
-            series: vec![self.sums.clone()],
-            counter: 0,
-            state: None,
+        PolicyState::typed(&AlphaArgminState {
+            sums: self.sums.clone(),
         })
     }
 
-    fn load_state(&mut self, state: super::PolicyState) {
+    fn load_state(&mut self, state: PolicyState) {
         if self.statistic == ArgminStatistic::AccumulatedGradient {
             return;
         }
-        self.sums = state.series.into_iter().next().unwrap_or_default();
+        self.sums = match state.read::<AlphaArgminState>() {
+            Some(saved) => saved.sums,
+            // A checkpoint written before typed states: the sums were
+            // `series[0]`.
+            None => state.series.into_iter().next().unwrap_or_default(),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_alpha_is_refused_not_run() {
+        for alpha in [0.0, 1.5, f64::NAN] {
+            let error = AlphaArgmin::new(AlphaArgminConfig::new().with_alpha(alpha)).unwrap_err();
+            assert_eq!(error.field, "alpha");
+        }
+    }
+
+    #[test]
+    fn the_summed_norms_survive_a_checkpoint_typed_and_in_the_old_layout() {
+        let config = || AlphaArgminConfig::new().with_statistic(ArgminStatistic::SummedStepNorms);
+        let mut a = AlphaArgmin::new(config()).unwrap();
+        let s = FreezeState { frozen_layers: 0, num_layers: 3, epoch: 0, step: 1 };
+        let n = |l2: f64| Some(GradNorm { l1: l2, l2 });
+        a.after_step(s, &[n(1.0), n(0.2), n(0.5)]);
+        let saved = a.save_state().unwrap();
+        assert!(saved.series.is_empty() && saved.state.is_some());
+        let mut b = AlphaArgmin::new(config()).unwrap();
+        b.load_state(saved);
+        assert_eq!(b.sums, a.sums);
+        let mut old = AlphaArgmin::new(config()).unwrap();
+        old.load_state(PolicyState {
+            series: vec![a.sums.clone()],
+            counter: 0,
+            state: None,
+        });
+        assert_eq!(old.sums, a.sums);
+        assert_eq!(a.after_epoch(s), b.after_epoch(s));
     }
 }
