@@ -115,9 +115,11 @@ where
             None => OtherNodes::join(&config, replicas.len())?,
         };
         let outline = Outline::of(&replicas[0]);
+        let micro_batches = replicas[0].micro_batches();
         Ok(Self {
             replicas,
             outline,
+            micro_batches,
             config,
             formed: false,
             generation: 0,

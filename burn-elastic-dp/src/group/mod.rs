@@ -115,6 +115,10 @@ pub struct ReplicaGroup<S: StackTypes, O> {
     /// The replicas' shape when a step last handed them out: what the group
     /// still tells of its model once that step lost every replica.
     outline: Outline,
+    /// The micro-batch count every replica runs: the group's one copy,
+    /// refreshed whenever it is set or the stages change (see
+    /// [`set_micro_batches`](Self::set_micro_batches)).
+    micro_batches: usize,
     _token: GroupToken,
 }
 
@@ -125,8 +129,6 @@ struct Outline {
     front: usize,
     /// Units per stage.
     balance: Vec<usize>,
-    /// Micro-batches per pass.
-    micro_batches: usize,
 }
 
 impl Outline {
@@ -138,7 +140,6 @@ impl Outline {
         Self {
             front: pipeline.front(),
             balance: pipeline.balance(),
-            micro_batches: pipeline.micro_batches(),
         }
     }
 }
@@ -185,9 +186,15 @@ where
     /// Micro-batches each replica's pipeline splits its shard into (once a
     /// step lost every replica, as they did then).
     pub fn micro_batches(&self) -> usize {
-        self.replicas
-            .first()
-            .map_or(self.outline.micro_batches, Pipeline::micro_batches)
+        self.micro_batches
+    }
+
+    /// Reads the micro-batch count back from the replicas after it or
+    /// their stages changed (every replica runs the same).
+    fn refresh_micro_batches(&mut self) {
+        if let Some(first) = self.replicas.first() {
+            self.micro_batches = first.micro_batches();
+        }
     }
 
     /// Every replica's devices, one per stage: replica `r` on `devices()[r]`.

@@ -135,6 +135,8 @@ where
                 .repartition(balance, devices)
                 .map_err(|source| ElasticError::Replica { replica, source })?;
         }
+        // The paper's count follows K when no count is set.
+        self.refresh_micro_batches();
         if stage0_moves {
             self.dissolve();
         }
@@ -159,6 +161,7 @@ where
                 .set_micro_batches(micro_batches)
                 .map_err(|source| ElasticError::Replica { replica, source })?;
         }
+        self.refresh_micro_batches();
         Ok(())
     }
 
