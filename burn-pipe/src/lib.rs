@@ -30,20 +30,20 @@ pub use balance::costs::{UnitCosts, UnitProfile, UnitState, unit_param_costs};
 pub use balance::memory::{
     HeapCounter, MemoryQuery, StageMemory, UnitMemory, float_bytes, measure_unit_memory,
 };
-pub use balance::micro::count::{
+pub use balance::micro_count::count::{
     MicroBatchCandidate, MicroBatchChoice, MicroBatchQuery, choose_micro_batches,
     choose_micro_batches_where, default_micro_batches, micro_batch_candidates, predict_step,
 };
-pub use balance::micro::error::MicroSearchError;
-pub use balance::micro::times::{MicroBatchTimes, micro_batch_profile_sizes};
+pub use balance::micro_count::error::MicroSearchError;
+pub use balance::micro_count::times::{MicroBatchTimes, micro_batch_profile_sizes};
 pub use balance::partition::{balance_exact, balance_greedy, compress, largest_stage};
 pub use balance::profile::{profile_micro_batches, profile_units};
 pub use runtime::config::PipelineConfig;
 pub use runtime::error::{PipeError, panic_message};
 pub use runtime::hook::StageGradients;
 pub use runtime::loss::MicroBatchLoss;
-pub use runtime::microbatch::micro_batch_sizes;
 pub use runtime::pipeline::Pipeline;
 pub use runtime::quiet::quiet_worker_panics;
 pub use runtime::report::StepReport;
 pub use runtime::schedule::{Op, Schedule, peak_in_flight, stage_ops};
+pub use runtime::split::micro_batch_sizes;

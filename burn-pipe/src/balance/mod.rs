@@ -3,6 +3,6 @@
 
 pub(crate) mod costs;
 pub(crate) mod memory;
-pub(crate) mod micro;
+pub(crate) mod micro_count;
 pub(crate) mod partition;
 pub(crate) mod profile;

@@ -7,8 +7,8 @@ use burn::tensor::backend::AutodiffBackend;
 use burn_freeze::{Activation, AutodiffActivation, Differentiable, LayerStack, StackTypes, Unit};
 
 use crate::balance::costs::UnitProfile;
-use crate::balance::micro::error::MicroSearchError;
-use crate::balance::micro::times::{MicroBatchTimes, check_sizes};
+use crate::balance::micro_count::error::MicroSearchError;
+use crate::balance::micro_count::times::{MicroBatchTimes, check_sizes};
 
 /// Times each unit's forward and backward pass on `input`, the fastest of
 /// `repeats` runs (at least 1), synchronising the device around each timing.

@@ -11,10 +11,10 @@ use burn_freeze::{
 use crate::runtime::error::PipeError;
 use crate::runtime::hook::StageGradients;
 use crate::runtime::loss::MicroBatchLoss;
-use crate::runtime::microbatch::micro_batch_sizes;
 use crate::runtime::pass::run_pass;
 use crate::runtime::pipeline::Pipeline;
 use crate::runtime::report::StepReport;
+use crate::runtime::split::micro_batch_sizes;
 
 /// A whole batch as a flow, with its size.
 fn flow_batch<S: StackTypes>(flow: InnerFlow<S>) -> (InnerFlow<S>, usize) {

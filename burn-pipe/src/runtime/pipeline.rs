@@ -16,7 +16,7 @@ use burn_freeze::{
 use crate::runtime::config::PipelineConfig;
 use crate::runtime::error::{PipeError, panic_message};
 use crate::runtime::placement::Stage;
-use crate::runtime::workers;
+use crate::runtime::threads;
 
 /// A [`LayerStack`] trained as a pipeline of stages, each a contiguous range of
 /// units ([`UnitRange`]) on its own device and worker thread, with its own
@@ -254,7 +254,9 @@ where
             });
         }
         let gains_from = self.gains_from;
-        let stepped = on_each_stage(&mut self.stages, |_, stage| step_stage(stage, lr, gains_from))?;
+        let stepped = on_each_stage(&mut self.stages, |_, stage| {
+            step_stage(stage, lr, gains_from)
+        })?;
         let panicked = stepped
             .iter()
             .enumerate()
@@ -270,7 +272,11 @@ where
             return Err(PipeError::StepPanicked { stage, message });
         }
         let mut gains = Vec::with_capacity(self.norms.len());
-        self.gain_time = stepped.iter().map(|s| s.gain_time).max().unwrap_or_default();
+        self.gain_time = stepped
+            .iter()
+            .map(|s| s.gain_time)
+            .max()
+            .unwrap_or_default();
         for (stage, stepped) in self.stages.iter_mut().zip(stepped) {
             if let (Some(sums), Some(added)) = (stage.sums.as_mut(), stepped.sums) {
                 sums.merge(added);
@@ -448,12 +454,12 @@ where
     let f = &f;
     thread::scope(|scope| {
         let run = move |s, stage: &mut Stage<S, O>| f(s, stage);
-        let handles: Vec<_> = workers::start(scope, "step", stages.len(), run)?
+        let handles: Vec<_> = threads::start(scope, "step", stages.len(), run)?
             .into_iter()
             .zip(stages.iter_mut())
             .map(|(worker, stage)| worker.hand(stage))
             .collect();
-        Ok(handles.into_iter().map(workers::join).collect())
+        Ok(handles.into_iter().map(threads::join).collect())
     })
 }
 

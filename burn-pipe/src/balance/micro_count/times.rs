@@ -2,7 +2,7 @@
 //! backward time at several micro-batch sizes, read at any size.
 
 use crate::balance::costs::{UnitProfile, UnitState};
-use crate::balance::micro::error::MicroSearchError;
+use crate::balance::micro_count::error::MicroSearchError;
 
 /// Each unit's forward and backward time at several micro-batch sizes: a
 /// profile per size ([`profile_micro_batches`](crate::profile_micro_batches)

@@ -4,10 +4,10 @@
 use burn::serde::{Deserialize, Serialize};
 
 use crate::balance::costs::UnitState;
-use crate::balance::micro::error::MicroSearchError;
-use crate::balance::micro::times::MicroBatchTimes;
-use crate::runtime::microbatch::micro_batch_sizes;
+use crate::balance::micro_count::error::MicroSearchError;
+use crate::balance::micro_count::times::MicroBatchTimes;
 use crate::runtime::schedule::{Op, Schedule, stage_ops};
+use crate::runtime::split::micro_batch_sizes;
 
 /// The micro-batch count the paper found best for a pipeline of `stages`
 /// stages: 1 without a pipeline, else 16 (2K for K = 8, 4K for K = 4, 8K for
