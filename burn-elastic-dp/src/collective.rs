@@ -130,7 +130,7 @@ pub(crate) fn form<B: Backend>(
         thread::Builder::new()
             .name(format!("burn-elastic-dp register {replica}"))
             .spawn(move || {
-                burn_pipe::quiet_worker_panics();
+                burn_pipe::plumbing::quiet_worker_panics();
                 // Bounded: the word comes, or is dropped, as soon as every
                 // registration thread has started.
                 if wait.recv().is_ok() {

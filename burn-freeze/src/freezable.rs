@@ -5,19 +5,19 @@ use std::fmt;
 use burn::module::Module;
 use burn::optim::GradientsParams;
 
-use crate::cache::{Cacheable, CachedStart, StackCache, cached_prefix, serve_cached};
+use crate::cache::{BatchStart, CacheHolder, Cacheable, StackCache, cached_prefix, serve_cached};
 use crate::error::{CacheError, FreezeError};
 use crate::flow::{Flow, InnerFlow, flow_from_inner};
-use crate::freeze_front::FreezeFront;
+use crate::freeze_front::{FreezeFront, above_front};
 use crate::frozen::FrozenUnits;
 use crate::grad_sums::GradientSums;
-use crate::update_gain::WeightSnapshot;
 use crate::policy::GradNorm;
 use crate::range::{UnitRange, check_freeze, check_unfreeze};
 use crate::stack::LayerStack;
 use crate::types::{
     InnerBackendOf, InnerHidden, InnerInput, InnerOutput, StackTypes, TrainableUnits,
 };
+use crate::update_gain::WeightSnapshot;
 
 /// A [`LayerStack`] with a freeze front: units `0..front` are frozen and run on
 /// the inner backend with no autodiff graph, the rest train.
@@ -90,16 +90,6 @@ impl<S: StackTypes> FreezableStack<S> {
         }
     }
 
-    /// Number of units, frozen or not.
-    pub fn num_units(&self) -> usize {
-        self.units.num_units()
-    }
-
-    /// The freeze front: units `0..front()` are frozen.
-    pub fn front(&self) -> usize {
-        self.units.frozen().len()
-    }
-
     /// Whether unit `index` is frozen.
     pub fn is_frozen(&self, index: usize) -> bool {
         index < self.front()
@@ -156,10 +146,113 @@ impl<S: StackTypes> FreezableStack<S> {
         params
     }
 
+    /// The whole stack back, every unit trainable.
+    pub fn into_layer_stack(self) -> LayerStack<S> {
+        UnitRange::join(vec![self.units]).expect("one range covers the stack")
+    }
+
+    /// A copy of the whole stack, every unit on the autodiff backend, to
+    /// evaluate or save the model while training goes on (Burn tensors
+    /// share storage, so this copies no weights).
+    pub fn to_layer_stack(&self) -> LayerStack<S> {
+        UnitRange::join(vec![self.units.clone()]).expect("one range covers the stack")
+    }
+
+    /// Runs the stack: frozen units on the inner backend (no graph), their
+    /// output entering autodiff as a fresh leaf, then the trainable units.
+    pub fn forward(&self, input: S::Input) -> S::Output {
+        match self.units.forward(Flow::Input(input)) {
+            Flow::Output(output) => output,
+            other => unreachable!(
+                "a whole stack returns the model output, not {}",
+                other.kind()
+            ),
+        }
+    }
+
+    /// The model's output for evaluation: every unit on the inner backend,
+    /// no graph, dropout off.
+    pub fn forward_inner(&self, input: InnerInput<S>) -> InnerOutput<S> {
+        match self.units.forward_inner(Flow::Input(input)) {
+            Flow::Output(output) => output,
+            other => unreachable!(
+                "a whole stack returns the model output, not {}",
+                other.kind()
+            ),
+        }
+    }
+
+    /// Parameters of the trainable units.
+    pub fn trainable_params(&self) -> usize {
+        self.units.trainable().num_params()
+    }
+
+    /// [`forward`](Self::forward) with the frozen prefix served by the
+    /// attached cache ([`serve_cached`]): `ids[i]` names sample `i` of the
+    /// batch, the same id for the same sample in every epoch.
+    ///
+    /// The result equals [`forward`](Self::forward)'s. Without a cache, or
+    /// with nothing frozen, this is `forward`.
+    ///
+    /// Fails, changing nothing, when `ids` does not match the batch (count or
+    /// duplicates) or a sample id comes back with inputs of another shape.
+    pub fn forward_cached(&mut self, ids: &[u64], input: S::Input) -> Result<S::Output, CacheError>
+    where
+        InnerInput<S>: Cacheable<InnerBackendOf<S>>,
+        InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
+    {
+        let len = self.num_units();
+        let entry = cached_prefix(self.front(), &[len]);
+        let (cache, frozen) = (self.cache.as_mut(), self.units.frozen());
+        let (cached_units, hidden) = match serve_cached(cache, frozen, entry, ids, input, None)? {
+            BatchStart::Input(input) => return Ok(self.forward(input)),
+            BatchStart::Hidden { entry, hidden } => (entry, hidden),
+        };
+        let flow: InnerFlow<S> = Flow::Hidden(hidden);
+        let flow = if self.front() == len {
+            self.units.frozen().forward_units(flow, len - 1, len)
+        } else {
+            flow
+        };
+        let flow = flow_from_inner::<S>(flow);
+        let flow = UnitRange::<S>::forward_trainable(self.units.trainable(), cached_units, flow);
+        match flow {
+            Flow::Output(output) => Ok(output),
+            other => unreachable!(
+                "a whole stack returns the model output, not {}",
+                other.kind()
+            ),
+        }
+    }
+}
+
+impl<S: StackTypes> CacheHolder for FreezableStack<S> {
+    type Stack = S;
+
+    fn cache_slot(&mut self) -> Option<&mut Option<StackCache<S>>> {
+        Some(&mut self.cache)
+    }
+
+    fn cache(&self) -> Option<&StackCache<S>> {
+        self.cache.as_ref()
+    }
+}
+
+impl<S: StackTypes> FreezeFront for FreezableStack<S> {
+    type Error = FreezeError;
+
+    fn num_units(&self) -> usize {
+        self.units.num_units()
+    }
+
+    fn front(&self) -> usize {
+        self.units.frozen().len()
+    }
+
     /// Freezes units up to (not including) `front`. The front only moves up:
     /// asking for fewer units than are frozen is an error, and so is a front
     /// beyond the stack ([`check_freeze`]). On error nothing changes.
-    pub fn freeze_to(&mut self, front: usize) -> Result<(), FreezeError> {
+    fn freeze_to(&mut self, front: usize) -> Result<(), FreezeError> {
         let frozen = self.front();
         check_freeze(front, frozen, self.num_units())?;
         if front > frozen {
@@ -213,7 +306,7 @@ impl<S: StackTypes> FreezableStack<S> {
     /// assert_eq!(refused, Err(FreezeError::WouldFreeze { frozen: 1, requested: 2 }));
     /// assert_eq!(stack.front(), 1);
     /// ```
-    pub fn unfreeze_to(&mut self, front: usize) -> Result<(), FreezeError> {
+    fn unfreeze_to(&mut self, front: usize) -> Result<(), FreezeError> {
         let frozen = self.front();
         check_unfreeze(front, frozen)?;
         if front == frozen {
@@ -233,127 +326,8 @@ impl<S: StackTypes> FreezableStack<S> {
         Ok(())
     }
 
-    /// The whole stack back, every unit trainable.
-    pub fn into_layer_stack(self) -> LayerStack<S> {
-        UnitRange::join(vec![self.units]).expect("one range covers the stack")
-    }
-
-    /// A copy of the whole stack, every unit on the autodiff backend, to
-    /// evaluate or save the model while training goes on (Burn tensors
-    /// share storage, so this copies no weights).
-    pub fn to_layer_stack(&self) -> LayerStack<S> {
-        UnitRange::join(vec![self.units.clone()]).expect("one range covers the stack")
-    }
-
-    /// Runs the stack: frozen units on the inner backend (no graph), their
-    /// output entering autodiff as a fresh leaf, then the trainable units.
-    pub fn forward(&self, input: S::Input) -> S::Output {
-        match self.units.forward(Flow::Input(input)) {
-            Flow::Output(output) => output,
-            other => unreachable!(
-                "a whole stack returns the model output, not {}",
-                other.kind()
-            ),
-        }
-    }
-
-    /// The model's output for evaluation: every unit on the inner backend,
-    /// no graph, dropout off.
-    pub fn forward_inner(&self, input: InnerInput<S>) -> InnerOutput<S> {
-        match self.units.forward_inner(Flow::Input(input)) {
-            Flow::Output(output) => output,
-            other => unreachable!(
-                "a whole stack returns the model output, not {}",
-                other.kind()
-            ),
-        }
-    }
-
-    /// Parameters of the trainable units.
-    pub fn trainable_params(&self) -> usize {
-        self.units.trainable().num_params()
-    }
-
-    /// Attaches an AutoCache, replacing (and returning) any attached before.
-    pub fn attach_cache(&mut self, cache: StackCache<S>) -> Option<StackCache<S>> {
-        self.cache.replace(cache)
-    }
-
-    /// The attached cache.
-    pub fn cache(&self) -> Option<&StackCache<S>> {
-        self.cache.as_ref()
-    }
-
-    /// Detaches the cache (dropping it removes its spill files).
-    pub fn detach_cache(&mut self) -> Option<StackCache<S>> {
-        self.cache.take()
-    }
-
-    /// [`forward`](Self::forward) with the frozen prefix served by the
-    /// attached cache ([`serve_cached`]): `ids[i]` names sample `i` of the
-    /// batch, the same id for the same sample in every epoch.
-    ///
-    /// The result equals [`forward`](Self::forward)'s. Without a cache, or
-    /// with nothing frozen, this is `forward`.
-    ///
-    /// Fails, changing nothing, when `ids` does not match the batch (count or
-    /// duplicates) or a sample id comes back with inputs of another shape.
-    pub fn forward_cached(&mut self, ids: &[u64], input: S::Input) -> Result<S::Output, CacheError>
-    where
-        InnerInput<S>: Cacheable<InnerBackendOf<S>>,
-        InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
-    {
-        let len = self.num_units();
-        let entry = cached_prefix(self.front(), &[len]);
-        let (cache, frozen) = (self.cache.as_mut(), self.units.frozen());
-        let (cached_units, hidden) = match serve_cached(cache, frozen, entry, ids, input, None)? {
-            CachedStart::Input(input) => return Ok(self.forward(input)),
-            CachedStart::Hidden { entry, hidden } => (entry, hidden),
-        };
-        let flow: InnerFlow<S> = Flow::Hidden(hidden);
-        let flow = if self.front() == len {
-            self.units.frozen().forward_units(flow, len - 1, len)
-        } else {
-            flow
-        };
-        let flow = flow_from_inner::<S>(flow);
-        let flow = UnitRange::<S>::forward_trainable(self.units.trainable(), cached_units, flow);
-        match flow {
-            Flow::Output(output) => Ok(output),
-            other => unreachable!(
-                "a whole stack returns the model output, not {}",
-                other.kind()
-            ),
-        }
-    }
-}
-
-impl<S: StackTypes> FreezeFront for FreezableStack<S> {
-    type Error = FreezeError;
-
-    fn num_units(&self) -> usize {
-        FreezableStack::num_units(self)
-    }
-
-    fn front(&self) -> usize {
-        FreezableStack::front(self)
-    }
-
-    fn freeze_to(&mut self, front: usize) -> Result<(), FreezeError> {
-        FreezableStack::freeze_to(self, front)
-    }
-
-    fn unfreeze_to(&mut self, front: usize) -> Result<(), FreezeError> {
-        FreezableStack::unfreeze_to(self, front)
-    }
-
     fn last_gradient_norms(&self) -> Vec<Option<GradNorm>> {
-        let front = self.front();
-        self.norms
-            .iter()
-            .enumerate()
-            .map(|(unit, norm)| norm.filter(|_| unit >= front))
-            .collect()
+        above_front(&self.norms, self.front())
     }
 
     fn set_gradient_sums(&mut self, keep: bool) {
@@ -391,12 +365,7 @@ impl<S: StackTypes> FreezeFront for FreezableStack<S> {
     }
 
     fn last_update_gains(&self) -> Vec<Option<f64>> {
-        let front = self.front();
-        self.gains
-            .iter()
-            .enumerate()
-            .map(|(unit, gain)| gain.filter(|_| unit >= front))
-            .collect()
+        above_front(&self.gains, self.front())
     }
 }
 

@@ -75,7 +75,7 @@ pub mod plumbing;
 pub mod testing;
 
 pub use activation::{Activation, AutodiffActivation, Differentiable};
-pub use cache::{ActivationCache, CacheConfig, CacheStats, Cacheable, StackCache};
+pub use cache::{ActivationCache, CacheConfig, CacheHolder, CacheStats, Cacheable, StackCache};
 pub use composite::{ActivationPart, CachePart};
 pub use error::{CacheError, FreezeError, StackError};
 pub use freezable::FreezableStack;
@@ -85,7 +85,7 @@ pub use optim_state::{ParamStates, StackOptimizer};
 pub use policy::{
     AlphaArgmin, AlphaArgminConfig, ArgminStatistic, AutoFreeze, ChangeRate, ChangeRateConfig,
     ChangeRateReading, Evidence, EvidenceConfig, FixedSchedule, FreezePolicy, FreezeState,
-    GradNorm, LayerSignal, LayerMap, PolicyState, alpha_front,
+    GradNorm, LayerMap, LayerSignal, PolicyState, alpha_front,
 };
 pub use range::{UnitRange, check_freeze, check_unfreeze};
 pub use stack::{IntoLayerStack, LayerStack, StackOf, TypesOf};

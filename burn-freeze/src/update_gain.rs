@@ -134,7 +134,10 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for DotVisitor<'_, B> {
 }
 
 impl<'a, B: AutodiffBackend> GainCollector<'a, B> {
-    pub(crate) fn new(grads: &'a GradientsParams, before: &'a WeightSnapshot<B::InnerBackend>) -> Self {
+    pub(crate) fn new(
+        grads: &'a GradientsParams,
+        before: &'a WeightSnapshot<B::InnerBackend>,
+    ) -> Self {
         Self {
             grads,
             before,
@@ -164,7 +167,6 @@ impl<B: AutodiffBackend> UnitReader<B> for GainCollector<'_, B> {
             None => self.units.push(None),
         }
     }
-
 }
 
 impl<B: AutodiffBackend> GainCollector<'_, B> {

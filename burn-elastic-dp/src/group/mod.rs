@@ -444,7 +444,7 @@ where
             let handle = thread::Builder::new()
                 .name(format!("burn-elastic-dp step {replica}"))
                 .spawn_scoped(scope, move || {
-                    burn_pipe::quiet_worker_panics();
+                    burn_pipe::plumbing::quiet_worker_panics();
                     // Bounded: the slot is filled, or dropped, as soon as
                     // every replica's thread has started.
                     work.recv().ok().map(|pipeline| pipeline.step(lr))
@@ -474,7 +474,7 @@ where
                 }),
                 Err(panic) => Err(ElasticError::ReplicaPanicked {
                     replica,
-                    message: burn_pipe::panic_message(panic.as_ref()),
+                    message: burn_pipe::plumbing::panic_message(panic.as_ref()),
                 }),
             })
             .collect())

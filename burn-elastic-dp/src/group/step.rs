@@ -34,7 +34,7 @@ fn start_threads(count: usize) -> Result<Vec<WorkSlot>, ElasticError> {
             thread::Builder::new()
                 .name(format!("burn-elastic-dp replica {replica}"))
                 .spawn(move || {
-                    burn_pipe::quiet_worker_panics();
+                    burn_pipe::plumbing::quiet_worker_panics();
                     // Bounded: the slot is filled, or dropped, as soon as
                     // every replica's thread has started.
                     if let Ok(work) = work.recv() {

@@ -3,8 +3,8 @@
 mod auto;
 mod change_rate;
 mod consistency;
-mod gain_window;
 mod evidence;
+mod gain_window;
 mod paper;
 mod schedule;
 pub(crate) mod stats;

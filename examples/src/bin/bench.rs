@@ -29,7 +29,7 @@ use pipetransformer_jobs::job::{FinetuneTask, ModelKind};
 /// Counts heap bytes, for the peak-memory columns and memory-aware
 /// AutoPipe's measured activations.
 #[global_allocator]
-static ALLOC: burn_pipe::HeapCounter = burn_pipe::HeapCounter;
+static ALLOC: burn_pipe::balance::HeapCounter = burn_pipe::balance::HeapCounter;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -14,7 +14,8 @@ pub use reshape::{Reshaping, reshape};
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn_pipe::{UnitCosts, largest_stage};
+    use burn_pipe::UnitCosts;
+    use burn_pipe::balance::largest_stage;
 
     fn rules(pipe: bool, dp: bool, cache: bool, initial_largest: f64) -> Reshaping {
         Reshaping {

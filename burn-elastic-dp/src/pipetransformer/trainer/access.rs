@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use burn::lr_scheduler::LrScheduler;
 use burn_freeze::{Activation, InnerInput, InnerOutput, LayerStack};
-use burn_pipe::{MicroBatchChoice, MicroBatchTimes, StageMemory, UnitCosts, UnitMemory};
+use burn_pipe::balance::StageMemory;
+use burn_pipe::micro::{MicroBatchChoice, MicroBatchTimes};
+use burn_pipe::{UnitCosts, UnitMemory};
 
 use super::bounds::{TrainerBackend, TrainerInput, TrainerTypes};
 use super::checkpoint_files::RunState;

@@ -25,6 +25,8 @@ use super::measure::Measurements;
 use super::transition::{device_lists, through_one};
 use crate::group::nodes::OtherNodes;
 use crate::pipetransformer::shape::PipelineShape;
+use burn_freeze::CacheHolder;
+use burn_freeze::FreezeFront;
 
 impl<TT: TrainerTypes> Trainer<TT> {
     /// See [`TrainerConfig::init`]; `resuming` appends to the output

@@ -4,9 +4,8 @@
 
 use burn::prelude::*;
 use burn_freeze::{Differentiable, LayerStack, StackOptimizer, StackTypes};
-use burn_pipe::{
-    HeapCounter, StageMemory, UnitCosts, UnitMemory, measure_unit_memory, profile_units,
-};
+use burn_pipe::balance::{HeapCounter, StageMemory, measure_unit_memory};
+use burn_pipe::{UnitCosts, UnitMemory, profile_units};
 use serde::{Deserialize, Serialize};
 
 use super::config::TrainerConfig;
@@ -57,7 +56,8 @@ impl Measurements {
             CostModel::Parameters { frozen_factor } => (frozen_factor, false),
             CostModel::Profiled { .. } => (1.0 / 3.0, true),
         };
-        let memory = UnitMemory::from_param_counts(&params, burn_pipe::float_bytes::<S::Backend>());
+        let memory =
+            UnitMemory::from_param_counts(&params, burn_pipe::balance::float_bytes::<S::Backend>());
         // Activations are measured only where they can decide something: a
         // budget is given, the shape rule keeps a memory fit, the heap is
         // counted.

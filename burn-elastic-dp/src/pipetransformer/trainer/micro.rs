@@ -3,9 +3,11 @@
 
 use burn::prelude::*;
 use burn_freeze::{Activation, Differentiable, StackOptimizer, StackTypes};
-use burn_pipe::{
-    MicroBatchChoice, MicroBatchQuery, MicroBatchTimes, UnitState, choose_micro_batches,
-    micro_batch_profile_sizes, profile_micro_batches,
+use burn_pipe::balance::UnitState;
+use burn_pipe::choose_micro_batches;
+use burn_pipe::micro::{
+    MicroBatchChoice, MicroBatchQuery, MicroBatchTimes, micro_batch_profile_sizes,
+    profile_micro_batches,
 };
 
 use super::config::TrainerConfig;
@@ -13,6 +15,7 @@ use super::error::TrainerError;
 use super::rules::CostModel;
 use super::transition::shape_of;
 use crate::group::ReplicaGroup;
+use burn_freeze::CacheHolder;
 
 /// What the trainer knows of micro-batch times, and the count it chose.
 #[derive(Debug)]

@@ -45,6 +45,7 @@ pub(crate) use schedule::LrSource;
 
 use crate::error::ElasticError;
 use crate::group::{GroupReport, ReplicaGroup};
+use burn_freeze::CacheHolder;
 use cursor::EpochCursor;
 use epoch::{EpochEnd, EpochTally};
 use held_out::HeldOut;
@@ -265,7 +266,8 @@ impl<TT: TrainerTypes> Trainer<TT> {
         let needed = group_min_batch(&self.group, &self.config, shape.stages());
         let (held_out, config) = (&self.held_out, &self.config);
         let replicas = self.group.total_replicas();
-        let started = (self.cursor).begin(len, needed, replicas, |len| held_out.sampler(config, len))?;
+        let started =
+            (self.cursor).begin(len, needed, replicas, |len| held_out.sampler(config, len))?;
         if let Some(steps) = started {
             // Checks scaled to the run (a resumed epoch keeps the length its
             // start gave, saved with the rule's state).

@@ -4,7 +4,8 @@
 use burn_elastic_dp::shape::{MemoryFit, initial_shape};
 use burn_elastic_dp::{BatchPolicy, TrainerConfig};
 use burn_pipe::UnitCosts;
-use burn_pipe::{MemoryQuery, Schedule, UnitMemory, measure_unit_memory};
+use burn_pipe::{Schedule, UnitMemory};
+use burn_pipe::balance::{MemoryQuery, measure_unit_memory};
 use serde::Serialize;
 
 use super::configs::{DEVICES, Setting, strongest_base};
