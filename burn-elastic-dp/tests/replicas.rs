@@ -9,6 +9,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::optim::{AdamConfig, GradientsParams, SgdConfig};
 use burn::prelude::*;
 use burn_elastic_dp::{AllReduce, ElasticError, ReplicaConfig};
+use burn_freeze::FreezeFront;
 use burn_freeze::{AutoFreeze, FixedSchedule, LayerMap, LayerStack, StackMarker};
 use burn_pipe::StepOptions;
 use burn_pipe::{PipeError, Pipeline, PipelineConfig};

@@ -17,7 +17,7 @@ use crate::stack::LayerStack;
 use crate::types::{
     InnerBackendOf, InnerHidden, InnerInput, InnerOutput, StackTypes, TrainableUnits,
 };
-use crate::update_gain::WeightSnapshot;
+use crate::update_gain::{WeightSnapshot, set_gains_from};
 
 /// A [`LayerStack`] with a freeze front: units `0..front` are frozen and run on
 /// the inner backend with no autodiff graph, the rest train.
@@ -354,13 +354,8 @@ impl<S: StackTypes> FreezeFront for FreezableStack<S> {
     /// Measured in [`gradients`](FreezableStack::gradients), against a
     /// snapshot of the trainable weights kept from its last call.
     fn set_update_gains(&mut self, from: Option<usize>) {
-        if from == self.gains_from {
-            return;
-        }
-        self.gains_from = from;
-        self.snapshot = None;
-        if from.is_none() {
-            self.gains = vec![None; self.num_units()];
+        if set_gains_from(&mut self.gains_from, &mut self.gains, from) {
+            self.snapshot = None;
         }
     }
 

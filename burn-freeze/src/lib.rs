@@ -47,6 +47,30 @@
 //! points), and what
 //! the workspace's tests share (`testing`, with the `testing` cargo feature).
 //!
+//! The root's names, by concept:
+//! - **The layer-stack contract**: [`Unit`] (written by [`unit!`] and
+//!   [`unit_enum!`]), [`InnerOf`], [`LayerStack`], [`IntoLayerStack`],
+//!   [`StackOf`], [`TypesOf`], [`StackTypes`], [`StackMarker`], the inner
+//!   types ([`InnerBackendOf`], [`InnerInput`], [`InnerFirst`],
+//!   [`InnerMiddle`], [`InnerLast`], [`InnerHidden`], [`InnerOutput`]) and
+//!   [`TrainableUnits`]; activations: [`Activation`], [`AutodiffActivation`],
+//!   [`Differentiable`], [`ActivationPart`] (with [`activation!`]).
+//! - **Frozen execution**: [`UnitRange`], [`FrozenUnits`], [`FreezableStack`],
+//!   [`check_freeze`], [`check_unfreeze`]; optimizer state:
+//!   [`StackOptimizer`], [`ParamStates`]; errors: [`FreezeError`],
+//!   [`StackError`].
+//! - **The freeze front and the cache, one trait each for every level**
+//!   (stack, pipeline, group): [`FreezeFront`], [`CacheHolder`].
+//! - **AutoFreeze**: [`AutoFreeze`], [`FreezePolicy`], [`FreezeState`],
+//!   [`PolicyState`]; the rules, the default first: [`Evidence`]
+//!   ([`EvidenceConfig`], [`LayerSignal`]), [`AlphaArgmin`]
+//!   ([`AlphaArgminConfig`], [`ArgminStatistic`], [`alpha_front`]),
+//!   [`ChangeRate`] ([`ChangeRateConfig`], [`ChangeRateReading`]),
+//!   [`FixedSchedule`]; statistics: [`LayerMap`], [`GradNorm`].
+//! - **AutoCache**: [`ActivationCache`], [`StackCache`], [`CacheConfig`],
+//!   [`CacheStats`], [`Cacheable`], [`CachePart`], [`CacheError`].
+//! - **Modules**: [`plumbing`], [`fault`], `testing`.
+//!
 //! Burn initialises parameters lazily: two clones of a module whose weights
 //! were never read get different random weights. Read them (a forward pass or
 //! `Module::visit`) before cloning a model you want to compare.

@@ -11,4 +11,4 @@ pub use crate::leaves::fresh_leaves;
 pub use crate::optim_state::{
     StatePool, optimizer_for, pool_optimizer_state, retain_optimizer_state,
 };
-pub use crate::update_gain::WeightSnapshot;
+pub use crate::update_gain::{WeightSnapshot, set_gains_from};

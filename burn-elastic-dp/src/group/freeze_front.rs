@@ -33,12 +33,19 @@ where
 {
     type Error = ElasticError;
 
+    /// Number of units of the model.
     fn num_units(&self) -> usize {
-        ReplicaGroup::num_units(self)
+        self.replicas
+            .first()
+            .map_or_else(|| self.outline.balance.iter().sum(), Pipeline::num_units)
     }
 
+    /// The freeze front, the same on every replica (once a step lost every
+    /// replica, as they had it then).
     fn front(&self) -> usize {
-        ReplicaGroup::front(self)
+        self.replicas
+            .first()
+            .map_or(self.outline.front, Pipeline::front)
     }
 
     /// Freezes units `0..front` on every replica (see

@@ -4,7 +4,7 @@
 //! cache serves stage 0.
 
 use burn_freeze::plumbing::{
-    GradientSums, StatePool, above_front, optimizer_for, pool_optimizer_state,
+    GradientSums, StatePool, above_front, optimizer_for, pool_optimizer_state, set_gains_from,
 };
 use burn_freeze::{
     CacheHolder, FreezeFront, GradNorm, StackCache, StackOptimizer, StackTypes, TrainableUnits,
@@ -13,6 +13,7 @@ use burn_freeze::{
 
 use crate::runtime::error::PipeError;
 use crate::runtime::pipeline::Pipeline;
+use crate::runtime::placement::Stage;
 
 impl<S: StackTypes, O> CacheHolder for Pipeline<S, O> {
     type Stack = S;
@@ -62,14 +63,7 @@ where
             if stage.units_mut().freeze_to(front) == 0 {
                 continue;
             }
-            let mut pool = StatePool::<O, TrainableUnits<S>, S::Backend>::new();
-            pool_optimizer_state(&stage.optimizer, &mut pool);
-            let fresh = (self.make_optimizer)();
-            let trainable = stage.units().trainable();
-            stage.optimizer = optimizer_for(fresh, trainable, &mut pool);
-            if let Some(sums) = stage.sums.as_mut() {
-                sums.retain(stage.units.as_ref().expect("units present").trainable());
-            }
+            retrain(stage, &*self.make_optimizer);
         }
         tracing::debug!(
             from = self.front,
@@ -137,15 +131,7 @@ where
             if stage.units_mut().unfreeze_to(front) == 0 {
                 continue;
             }
-            // The units that trained keep their state; the thawed ones
-            // have none in the pool, so they start fresh.
-            let mut pool = StatePool::<O, TrainableUnits<S>, S::Backend>::new();
-            pool_optimizer_state(&stage.optimizer, &mut pool);
-            let fresh = (self.make_optimizer)();
-            stage.optimizer = optimizer_for(fresh, stage.units().trainable(), &mut pool);
-            if let (Some(sums), Some(units)) = (stage.sums.as_mut(), stage.units.as_ref()) {
-                sums.retain(units.trainable());
-            }
+            retrain(stage, &*self.make_optimizer);
         }
         if let Some(cache) = self.cache.as_mut() {
             cache.invalidate_above(front);
@@ -209,19 +195,31 @@ where
     /// `from..`) before each step (one more copy of them); a repartition
     /// drops the snapshots, so the first step after it reads no gain.
     fn set_update_gains(&mut self, from: Option<usize>) {
-        if from == self.gains_from {
-            return;
-        }
-        self.gains_from = from;
-        for stage in &mut self.stages {
-            stage.snapshot = None;
-        }
-        if from.is_none() {
-            self.gains = vec![None; self.num_units()];
+        if set_gains_from(&mut self.gains_from, &mut self.gains, from) {
+            for stage in &mut self.stages {
+                stage.snapshot = None;
+            }
         }
     }
 
     fn last_update_gains(&self) -> Vec<Option<f64>> {
         above_front(&self.gains, self.front)
+    }
+}
+
+/// After some of `stage`'s units froze or thawed: its optimizer keeps the
+/// state of the units that trained before and still train (a frozen unit's
+/// is dropped, a thawed unit starts fresh: none is in the pool), and its
+/// gradient sums keep those units' only.
+fn retrain<S, O>(stage: &mut Stage<S, O>, make_optimizer: &dyn Fn() -> O)
+where
+    S: StackTypes,
+    O: StackOptimizer<S>,
+{
+    let mut pool = StatePool::<O, TrainableUnits<S>, S::Backend>::new();
+    pool_optimizer_state(&stage.optimizer, &mut pool);
+    stage.optimizer = optimizer_for(make_optimizer(), stage.units().trainable(), &mut pool);
+    if let (Some(sums), Some(units)) = (stage.sums.as_mut(), stage.units.as_ref()) {
+        sums.retain(units.trainable());
     }
 }

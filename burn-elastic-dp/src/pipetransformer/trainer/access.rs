@@ -18,6 +18,7 @@ use super::{Trainer, TrainerConfig};
 use crate::group::ReplicaGroup;
 use crate::pipetransformer::shape::PipelineShape;
 use crate::{StopSignal, TrainerError};
+use burn_freeze::FreezeFront;
 
 /// The shape, the measurements and the epoch's state.
 impl<TT: TrainerTypes> Trainer<TT> {

@@ -16,6 +16,7 @@ use super::rules::CostModel;
 use super::transition::shape_of;
 use crate::group::ReplicaGroup;
 use burn_freeze::CacheHolder;
+use burn_freeze::FreezeFront;
 
 /// What the trainer knows of micro-batch times, and the count it chose.
 #[derive(Debug)]

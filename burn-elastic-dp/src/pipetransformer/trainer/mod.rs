@@ -46,6 +46,7 @@ pub(crate) use schedule::LrSource;
 use crate::error::ElasticError;
 use crate::group::{GroupReport, ReplicaGroup};
 use burn_freeze::CacheHolder;
+use burn_freeze::FreezeFront;
 use cursor::EpochCursor;
 use epoch::{EpochEnd, EpochTally};
 use held_out::HeldOut;
