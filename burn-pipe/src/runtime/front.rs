@@ -29,11 +29,7 @@ impl<S: StackTypes, O> CacheHolder for Pipeline<S, O> {
     }
 }
 
-impl<S, O> FreezeFront for Pipeline<S, O>
-where
-    S: StackTypes,
-    O: StackOptimizer<S>,
-{
+impl<S: StackTypes, O: StackOptimizer<S>> FreezeFront for Pipeline<S, O> {
     type Error = PipeError;
 
     fn num_units(&self) -> usize {
@@ -65,12 +61,7 @@ where
             }
             retrain(stage, &*self.make_optimizer);
         }
-        tracing::debug!(
-            from = self.front,
-            to = front,
-            "pipeline freeze front moved up"
-        );
-        self.front = front;
+        self.move_front(front);
         Ok(())
     }
 
@@ -139,12 +130,7 @@ where
         for norm in self.norms.iter_mut().take(self.front).skip(front) {
             *norm = None;
         }
-        tracing::debug!(
-            from = self.front,
-            to = front,
-            "pipeline freeze front moved down (thaw)"
-        );
-        self.front = front;
+        self.move_front(front);
         Ok(())
     }
 
@@ -204,6 +190,20 @@ where
 
     fn last_update_gains(&self) -> Vec<Option<f64>> {
         above_front(&self.gains, self.front)
+    }
+}
+
+impl<S: StackTypes, O> Pipeline<S, O> {
+    /// Records the new freeze front, once every stage has moved its units.
+    fn move_front(&mut self, front: usize) {
+        let up = front > self.front;
+        tracing::debug!(
+            from = self.front,
+            to = front,
+            up,
+            "pipeline freeze front moved"
+        );
+        self.front = front;
     }
 }
 
