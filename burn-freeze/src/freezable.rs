@@ -286,7 +286,7 @@ impl<S: StackTypes> FreezeFront for FreezableStack<S> {
     /// use burn::backend::{Autodiff, Flex};
     /// use burn::nn::{Linear, LinearConfig};
     /// use burn::prelude::*;
-    /// use burn_freeze::{FreezableStack, FreezeError, LayerStack};
+    /// use burn_freeze::{FreezableStack, FreezeError, FreezeFront, LayerStack};
     ///
     /// #[derive(Module, Debug)]
     /// pub struct Dense<B: Backend> { linear: Linear<B> }

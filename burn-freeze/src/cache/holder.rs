@@ -26,7 +26,7 @@ use crate::types::StackTypes;
 ///
 /// let device = Default::default();
 /// let dense = || Dense::<Autodiff<Flex>> { linear: LinearConfig::new(2, 2).init(&device) };
-/// let mut stack = FreezableStack::new(LayerStack::new(dense(), vec![], dense()));
+/// let mut stack = FreezableStack::new(LayerStack::new(dense(), vec![dense()], dense()));
 /// assert!(stack.attach_cache(ActivationCache::new(CacheConfig::new(1 << 20))?).is_none());
 /// assert!(stack.cache().is_some());
 /// assert!(stack.detach_cache().is_some()); // dropping it removes its spill files
