@@ -39,11 +39,7 @@ fn config() -> TrainerConfig {
 fn dead(u: usize) -> common::Block<B> {
     let mut unit = block(u as u64 + 1, WIDTH);
     let device = Default::default();
-    unit.linear.bias = Some(burn::module::Param::from_tensor(Tensor::full(
-        [WIDTH],
-        1000.0,
-        &device,
-    )));
+    unit.linear.bias = Some(burn::module::Param::from_tensor(Tensor::full([WIDTH], 1000.0, &device)));
     unit
 }
 
@@ -63,11 +59,7 @@ fn stack(dead_units: &[usize]) -> burn_freeze::LayerStack<common::Types> {
 
 /// Trains `epochs` epochs of `stack` with `config`; per transition, the
 /// step it came after and the layer front it moved to.
-fn fronts(
-    config: TrainerConfig,
-    stack: burn_freeze::LayerStack<common::Types>,
-    epochs: usize,
-) -> Vec<(usize, usize)> {
+fn fronts(config: TrainerConfig, stack: burn_freeze::LayerStack<common::Types>, epochs: usize) -> Vec<(usize, usize)> {
     let device: Device<B> = Default::default();
     let mut trainer = config
         .init(stack, vec![device; 2], || AdamConfig::new().init(), loss)
@@ -116,18 +108,10 @@ impl Crashing {
     }
 }
 
-impl
-    burn::data::dataloader::batcher::Batcher<
-        B,
-        ([f32; WIDTH], i64),
-        (Tensor<B, 2>, Tensor<B, 1, Int>),
-    > for Crashing
+impl burn::data::dataloader::batcher::Batcher<B, ([f32; WIDTH], i64), (Tensor<B, 2>, Tensor<B, 1, Int>)>
+    for Crashing
 {
-    fn batch(
-        &self,
-        items: Vec<([f32; WIDTH], i64)>,
-        device: &Device<B>,
-    ) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
+    fn batch(&self, items: Vec<([f32; WIDTH], i64)>, device: &Device<B>) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
         let call = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         assert!(call != self.crash_at, "simulated crash");
         burn::data::dataloader::batcher::Batcher::batch(&Rows, items, device)
@@ -136,10 +120,7 @@ impl
 
 /// A directory of its own for this process's run `name`.
 fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "burn-elastic-dp-evidence-{name}-{}",
-        std::process::id()
-    ));
+    let dir = std::env::temp_dir().join(format!("burn-elastic-dp-evidence-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }
@@ -149,9 +130,7 @@ fn a_resumed_run_decides_as_the_run_it_continues() {
     let device: Device<B> = Default::default();
     let data = four_class_rows::<WIDTH>(SAMPLES);
     let checkpointed = |dir: &std::path::Path| {
-        config().with_checkpoint(Some(
-            CheckpointConfig::new(dir.to_path_buf()).with_every_steps(3),
-        ))
+        config().with_checkpoint(Some(CheckpointConfig::new(dir.to_path_buf()).with_every_steps(3)))
     };
     // Per step its loss, until 3 epochs are done (or the batcher panics);
     // the front at the end.
@@ -169,12 +148,7 @@ fn a_resumed_run_decides_as_the_run_it_continues() {
     let never = Crashing::at(usize::MAX);
     let dir = scratch("reference");
     let mut trainer = checkpointed(&dir)
-        .init(
-            stack(&[0, 1]),
-            vec![device; 2],
-            || AdamConfig::new().init(),
-            loss,
-        )
+        .init(stack(&[0, 1]), vec![device; 2], || AdamConfig::new().init(), loss)
         .unwrap();
     let (expected, front) = run(&mut trainer, &never);
     let front = front.expect("the reference ran to its end");
@@ -187,12 +161,7 @@ fn a_resumed_run_decides_as_the_run_it_continues() {
     // inside a window of the rule.
     let dir = scratch("crashed");
     let mut trainer = checkpointed(&dir)
-        .init(
-            stack(&[0, 1]),
-            vec![device; 2],
-            || AdamConfig::new().init(),
-            loss,
-        )
+        .init(stack(&[0, 1]), vec![device; 2], || AdamConfig::new().init(), loss)
         .unwrap();
     let (before, finished) = run(&mut trainer, &Crashing::at(12));
     assert!(finished.is_none(), "the run was to crash");
