@@ -32,6 +32,23 @@
 //! predicts, before any training, what such a run does each epoch and how
 //! long it takes.
 //!
+//! The root's names, by concept:
+//! - **The group**: [`ReplicaGroup`], [`ReplicaConfig`], [`GroupReport`],
+//!   [`AllReduce`], [`ElasticError`]; its freeze front and AutoCache are
+//!   burn-freeze's traits (`FreezeFront`, `CacheHolder`).
+//! - **Across processes**: [`NodeConfig`], [`ExchangePhases`], `Mpi` and
+//!   `MPI_BUCKET_VALUES` (cargo feature `mpi`), [`launcher`].
+//! - **Data**: [`ElasticSampler`], [`BatchPolicy`]; stopping:
+//!   [`StopSignal`], [`STOPPED_EXIT_CODE`].
+//! - **PipeTransformer**: [`Trainer`], [`TrainerConfig`], [`TrainerError`],
+//!   [`EpochReport`], [`Transition`], [`StepFlow`], [`StepProgress`],
+//!   [`Parts`], [`FreezeRule`], [`LayerSpec`], [`CostModel`],
+//!   [`MemoryConfig`], [`CheckpointConfig`]; its bounds: [`TrainerTypes`],
+//!   [`TrainerTypesOf`], [`TrainerBackend`], [`TrainerInput`],
+//!   [`CacheableStack`].
+//! - **Modules**: [`plan`], [`shape`], `burn_train` (cargo feature
+//!   `burn-train`), [`fault`].
+//!
 //! [`Pipeline`]: burn_pipe::Pipeline
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -62,7 +62,7 @@ impl ReplicaThread {
 /// `body`, its panic not printed (the joiner reports it).
 fn quiet<T>(body: impl FnOnce() -> T) -> impl FnOnce() -> T {
     move || {
-        burn_pipe::quiet_worker_panics();
+        burn_pipe::plumbing::quiet_worker_panics();
         body()
     }
 }
@@ -95,7 +95,9 @@ mod tests {
             what,
         };
         arm(REGISTER_THREAD);
-        let error = start_of(REGISTER_THREAD, "registration").spawn(|| ()).unwrap_err();
+        let error = start_of(REGISTER_THREAD, "registration")
+            .spawn(|| ())
+            .unwrap_err();
         assert!(!fault::disarm(), "the fault fired");
         assert_eq!(
             error.to_string(),
@@ -125,6 +127,9 @@ mod tests {
         let handle = start_of(REPLICA_THREAD, "step")
             .spawn(|| thread::current().name().map(str::to_string))
             .unwrap();
-        assert_eq!(handle.join().unwrap().as_deref(), Some("burn-elastic-dp step 41"));
+        assert_eq!(
+            handle.join().unwrap().as_deref(),
+            Some("burn-elastic-dp step 41")
+        );
     }
 }

@@ -11,7 +11,8 @@ use burn_elastic_dp::{
     BatchPolicy, CostModel, FreezeRule, MemoryConfig, ReplicaConfig, TrainerConfig, TrainerError,
 };
 use burn_freeze::LayerStack;
-use burn_pipe::{HeapCounter, PipelineConfig};
+use burn_pipe::PipelineConfig;
+use burn_pipe::balance::HeapCounter;
 
 mod common;
 

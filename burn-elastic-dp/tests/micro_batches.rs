@@ -14,10 +14,11 @@ use burn_elastic_dp::{
     TrainerTypesOf,
 };
 use burn_freeze::{LayerStack, TrainableUnits};
-use burn_pipe::{
-    MicroBatchQuery, MicroBatchTimes, PipelineConfig, UnitProfile, UnitState, choose_micro_batches,
-    default_micro_batches, micro_batch_candidates, micro_batch_profile_sizes,
+use burn_pipe::balance::UnitState;
+use burn_pipe::micro::{
+    MicroBatchQuery, MicroBatchTimes, micro_batch_candidates, micro_batch_profile_sizes,
 };
+use burn_pipe::{PipelineConfig, UnitProfile, choose_micro_batches, default_micro_batches};
 
 mod common;
 

@@ -18,8 +18,8 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, SgdConfig};
 use burn::prelude::*;
 use burn_elastic_dp::{ElasticError, Mpi, NodeConfig, ReplicaConfig};
-use burn_freeze::{LayerStack, StackMarker};
-use burn_pipe::{Pipeline, PipelineConfig};
+use burn_freeze::{FreezeFront, LayerStack, StackMarker};
+use burn_pipe::{Pipeline, PipelineConfig, StepOptions};
 
 mod common;
 
@@ -226,7 +226,9 @@ fn in_one_process(replicas: usize) -> (Vec<f32>, Vec<f32>) {
     let initial = flat_weights(&single.to_layer_stack());
     for step in 0..STEPS {
         let (x, y) = batch(100 + step);
-        single.train_step(x.clone(), y.clone(), loss, 0.5).unwrap();
+        single
+            .train_step(x.clone(), y.clone(), loss, StepOptions::new(), 0.5)
+            .unwrap();
         group.train_step(x, y, loss, 0.5).unwrap();
     }
     let expected = flat_weights(&single.to_layer_stack());

@@ -22,7 +22,8 @@ use burn_elastic_dp::{
     TrainerConfig,
 };
 use burn_freeze::{LayerStack, StackMarker};
-use burn_pipe::{MicroBatchTimes, UnitCosts, UnitMemory};
+use burn_pipe::micro::MicroBatchTimes;
+use burn_pipe::{UnitCosts, UnitMemory};
 
 mod common;
 

@@ -9,7 +9,9 @@ use burn::nn::{Linear, LinearConfig};
 use burn::optim::{AdamConfig, GradientsParams, SgdConfig};
 use burn::prelude::*;
 use burn_elastic_dp::{AllReduce, ElasticError, ReplicaConfig};
+use burn_freeze::FreezeFront;
 use burn_freeze::{AutoFreeze, FixedSchedule, LayerMap, LayerStack, StackMarker};
+use burn_pipe::StepOptions;
 use burn_pipe::{PipeError, Pipeline, PipelineConfig};
 
 burn_freeze::test_backend!();
@@ -196,7 +198,9 @@ fn replicas_on_a_split_batch_give_one_pipelines_gradients_on_the_whole_batch() {
         let mut single = pipeline_config()
             .init(model.clone(), vec![device; 2], || SgdConfig::new().init())
             .unwrap();
-        single.forward_backward(x.clone(), y.clone(), loss).unwrap();
+        single
+            .forward_backward(x.clone(), y.clone(), loss, StepOptions::new())
+            .unwrap();
         let mut group = ReplicaConfig::new()
             .with_pipeline(pipeline_config())
             .with_all_reduce(mode)
@@ -237,7 +241,9 @@ fn after_ten_adam_steps_the_replicas_are_bit_identical() {
         .unwrap();
     for step in 0..10 {
         let (x, y) = batch(100 + step, 8);
-        single.train_step(x.clone(), y.clone(), loss, 1e-2).unwrap();
+        single
+            .train_step(x.clone(), y.clone(), loss, StepOptions::new(), 1e-2)
+            .unwrap();
         group.train_step(x, y, loss, 1e-2).unwrap();
     }
     let replica0 = weights(&group.replica(0).to_layer_stack());
@@ -361,7 +367,9 @@ fn a_group_resized_one_two_four_two_trains_as_a_fixed_group() {
         assert_eq!(elastic.num_replicas(), replicas);
         for step in 0..3 {
             let (x, y) = batch(500 + 10 * phase as u64 + step, 8);
-            fixed.train_step(x.clone(), y.clone(), loss, 1e-2).unwrap();
+            fixed
+                .train_step(x.clone(), y.clone(), loss, StepOptions::new(), 1e-2)
+                .unwrap();
             let report = elastic.train_step(x, y, loss, 1e-2).unwrap();
             assert_eq!(report.shards.len(), replicas);
             assert_eq!(report.shards.iter().sum::<usize>(), 8);
@@ -564,8 +572,12 @@ fn the_group_shrinks_to_the_survivors_and_redoes_the_step_losing_nothing() {
     let mut single: Pipeline<Types, _> = pipeline_config()
         .init(model, vec![device; 2], || AdamConfig::new().init())
         .unwrap();
-    single.train_step(x, y, loss, 1e-2).unwrap();
-    single.train_step(x2, y2, loss, 1e-2).unwrap();
+    single
+        .train_step(x, y, loss, StepOptions::new(), 1e-2)
+        .unwrap();
+    single
+        .train_step(x2, y2, loss, StepOptions::new(), 1e-2)
+        .unwrap();
     let expected = weights(&single.to_layer_stack());
     let actual = weights(&group.to_layer_stack().unwrap());
     assert!(

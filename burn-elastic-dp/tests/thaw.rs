@@ -15,6 +15,7 @@ use burn_pipe::{PipeError, PipelineConfig};
 
 mod common;
 
+use burn_freeze::CacheHolder;
 use common::thaw::{
     FRONTS, Item, LR, Recording, UNITS, WIDTH, config, dataset, make_batch, plain, tempdir, worst,
 };

@@ -22,6 +22,8 @@ use burn_pipe::PipelineConfig;
 
 mod common;
 
+use burn_freeze::CacheHolder;
+use burn_freeze::FreezeFront;
 use common::{B, Types, block, loss};
 
 const WIDTH: usize = 8;

@@ -5,19 +5,19 @@ use std::fmt;
 use burn::module::Module;
 use burn::optim::GradientsParams;
 
-use crate::cache::{Cacheable, CachedStart, StackCache, cached_prefix, serve_cached};
+use crate::cache::{BatchStart, CacheHolder, Cacheable, StackCache, cached_prefix, serve_cached};
 use crate::error::{CacheError, FreezeError};
 use crate::flow::{Flow, InnerFlow, flow_from_inner};
-use crate::freeze_front::FreezeFront;
+use crate::freeze_front::{FreezeFront, above_front};
 use crate::frozen::FrozenUnits;
 use crate::grad_sums::GradientSums;
-use crate::update_gain::WeightSnapshot;
 use crate::policy::GradNorm;
 use crate::range::{UnitRange, check_freeze, check_unfreeze};
 use crate::stack::LayerStack;
 use crate::types::{
     InnerBackendOf, InnerHidden, InnerInput, InnerOutput, StackTypes, TrainableUnits,
 };
+use crate::update_gain::{WeightSnapshot, set_gains_from};
 
 /// A [`LayerStack`] with a freeze front: units `0..front` are frozen and run on
 /// the inner backend with no autodiff graph, the rest train.
@@ -90,16 +90,6 @@ impl<S: StackTypes> FreezableStack<S> {
         }
     }
 
-    /// Number of units, frozen or not.
-    pub fn num_units(&self) -> usize {
-        self.units.num_units()
-    }
-
-    /// The freeze front: units `0..front()` are frozen.
-    pub fn front(&self) -> usize {
-        self.units.frozen().len()
-    }
-
     /// Whether unit `index` is frozen.
     pub fn is_frozen(&self, index: usize) -> bool {
         index < self.front()
@@ -156,83 +146,6 @@ impl<S: StackTypes> FreezableStack<S> {
         params
     }
 
-    /// Freezes units up to (not including) `front`. The front only moves up:
-    /// asking for fewer units than are frozen is an error, and so is a front
-    /// beyond the stack ([`check_freeze`]). On error nothing changes.
-    pub fn freeze_to(&mut self, front: usize) -> Result<(), FreezeError> {
-        let frozen = self.front();
-        check_freeze(front, frozen, self.num_units())?;
-        if front > frozen {
-            self.units.freeze_to(front);
-            if let Some(sums) = self.sums.as_mut() {
-                sums.retain(self.units.trainable());
-            }
-            tracing::debug!(
-                from = frozen,
-                to = front,
-                units = self.num_units(),
-                "freeze front moved up"
-            );
-        }
-        Ok(())
-    }
-
-    /// Thaws units `front..front()`: they move back to the autodiff backend
-    /// and train again. Cached activations that passed through any of them
-    /// (entries above `front`) are dropped; the thawed units have no
-    /// gradient sum and no gradient norm until their next step. The front
-    /// only moves down ([`check_unfreeze`]); on error nothing changes.
-    ///
-    /// The optimizer is the caller's, so this stack cannot drop its state:
-    /// to give the thawed units a fresh state (as [`FreezeFront::unfreeze_to`]
-    /// describes), remove their parameters
-    /// from the optimizer's record when they freeze or thaw
-    /// (`to_record`, remove the ids, `load_record`).
-    ///
-    /// ```
-    /// use burn::backend::{Autodiff, Flex};
-    /// use burn::nn::{Linear, LinearConfig};
-    /// use burn::prelude::*;
-    /// use burn_freeze::{FreezableStack, FreezeError, LayerStack};
-    ///
-    /// #[derive(Module, Debug)]
-    /// pub struct Dense<B: Backend> { linear: Linear<B> }
-    /// impl<B: Backend> Dense<B> {
-    ///     fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> { self.linear.forward(x) }
-    /// }
-    /// burn_freeze::unit!(Dense<B>: Tensor<B, 2> => Tensor<B, 2>);
-    ///
-    /// let device = Default::default();
-    /// let dense = |i, o| Dense::<Autodiff<Flex>> { linear: LinearConfig::new(i, o).init(&device) };
-    /// let stack = LayerStack::new(dense(3, 4), vec![dense(4, 4)], dense(4, 2));
-    /// let mut stack = FreezableStack::new(stack);
-    /// stack.freeze_to(2).unwrap();
-    /// stack.unfreeze_to(1).unwrap(); // unit 1 trains again
-    /// assert_eq!(stack.front(), 1);
-    /// let refused = stack.unfreeze_to(2); // above the front: nothing changes
-    /// assert_eq!(refused, Err(FreezeError::WouldFreeze { frozen: 1, requested: 2 }));
-    /// assert_eq!(stack.front(), 1);
-    /// ```
-    pub fn unfreeze_to(&mut self, front: usize) -> Result<(), FreezeError> {
-        let frozen = self.front();
-        check_unfreeze(front, frozen)?;
-        if front == frozen {
-            return Ok(());
-        }
-        self.units.unfreeze_to(front);
-        if let Some(cache) = self.cache.as_mut() {
-            cache.invalidate_above(front);
-        }
-        if let Some(sums) = self.sums.as_mut() {
-            sums.retain(self.units.trainable());
-        }
-        for norm in self.norms.iter_mut().take(frozen).skip(front) {
-            *norm = None;
-        }
-        tracing::debug!(from = frozen, to = front, "freeze front moved down (thaw)");
-        Ok(())
-    }
-
     /// The whole stack back, every unit trainable.
     pub fn into_layer_stack(self) -> LayerStack<S> {
         UnitRange::join(vec![self.units]).expect("one range covers the stack")
@@ -274,21 +187,6 @@ impl<S: StackTypes> FreezableStack<S> {
         self.units.trainable().num_params()
     }
 
-    /// Attaches an AutoCache, replacing (and returning) any attached before.
-    pub fn attach_cache(&mut self, cache: StackCache<S>) -> Option<StackCache<S>> {
-        self.cache.replace(cache)
-    }
-
-    /// The attached cache.
-    pub fn cache(&self) -> Option<&StackCache<S>> {
-        self.cache.as_ref()
-    }
-
-    /// Detaches the cache (dropping it removes its spill files).
-    pub fn detach_cache(&mut self) -> Option<StackCache<S>> {
-        self.cache.take()
-    }
-
     /// [`forward`](Self::forward) with the frozen prefix served by the
     /// attached cache ([`serve_cached`]): `ids[i]` names sample `i` of the
     /// batch, the same id for the same sample in every epoch.
@@ -307,8 +205,8 @@ impl<S: StackTypes> FreezableStack<S> {
         let entry = cached_prefix(self.front(), &[len]);
         let (cache, frozen) = (self.cache.as_mut(), self.units.frozen());
         let (cached_units, hidden) = match serve_cached(cache, frozen, entry, ids, input, None)? {
-            CachedStart::Input(input) => return Ok(self.forward(input)),
-            CachedStart::Hidden { entry, hidden } => (entry, hidden),
+            BatchStart::Input(input) => return Ok(self.forward(input)),
+            BatchStart::Hidden { entry, hidden } => (entry, hidden),
         };
         let flow: InnerFlow<S> = Flow::Hidden(hidden);
         let flow = if self.front() == len {
@@ -328,32 +226,108 @@ impl<S: StackTypes> FreezableStack<S> {
     }
 }
 
+impl<S: StackTypes> CacheHolder for FreezableStack<S> {
+    type Stack = S;
+
+    fn cache_slot(&mut self) -> Option<&mut Option<StackCache<S>>> {
+        Some(&mut self.cache)
+    }
+
+    fn cache(&self) -> Option<&StackCache<S>> {
+        self.cache.as_ref()
+    }
+}
+
 impl<S: StackTypes> FreezeFront for FreezableStack<S> {
     type Error = FreezeError;
 
     fn num_units(&self) -> usize {
-        FreezableStack::num_units(self)
+        self.units.num_units()
     }
 
     fn front(&self) -> usize {
-        FreezableStack::front(self)
+        self.units.frozen().len()
     }
 
+    /// Freezes units up to (not including) `front`. The front only moves up:
+    /// asking for fewer units than are frozen is an error, and so is a front
+    /// beyond the stack ([`check_freeze`]). On error nothing changes.
     fn freeze_to(&mut self, front: usize) -> Result<(), FreezeError> {
-        FreezableStack::freeze_to(self, front)
+        let frozen = self.front();
+        check_freeze(front, frozen, self.num_units())?;
+        if front > frozen {
+            self.units.freeze_to(front);
+            if let Some(sums) = self.sums.as_mut() {
+                sums.retain(self.units.trainable());
+            }
+            tracing::debug!(
+                from = frozen,
+                to = front,
+                units = self.num_units(),
+                "freeze front moved up"
+            );
+        }
+        Ok(())
     }
 
+    /// Thaws units `front..front()`: they move back to the autodiff backend
+    /// and train again. Cached activations that passed through any of them
+    /// (entries above `front`) are dropped; the thawed units have no
+    /// gradient sum and no gradient norm until their next step. The front
+    /// only moves down ([`check_unfreeze`]); on error nothing changes.
+    ///
+    /// The optimizer is the caller's, so this stack cannot drop its state:
+    /// to give the thawed units a fresh state (as [`FreezeFront::unfreeze_to`]
+    /// describes), remove their parameters
+    /// from the optimizer's record when they freeze or thaw
+    /// (`to_record`, remove the ids, `load_record`).
+    ///
+    /// ```
+    /// use burn::backend::{Autodiff, Flex};
+    /// use burn::nn::{Linear, LinearConfig};
+    /// use burn::prelude::*;
+    /// use burn_freeze::{FreezableStack, FreezeError, FreezeFront, LayerStack};
+    ///
+    /// #[derive(Module, Debug)]
+    /// pub struct Dense<B: Backend> { linear: Linear<B> }
+    /// impl<B: Backend> Dense<B> {
+    ///     fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> { self.linear.forward(x) }
+    /// }
+    /// burn_freeze::unit!(Dense<B>: Tensor<B, 2> => Tensor<B, 2>);
+    ///
+    /// let device = Default::default();
+    /// let dense = |i, o| Dense::<Autodiff<Flex>> { linear: LinearConfig::new(i, o).init(&device) };
+    /// let stack = LayerStack::new(dense(3, 4), vec![dense(4, 4)], dense(4, 2));
+    /// let mut stack = FreezableStack::new(stack);
+    /// stack.freeze_to(2).unwrap();
+    /// stack.unfreeze_to(1).unwrap(); // unit 1 trains again
+    /// assert_eq!(stack.front(), 1);
+    /// let refused = stack.unfreeze_to(2); // above the front: nothing changes
+    /// assert_eq!(refused, Err(FreezeError::WouldFreeze { frozen: 1, requested: 2 }));
+    /// assert_eq!(stack.front(), 1);
+    /// ```
     fn unfreeze_to(&mut self, front: usize) -> Result<(), FreezeError> {
-        FreezableStack::unfreeze_to(self, front)
+        let frozen = self.front();
+        check_unfreeze(front, frozen)?;
+        if front == frozen {
+            return Ok(());
+        }
+        self.units.unfreeze_to(front);
+        if let Some(cache) = self.cache.as_mut() {
+            cache.invalidate_above(front);
+        }
+        if let Some(sums) = self.sums.as_mut() {
+            sums.retain(self.units.trainable());
+        }
+        for norm in self.norms.iter_mut().take(frozen).skip(front) {
+            *norm = None;
+        }
+        tracing::debug!(from = frozen, to = front, "freeze front moved down (thaw)");
+        Ok(())
     }
 
     fn last_gradient_norms(&self) -> Vec<Option<GradNorm>> {
-        let front = self.front();
-        self.norms
-            .iter()
-            .enumerate()
-            .map(|(unit, norm)| norm.filter(|_| unit >= front))
-            .collect()
+        above_front(&self.norms, self.front())
     }
 
     fn set_gradient_sums(&mut self, keep: bool) {
@@ -380,23 +354,13 @@ impl<S: StackTypes> FreezeFront for FreezableStack<S> {
     /// Measured in [`gradients`](FreezableStack::gradients), against a
     /// snapshot of the trainable weights kept from its last call.
     fn set_update_gains(&mut self, from: Option<usize>) {
-        if from == self.gains_from {
-            return;
-        }
-        self.gains_from = from;
-        self.snapshot = None;
-        if from.is_none() {
-            self.gains = vec![None; self.num_units()];
+        if set_gains_from(&mut self.gains_from, &mut self.gains, from) {
+            self.snapshot = None;
         }
     }
 
     fn last_update_gains(&self) -> Vec<Option<f64>> {
-        let front = self.front();
-        self.gains
-            .iter()
-            .enumerate()
-            .map(|(unit, gain)| gain.filter(|_| unit >= front))
-            .collect()
+        above_front(&self.gains, self.front())
     }
 }
 

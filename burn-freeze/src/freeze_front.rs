@@ -130,3 +130,21 @@ pub trait FreezeFront {
         vec![None; self.num_units()]
     }
 }
+
+/// Per-unit readings of the last step (`values[u]`: unit `u`'s) with the
+/// units below `front` cleared: a frozen unit reports none. What every
+/// [`FreezeFront`] returns from [`last_gradient_norms`](FreezeFront::last_gradient_norms)
+/// and [`last_update_gains`](FreezeFront::last_update_gains).
+///
+/// ```
+/// use burn_freeze::plumbing::above_front;
+///
+/// assert_eq!(above_front(&[Some(1.0), Some(2.0), None, Some(4.0)], 2), [None, None, None, Some(4.0)]);
+/// ```
+pub fn above_front<T: Copy>(values: &[Option<T>], front: usize) -> Vec<Option<T>> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(unit, value)| value.filter(|_| unit >= front))
+        .collect()
+}

@@ -47,6 +47,30 @@
 //! points), and what
 //! the workspace's tests share (`testing`, with the `testing` cargo feature).
 //!
+//! The root's names, by concept:
+//! - **The layer-stack contract**: [`Unit`] (written by [`unit!`] and
+//!   [`unit_enum!`]), [`InnerOf`], [`LayerStack`], [`IntoLayerStack`],
+//!   [`StackOf`], [`TypesOf`], [`StackTypes`], [`StackMarker`], the inner
+//!   types ([`InnerBackendOf`], [`InnerInput`], [`InnerFirst`],
+//!   [`InnerMiddle`], [`InnerLast`], [`InnerHidden`], [`InnerOutput`]) and
+//!   [`TrainableUnits`]; activations: [`Activation`], [`AutodiffActivation`],
+//!   [`Differentiable`], [`ActivationPart`] (with [`activation!`]).
+//! - **Frozen execution**: [`UnitRange`], [`FrozenUnits`], [`FreezableStack`],
+//!   [`check_freeze`], [`check_unfreeze`]; optimizer state:
+//!   [`StackOptimizer`], [`ParamStates`]; errors: [`FreezeError`],
+//!   [`StackError`].
+//! - **The freeze front and the cache, one trait each for every level**
+//!   (stack, pipeline, group): [`FreezeFront`], [`CacheHolder`].
+//! - **AutoFreeze**: [`AutoFreeze`], [`FreezePolicy`], [`FreezeState`],
+//!   [`PolicyState`]; the rules, the default first: [`Evidence`]
+//!   ([`EvidenceConfig`], [`LayerSignal`]), [`AlphaArgmin`]
+//!   ([`AlphaArgminConfig`], [`ArgminStatistic`], [`alpha_front`]),
+//!   [`ChangeRate`] ([`ChangeRateConfig`], [`ChangeRateReading`]),
+//!   [`FixedSchedule`]; statistics: [`LayerMap`], [`GradNorm`].
+//! - **AutoCache**: [`ActivationCache`], [`StackCache`], [`CacheConfig`],
+//!   [`CacheStats`], [`Cacheable`], [`CachePart`], [`CacheError`].
+//! - **Modules**: [`plumbing`], [`fault`], `testing`.
+//!
 //! Burn initialises parameters lazily: two clones of a module whose weights
 //! were never read get different random weights. Read them (a forward pass or
 //! `Module::visit`) before cloning a model you want to compare.
@@ -75,7 +99,7 @@ pub mod plumbing;
 pub mod testing;
 
 pub use activation::{Activation, AutodiffActivation, Differentiable};
-pub use cache::{ActivationCache, CacheConfig, CacheStats, Cacheable, StackCache};
+pub use cache::{ActivationCache, CacheConfig, CacheHolder, CacheStats, Cacheable, StackCache};
 pub use composite::{ActivationPart, CachePart};
 pub use error::{CacheError, FreezeError, PolicyConfigError, StackError};
 pub use freezable::FreezableStack;
@@ -85,7 +109,7 @@ pub use optim_state::{ParamStates, StackOptimizer};
 pub use policy::{
     AlphaArgmin, AlphaArgminConfig, ArgminStatistic, AutoFreeze, ChangeRate, ChangeRateConfig,
     ChangeRateReading, Evidence, EvidenceConfig, FixedSchedule, FreezePolicy, FreezeState,
-    GradNorm, LayerSignal, LayerMap, PolicyState, alpha_front,
+    GradNorm, LayerMap, LayerSignal, PolicyState, alpha_front,
 };
 pub use range::{UnitRange, check_freeze, check_unfreeze};
 pub use stack::{IntoLayerStack, LayerStack, StackOf, TypesOf};

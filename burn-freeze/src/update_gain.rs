@@ -134,7 +134,10 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for DotVisitor<'_, B> {
 }
 
 impl<'a, B: AutodiffBackend> GainCollector<'a, B> {
-    pub(crate) fn new(grads: &'a GradientsParams, before: &'a WeightSnapshot<B::InnerBackend>) -> Self {
+    pub(crate) fn new(
+        grads: &'a GradientsParams,
+        before: &'a WeightSnapshot<B::InnerBackend>,
+    ) -> Self {
         Self {
             grads,
             before,
@@ -164,7 +167,6 @@ impl<B: AutodiffBackend> UnitReader<B> for GainCollector<'_, B> {
             None => self.units.push(None),
         }
     }
-
 }
 
 impl<B: AutodiffBackend> GainCollector<'_, B> {
@@ -186,4 +188,33 @@ impl<B: AutodiffBackend> GainCollector<'_, B> {
             .map(|slot| slot.map(|i| -values[i]))
             .collect()
     }
+}
+
+/// What every level's [`FreezeFront::set_update_gains`](crate::FreezeFront::set_update_gains)
+/// does with its own state: measures gains from unit `from` on (`None`:
+/// no longer) and, when that stops them, clears the last gains. Returns
+/// whether anything changed: the caller then drops its weight snapshots
+/// (the next step reads no gain).
+///
+/// ```
+/// use burn_freeze::plumbing::set_gains_from;
+///
+/// let (mut from, mut gains) = (Some(1), vec![None, Some(0.5)]);
+/// assert!(!set_gains_from(&mut from, &mut gains, Some(1))); // measured already
+/// assert!(set_gains_from(&mut from, &mut gains, None));
+/// assert_eq!((from, gains), (None, vec![None, None]));
+/// ```
+pub fn set_gains_from(
+    gains_from: &mut Option<usize>,
+    gains: &mut [Option<f64>],
+    from: Option<usize>,
+) -> bool {
+    if from == *gains_from {
+        return false;
+    }
+    *gains_from = from;
+    if from.is_none() {
+        gains.fill(None);
+    }
+    true
 }

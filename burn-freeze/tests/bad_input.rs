@@ -2,6 +2,8 @@
 
 mod common;
 
+use burn_freeze::CacheHolder;
+use burn_freeze::FreezeFront;
 use burn_freeze::{
     ActivationCache, CacheConfig, CacheError, FreezableStack, FreezeError, LayerMap,
 };

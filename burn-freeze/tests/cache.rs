@@ -5,6 +5,8 @@ mod common;
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, Optimizer};
+use burn_freeze::CacheHolder;
+use burn_freeze::FreezeFront;
 use burn_freeze::{ActivationCache, CacheConfig, FreezableStack, TrainableUnits};
 use common::*;
 

@@ -9,6 +9,7 @@ use burn::module::{Module, Param};
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
+use burn_freeze::FreezeFront;
 use burn_freeze::{
     Activation, AutodiffActivation, Cacheable, Differentiable, FreezableStack, LayerStack,
     StackMarker,

@@ -7,6 +7,7 @@ use burn::module::{AutodiffModule, Module, list_param_ids};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
+use burn_freeze::FreezeFront;
 use burn_freeze::plumbing::{Flow, retain_optimizer_state};
 use burn_freeze::{FreezableStack, TrainableUnits, Unit};
 use common::*;

@@ -8,6 +8,7 @@ use burn::module::list_param_ids;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
+use burn_freeze::FreezeFront;
 use burn_freeze::{FreezableStack, LayerStack, TrainableUnits};
 use common::*;
 

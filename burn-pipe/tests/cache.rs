@@ -7,9 +7,12 @@ mod common;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::SgdConfig;
 use burn::optim::momentum::MomentumConfig;
+use burn_freeze::CacheHolder;
+use burn_freeze::FreezeFront;
 use burn_freeze::{
     ActivationCache, CacheConfig, CacheError, IntoLayerStack, ParamStates, TrainableUnits,
 };
+use burn_pipe::StepOptions;
 use burn_pipe::{PipeError, Pipeline, PipelineConfig};
 use common::{B, Weights};
 use pipetransformer_models::synthetic::BandImages;
@@ -59,11 +62,12 @@ fn train(
             let ids: Vec<u64> = (0..8).map(|i| (index * 8 + i) as u64).collect();
             let loss = |l, t| loss_fn.forward(l, t);
             let report = if cached {
-                pipeline
-                    .forward_backward_cached(&ids, images, labels, loss)
-                    .unwrap()
+                let start = pipeline.serve_prefix(&ids, images).unwrap();
+                (pipeline.forward_backward(start, labels, loss, StepOptions::new())).unwrap()
             } else {
-                pipeline.forward_backward(images, labels, loss).unwrap()
+                pipeline
+                    .forward_backward(images, labels, loss, StepOptions::new())
+                    .unwrap()
             };
             pipeline.step(0.05).unwrap();
             losses.push(report.loss);
@@ -110,25 +114,18 @@ fn bad_sample_ids_change_nothing() {
     let mut pipeline = two_stages(VitConfig::tiny(4).with_layers(4).init::<B>(&device));
     pipeline.attach_cache(ActivationCache::new(CacheConfig::new(1 << 20)).unwrap());
     pipeline.freeze_to(3).unwrap();
-    let (images, labels) = BandImages::new(4, 3, 16, 32).batch::<B>(0, 4, &device);
-    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let (images, _) = BandImages::new(4, 3, 16, 32).batch::<B>(0, 4, &device);
     let error = pipeline
-        .forward_backward_cached(&[1, 2, 2, 3], images.clone(), labels.clone(), |l, t| {
-            loss_fn.forward(l, t)
-        })
+        .serve_prefix(&[1, 2, 2, 3], images.clone())
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(error, CacheError::DuplicateId(2)), "{error}");
+    let error = pipeline
+        .serve_prefix(&[1, 2], images)
+        .map(|_| ())
         .unwrap_err();
     assert!(
-        matches!(error, PipeError::Cache(CacheError::DuplicateId(2))),
-        "{error}"
-    );
-    let error = pipeline
-        .forward_backward_cached(&[1, 2], images, labels, |l, t| loss_fn.forward(l, t))
-        .unwrap_err();
-    assert!(
-        matches!(
-            error,
-            PipeError::Cache(CacheError::IdCount { batch: 4, ids: 2 })
-        ),
+        matches!(error, CacheError::IdCount { batch: 4, ids: 2 }),
         "{error}"
     );
     assert!(pipeline.gradients(0).is_none() && pipeline.gradients(1).is_none());
@@ -137,7 +134,7 @@ fn bad_sample_ids_change_nothing() {
 
 #[test]
 fn a_batch_enters_only_after_frozen_units_of_stage_zero() {
-    use burn_freeze::plumbing::Flow;
+    use burn_freeze::plumbing::{BatchStart, Flow};
     let device = Default::default();
     let vit = VitConfig::tiny(4).with_layers(4).init::<B>(&device);
     let mut pipeline = two_stages(vit);
@@ -150,21 +147,39 @@ fn a_batch_enters_only_after_frozen_units_of_stage_zero() {
         unreachable!("units 0..3 end in a hidden state")
     };
     for entry in [0, 4, 11] {
+        let start = BatchStart::Hidden {
+            entry,
+            hidden: hidden.clone(),
+        };
         let error = pipeline
-            .forward_backward_from(entry, hidden.clone(), labels.clone(), |l, t| {
-                loss_fn.forward(l, t)
-            })
+            .forward_backward(
+                start,
+                labels.clone(),
+                |l, t| loss_fn.forward(l, t),
+                StepOptions::new(),
+            )
             .unwrap_err();
         assert!(matches!(error, PipeError::BadEntry { .. }), "{error}");
     }
     assert!(pipeline.gradients(0).is_none() && pipeline.gradients(1).is_none());
     // Entering at 3 gives the loss of the whole batch from the input.
+    let start = BatchStart::Hidden { entry: 3, hidden };
     let from = pipeline
-        .forward_backward_from(3, hidden, labels.clone(), |l, t| loss_fn.forward(l, t))
+        .forward_backward(
+            start,
+            labels.clone(),
+            |l, t| loss_fn.forward(l, t),
+            StepOptions::new(),
+        )
         .unwrap();
     pipeline.clear_gradients();
     let whole = pipeline
-        .forward_backward(images, labels, |l, t| loss_fn.forward(l, t))
+        .forward_backward(
+            images,
+            labels,
+            |l, t| loss_fn.forward(l, t),
+            StepOptions::new(),
+        )
         .unwrap();
     assert!(
         (from.loss - whole.loss).abs() <= 1e-6,

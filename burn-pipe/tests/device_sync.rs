@@ -9,11 +9,10 @@
 mod common;
 
 use burn_freeze::fault::{self, Fault};
+use burn_pipe::balance::{HeapCounter, measure_unit_memory};
 use burn_pipe::fault::DEVICE_SYNC;
-use burn_pipe::{
-    HeapCounter, MicroSearchError, PipeError, measure_unit_memory, profile_micro_batches,
-    profile_units,
-};
+use burn_pipe::micro::{MicroSearchError, profile_micro_batches};
+use burn_pipe::{PipeError, profile_units};
 use common::{user_batch, user_stack};
 
 #[global_allocator]
@@ -41,7 +40,14 @@ fn a_failing_device_sync_is_an_error_naming_the_unit() {
     let error = profile_units(&stack, x.clone(), &device, 2).unwrap_err();
     assert!(!fault::disarm(), "the fault fired");
     assert!(
-        matches!(error, PipeError::DeviceSync { during: "profiling", unit: 2, .. }),
+        matches!(
+            error,
+            PipeError::DeviceSync {
+                during: "profiling",
+                unit: 2,
+                ..
+            }
+        ),
         "{error}"
     );
     let message = error.to_string();
@@ -51,7 +57,10 @@ fn a_failing_device_sync_is_an_error_naming_the_unit() {
         "{message}"
     );
     // The device works again: every unit is timed.
-    assert_eq!(profile_units(&stack, x.clone(), &device, 1).unwrap().len(), units);
+    assert_eq!(
+        profile_units(&stack, x.clone(), &device, 1).unwrap().len(),
+        units
+    );
 
     // The micro-batch table: the size whose profile failed, named.
     sync_fails_at(0);
@@ -73,7 +82,9 @@ fn a_failing_device_sync_is_an_error_naming_the_unit() {
         "{error}"
     );
     assert!(
-        error.to_string().contains("while measuring the memory of unit"),
+        error
+            .to_string()
+            .contains("while measuring the memory of unit"),
         "{error}"
     );
     let memory = measure_unit_memory(&stack, x, &device).unwrap();

@@ -11,8 +11,11 @@ use burn::module::{AutodiffModule, Module};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::prelude::*;
+use burn_freeze::FreezeFront;
 use burn_freeze::{Activation, IntoLayerStack, LayerStack, StackTypes};
-use burn_pipe::{PipelineConfig, Schedule, balance_exact, unit_param_costs};
+use burn_pipe::StepOptions;
+use burn_pipe::balance::unit_param_costs;
+use burn_pipe::{PipelineConfig, Schedule, balance_exact};
 use common::{B, CompareGrads, MaxGrad, user_batch, user_stack};
 use pipetransformer_models::bert::BertConfig;
 use pipetransformer_models::synthetic::{BandImages, MajorityTokens};
@@ -60,9 +63,12 @@ fn check_all_partitions<S, T>(
                     })
                     .unwrap();
                 let report = pipeline
-                    .forward_backward(input.clone(), targets.clone(), |logits, t: T| {
-                        loss_fn.forward(logits, t.into())
-                    })
+                    .forward_backward(
+                        input.clone(),
+                        targets.clone(),
+                        |logits, t: T| loss_fn.forward(logits, t.into()),
+                        StepOptions::new(),
+                    )
                     .unwrap();
                 let what = format!("K={stages} {balance:?} M={m} {schedule:?}");
                 assert!(

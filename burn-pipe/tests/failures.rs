@@ -13,6 +13,7 @@ use burn::optim::{GradientsParams, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn_freeze::{InnerOf, IntoLayerStack, LayerStack, StackMarker, Unit};
+use burn_pipe::StepOptions;
 use burn_pipe::{PipeError, Pipeline, PipelineConfig, Schedule};
 use common::{B, Classify, CompareGrads, Project, user_batch, user_stack};
 use pipetransformer_models::vit::VitConfig;
@@ -82,7 +83,12 @@ fn a_panicking_stage_is_named_with_its_micro_batch_and_loses_nothing() {
     let (x, labels) = user_batch(3, 10, 4, 2);
     let start = Instant::now();
     let error = pipeline
-        .forward_backward(x, labels, |logits, t| loss_fn.forward(logits, t))
+        .forward_backward(
+            x,
+            labels,
+            |logits, t| loss_fn.forward(logits, t),
+            StepOptions::new(),
+        )
         .unwrap_err();
     match &error {
         PipeError::StageFailed {
@@ -106,7 +112,13 @@ fn a_panicking_stage_is_named_with_its_micro_batch_and_loses_nothing() {
     // Every unit is still there: a batch that does not trip trains normally.
     let (x, labels) = user_batch(4, 12, 4, 2);
     let report = pipeline
-        .train_step(x, labels, |logits, t| loss_fn.forward(logits, t), 0.1)
+        .train_step(
+            x,
+            labels,
+            |logits, t| loss_fn.forward(logits, t),
+            StepOptions::new(),
+            0.1,
+        )
         .unwrap();
     assert!(report.loss.is_finite());
     assert_eq!(pipeline.into_layer_stack().num_units(), 4);
@@ -129,7 +141,12 @@ fn a_stalled_stage_times_out_instead_of_hanging() {
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let (x, labels) = user_batch(3, 10, 4, 2);
     let error = pipeline
-        .forward_backward(x, labels, |logits, t| loss_fn.forward(logits, t))
+        .forward_backward(
+            x,
+            labels,
+            |logits, t| loss_fn.forward(logits, t),
+            StepOptions::new(),
+        )
         .unwrap_err();
     // Stage 2 stalls on micro-batch 2; its neighbours give up waiting on it
     // (stage 3 for that forward, stage 1 for a backward), and stage 0 on
@@ -220,7 +237,12 @@ fn bad_configurations_are_refused_at_construction() {
     let images = Tensor::<B, 4>::zeros([4, 3, 16, 16], &device);
     let labels = Tensor::<B, 1, Int>::zeros([4], &device);
     let error = pipeline
-        .forward_backward(images.clone(), labels, |l, t| loss_fn.forward(l, t))
+        .forward_backward(
+            images.clone(),
+            labels,
+            |l, t| loss_fn.forward(l, t),
+            StepOptions::new(),
+        )
         .unwrap_err();
     assert!(matches!(
         error,
@@ -230,9 +252,12 @@ fn bad_configurations_are_refused_at_construction() {
         }
     ));
     let error = pipeline
-        .forward_backward(images, Tensor::<B, 1, Int>::zeros([5], &device), |l, t| {
-            loss_fn.forward(l, t)
-        })
+        .forward_backward(
+            images,
+            Tensor::<B, 1, Int>::zeros([5], &device),
+            |l, t| loss_fn.forward(l, t),
+            StepOptions::new(),
+        )
         .unwrap_err();
     assert!(matches!(
         error,
@@ -265,7 +290,12 @@ fn the_configuration_is_honoured_at_construction() {
     let images = Tensor::<B, 4>::zeros([10, 3, 16, 16], &device);
     let labels = Tensor::<B, 1, Int>::zeros([10], &device);
     let report = pipeline
-        .forward_backward(images, labels, |l, t| loss_fn.forward(l, t))
+        .forward_backward(
+            images,
+            labels,
+            |l, t| loss_fn.forward(l, t),
+            StepOptions::new(),
+        )
         .unwrap();
     assert_eq!(report.micro_batches, 5);
     assert_eq!(
@@ -301,7 +331,7 @@ fn a_stage_with_no_trainable_parameter_works() {
         .init(stack, vec![device; 3], || SgdConfig::new().init())
         .unwrap();
     let report = pipeline
-        .forward_backward(x, labels, |l, t| loss_fn.forward(l, t))
+        .forward_backward(x, labels, |l, t| loss_fn.forward(l, t), StepOptions::new())
         .unwrap();
     // Stage 1 is the parameter-free tanh: it trains (it is not frozen), holds
     // no parameter, gets no gradient of its own, and passes the gradient on.
@@ -362,7 +392,13 @@ fn a_non_finite_loss_or_gradient_refuses_the_step_and_changes_nothing() {
     let (x, y) = user_batch(7, 8, 4, 3);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     pipeline
-        .train_step(x.clone(), y.clone(), |l, t| loss_fn.forward(l, t), 1e-2)
+        .train_step(
+            x.clone(),
+            y.clone(),
+            |l, t| loss_fn.forward(l, t),
+            StepOptions::new(),
+            1e-2,
+        )
         .unwrap();
     let before = all_weights(&pipeline);
 
@@ -371,7 +407,12 @@ fn a_non_finite_loss_or_gradient_refuses_the_step_and_changes_nothing() {
     values[5] = f32::NAN;
     let poisoned = Tensor::<B, 1>::from_floats(values.as_slice(), &device).reshape([8, 4]);
     let error = pipeline
-        .forward_backward(poisoned, y.clone(), |l, t| loss_fn.forward(l, t))
+        .forward_backward(
+            poisoned,
+            y.clone(),
+            |l, t| loss_fn.forward(l, t),
+            StepOptions::new(),
+        )
         .unwrap_err();
     assert!(
         matches!(
@@ -388,9 +429,12 @@ fn a_non_finite_loss_or_gradient_refuses_the_step_and_changes_nothing() {
 
     // A finite loss whose gradient is not: sqrt at 0 has an infinite slope.
     pipeline
-        .forward_backward(x.clone(), y.clone(), |l, _| {
-            l.mul_scalar(0.0).sqrt().sum().reshape([1])
-        })
+        .forward_backward(
+            x.clone(),
+            y.clone(),
+            |l, _| l.mul_scalar(0.0).sqrt().sum().reshape([1]),
+            StepOptions::new(),
+        )
         .unwrap();
     let error = pipeline.step(1e-2).unwrap_err();
     assert!(
@@ -413,7 +457,7 @@ fn a_non_finite_loss_or_gradient_refuses_the_step_and_changes_nothing() {
 
     // And training goes on, Adam's state intact.
     pipeline
-        .train_step(x, y, |l, t| loss_fn.forward(l, t), 1e-2)
+        .train_step(x, y, |l, t| loss_fn.forward(l, t), StepOptions::new(), 1e-2)
         .unwrap();
     assert_ne!(all_weights(&pipeline), before);
 }
@@ -461,7 +505,12 @@ fn a_stage_whose_output_ignores_its_input_is_an_error_naming_it() {
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let (x, labels) = user_batch(5, 8, 4, 2);
     let error = pipeline
-        .forward_backward(x, labels, |logits, t| loss_fn.forward(logits, t))
+        .forward_backward(
+            x,
+            labels,
+            |logits, t| loss_fn.forward(logits, t),
+            StepOptions::new(),
+        )
         .unwrap_err();
     assert!(
         matches!(

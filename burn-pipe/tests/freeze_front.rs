@@ -11,6 +11,7 @@ use burn_freeze::{
     FreezableStack, FreezeFront, FreezePolicy, GradNorm, LayerMap, ParamStates, TrainableUnits,
 };
 use burn_pipe::PipelineConfig;
+use burn_pipe::StepOptions;
 use common::{B, UserStack, UserTypes, user_batch, user_stack};
 
 const STEPS_PER_EPOCH: usize = 6;
@@ -87,7 +88,7 @@ fn run_pipeline<P: FreezePolicy>(stack: UserStack, policy: P) -> Trace {
         for step in 0..STEPS_PER_EPOCH {
             let (x, y) = user_batch((epoch * STEPS_PER_EPOCH + step) as u64, 24, 6, 3);
             pipeline
-                .train_step(x, y, |l, t| loss_fn.forward(l, t), LR)
+                .train_step(x, y, |l, t| loss_fn.forward(l, t), StepOptions::new(), LR)
                 .unwrap();
             auto.after_step(&mut pipeline).unwrap();
             trace.record(&pipeline);
@@ -198,7 +199,7 @@ fn gradient_sums_follow_units_through_repartition_and_replication() {
         let grads: GradientsParams = stack.gradients(loss.backward());
         stack.map_trainable(|units| optim.step(LR, units, grads));
         pipeline
-            .train_step(x, y, |l, t| loss_fn.forward(l, t), LR)
+            .train_step(x, y, |l, t| loss_fn.forward(l, t), StepOptions::new(), LR)
             .unwrap();
     }
     let expected = stack.gradient_sum_norms();

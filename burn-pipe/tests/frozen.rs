@@ -7,7 +7,9 @@ mod common;
 use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, SgdConfig};
+use burn_freeze::FreezeFront;
 use burn_freeze::{FreezableStack, IntoLayerStack};
+use burn_pipe::StepOptions;
 use burn_pipe::{PipeError, Pipeline, PipelineConfig, Schedule};
 use common::{B, CompareGrads, MaxGrad, Weights, materialize};
 use pipetransformer_models::synthetic::BandImages;
@@ -50,7 +52,12 @@ fn frozen_prefix_gradients_equal_plain_frozen_training() {
                 .unwrap();
             pipeline.freeze_to(front).unwrap();
             let report = pipeline
-                .forward_backward(images.clone(), labels.clone(), |l, t| loss_fn.forward(l, t))
+                .forward_backward(
+                    images.clone(),
+                    labels.clone(),
+                    |l, t| loss_fn.forward(l, t),
+                    StepOptions::new(),
+                )
                 .unwrap();
             let what = format!("front {front}, {balance:?}, M={m}, {schedule:?}");
             assert!(
@@ -102,7 +109,13 @@ fn a_stage_of_frozen_units_trains_with_the_rest_and_its_weights_never_move() {
     for step in 0..15 {
         let (images, labels) = task.batch::<B>(step, 16, &device);
         let report = pipeline
-            .train_step(images, labels, |l, t| loss_fn.forward(l, t), 5e-3)
+            .train_step(
+                images,
+                labels,
+                |l, t| loss_fn.forward(l, t),
+                StepOptions::new(),
+                5e-3,
+            )
             .unwrap();
         assert_eq!(report.peak_saved[0], 0, "a frozen stage keeps no graph");
         assert!(report.loss.is_finite(), "step {step}: loss {}", report.loss);
@@ -158,7 +171,12 @@ fn the_freeze_front_follows_the_stacks_rule() {
     let (images, labels) = task.batch::<B>(0, 4, &device);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     assert!(matches!(
-        pipeline.forward_backward(images.clone(), labels, |l, t| loss_fn.forward(l, t)),
+        pipeline.forward_backward(
+            images.clone(),
+            labels,
+            |l, t| loss_fn.forward(l, t),
+            StepOptions::new()
+        ),
         Err(PipeError::NothingToTrain { units: 7 })
     ));
     pipeline
@@ -187,7 +205,13 @@ fn the_whole_model_can_be_copied_out_mid_training() {
     let step = |pipeline: &mut Pipeline<_, _>, index| {
         let (images, labels) = task.batch::<B>(index, 8, &device);
         pipeline
-            .train_step(images, labels, |l, t| loss_fn.forward(l, t), 1e-2)
+            .train_step(
+                images,
+                labels,
+                |l, t| loss_fn.forward(l, t),
+                StepOptions::new(),
+                1e-2,
+            )
             .unwrap();
     };
     step(&mut pipeline, 0);

@@ -14,6 +14,7 @@ use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn_freeze::{LayerStack, TrainableUnits};
+use burn_pipe::StepOptions;
 use burn_pipe::{PipeError, Pipeline, PipelineConfig, StageGradients};
 use common::{B, UserTypes, Weights, user_batch, user_stack};
 
@@ -129,12 +130,19 @@ fn every_stage_hands_its_gradients_on_once_and_the_step_applies_what_the_hook_re
     let mut doubled = pipeline(base.clone());
     for b in 0..3u64 {
         let (x, y) = user_batch(b, BATCH, 6, 3);
-        let expected = plain.forward_backward(x.clone(), y.clone(), loss).unwrap();
+        let expected = plain
+            .forward_backward(x.clone(), y.clone(), loss, StepOptions::new())
+            .unwrap();
         plain.step(2.0 * LR).unwrap();
 
         let keep = Recorder::new(&same, false);
         let report = same
-            .forward_backward_hooked(x.clone(), y.clone(), loss, Some(&keep))
+            .forward_backward(
+                x.clone(),
+                y.clone(),
+                loss,
+                StepOptions::new().with_hook(&keep),
+            )
             .unwrap();
         assert_eq!(report.loss, expected.loss, "batch {b}: the same pass");
         same.step(2.0 * LR).unwrap();
@@ -149,7 +157,7 @@ fn every_stage_hands_its_gradients_on_once_and_the_step_applies_what_the_hook_re
 
         let twice = Recorder::new(&doubled, true);
         doubled
-            .forward_backward_hooked(x, y, loss, Some(&twice))
+            .forward_backward(x, y, loss, StepOptions::new().with_hook(&twice))
             .unwrap();
         doubled.step(LR).unwrap();
     }
@@ -184,7 +192,12 @@ fn a_failing_or_panicking_hook_fails_the_pass_and_keeps_nothing() {
             panic_at,
             ..Recorder::new(&pipe, false)
         };
-        match pipe.forward_backward_hooked(x.clone(), y.clone(), loss, Some(&hook)) {
+        match pipe.forward_backward(
+            x.clone(),
+            y.clone(),
+            loss,
+            StepOptions::new().with_hook(&hook),
+        ) {
             Err(PipeError::GradientHook { stage, message }) => {
                 assert_eq!(Some(stage), fail_at.or(panic_at));
                 let expected = if panic_at.is_some() {
@@ -198,10 +211,13 @@ fn a_failing_or_panicking_hook_fails_the_pass_and_keeps_nothing() {
         }
         // Nothing pending: a plain pass and step run, and the weights are
         // those of that one step.
-        pipe.forward_backward(x.clone(), y.clone(), loss).unwrap();
+        pipe.forward_backward(x.clone(), y.clone(), loss, StepOptions::new())
+            .unwrap();
         pipe.step(LR).unwrap();
         let mut fresh = pipeline(base.clone());
-        fresh.forward_backward(x.clone(), y.clone(), loss).unwrap();
+        fresh
+            .forward_backward(x.clone(), y.clone(), loss, StepOptions::new())
+            .unwrap();
         fresh.step(LR).unwrap();
         assert_eq!(
             weights(&pipe.to_layer_stack()).relative_diff(&weights(&fresh.to_layer_stack())),
@@ -217,11 +233,14 @@ fn a_hooked_pass_with_gradients_pending_is_refused() {
     let loss = |l, t| loss_fn.forward(l, t);
     let mut pipe = pipeline(user_stack(6, 8, 4, 3));
     let (x, y) = user_batch(2, BATCH, 6, 3);
-    pipe.forward_backward(x.clone(), y.clone(), loss).unwrap();
+    pipe.forward_backward(x.clone(), y.clone(), loss, StepOptions::new())
+        .unwrap();
     let hook = Recorder::new(&pipe, false);
     assert!(matches!(
-        pipe.forward_backward_hooked(x, y, loss, Some(&hook)),
-        Err(PipeError::GradientsPending("forward_backward_hooked"))
+        pipe.forward_backward(x, y, loss, StepOptions::new().with_hook(&hook)),
+        Err(PipeError::GradientsPending(
+            "forward_backward with a gradient hook"
+        ))
     ));
     assert!(hook.stages.into_inner().unwrap().is_empty(), "no work done");
 }

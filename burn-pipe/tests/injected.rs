@@ -9,6 +9,7 @@ mod common;
 
 use burn::optim::SgdConfig;
 use burn_freeze::fault::{self, Fault, Phase};
+use burn_pipe::StepOptions;
 use burn_pipe::fault::{FORWARD, REPARTITION, REPLICATE, STAGE_THREAD, STEP};
 use burn_pipe::{PipeError, Pipeline, PipelineConfig};
 use common::{B, UserTypes, Weights, user_batch, user_stack};
@@ -41,7 +42,7 @@ fn each_pipeline_fault_point_fails_cleanly_and_the_next_call_works() {
     // and keeps no gradient.
     fault::arm(fault_at(FORWARD, Some(1), Some(2)));
     let error = pipeline
-        .forward_backward(x.clone(), labels.clone(), loss)
+        .forward_backward(x.clone(), labels.clone(), loss, StepOptions::new())
         .unwrap_err();
     assert!(!fault::disarm(), "the fault fired");
     let message = error.to_string();
@@ -51,7 +52,7 @@ fn each_pipeline_fault_point_fails_cleanly_and_the_next_call_works() {
     );
     assert!((0..3).all(|s| pipeline.gradients(s).is_none()));
     let clean = pipeline
-        .forward_backward(x.clone(), labels.clone(), loss)
+        .forward_backward(x.clone(), labels.clone(), loss, StepOptions::new())
         .unwrap();
 
     // The optimizer step: refused, the gradients dropped, no weight moved.
@@ -62,7 +63,9 @@ fn each_pipeline_fault_point_fails_cleanly_and_the_next_call_works() {
     assert!((0..3).all(|s| pipeline.gradients(s).is_none()));
     assert_eq!(weights(&pipeline).relative_diff(&before), 0.0);
     // The same pass again gives the same loss, and now the step goes through.
-    let again = pipeline.train_step(x, labels, loss, 0.1).unwrap();
+    let again = pipeline
+        .train_step(x, labels, loss, StepOptions::new(), 0.1)
+        .unwrap();
     assert_eq!(again.loss, clean.loss);
     assert!(weights(&pipeline).relative_diff(&before) > 0.0);
 
@@ -92,7 +95,7 @@ fn each_pipeline_fault_point_fails_cleanly_and_the_next_call_works() {
     let before = weights(&pipeline);
     fault::arm(fault_at(STAGE_THREAD, Some(1), None));
     let error = pipeline
-        .forward_backward(x.clone(), labels.clone(), loss)
+        .forward_backward(x.clone(), labels.clone(), loss, StepOptions::new())
         .unwrap_err();
     assert!(!fault::disarm(), "the fault fired");
     assert!(
@@ -112,7 +115,7 @@ fn each_pipeline_fault_point_fails_cleanly_and_the_next_call_works() {
     );
     assert!((0..2).all(|s| pipeline.gradients(s).is_none()));
     pipeline
-        .forward_backward(x.clone(), labels.clone(), loss)
+        .forward_backward(x.clone(), labels.clone(), loss, StepOptions::new())
         .unwrap();
 
     // A step thread that cannot start: the step is refused, the gradients
@@ -133,7 +136,9 @@ fn each_pipeline_fault_point_fails_cleanly_and_the_next_call_works() {
     );
     assert!((0..2).all(|s| pipeline.gradients(s).is_none()));
     assert_eq!(weights(&pipeline).relative_diff(&before), 0.0);
-    pipeline.train_step(x, labels, loss, 0.1).unwrap();
+    pipeline
+        .train_step(x, labels, loss, StepOptions::new(), 0.1)
+        .unwrap();
     assert!(weights(&pipeline).relative_diff(&before) > 0.0);
 }
 

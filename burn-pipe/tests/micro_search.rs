@@ -6,10 +6,13 @@ mod common;
 
 use std::time::Duration;
 
-use burn_pipe::{
-    MicroBatchQuery, MicroBatchTimes, MicroSearchError, PipelineConfig, Schedule, UnitProfile,
-    UnitState, choose_micro_batches, default_micro_batches, micro_batch_candidates,
+use burn_pipe::balance::UnitState;
+use burn_pipe::micro::{
+    MicroBatchQuery, MicroBatchTimes, MicroSearchError, micro_batch_candidates,
     micro_batch_profile_sizes, predict_step, profile_micro_batches,
+};
+use burn_pipe::{
+    PipelineConfig, Schedule, UnitProfile, choose_micro_batches, default_micro_batches,
 };
 use common::{user_batch, user_stack};
 
@@ -305,7 +308,7 @@ fn a_bound_on_the_micro_batch_size_picks_the_fastest_within_it() {
     let training = [UnitState::Training; 4];
     let q = query(&[1, 1, 1, 1], &training, 32);
     let bounded =
-        burn_pipe::choose_micro_batches_where(&times, &q, |c| c.micro_batch <= 4).unwrap();
+        burn_pipe::micro::choose_micro_batches_where(&times, &q, |c| c.micro_batch <= 4).unwrap();
     let fastest_within = bounded
         .candidates
         .iter()
@@ -319,7 +322,7 @@ fn a_bound_on_the_micro_batch_size_picks_the_fastest_within_it() {
         choose_micro_batches(&times, &q).unwrap().candidates
     );
     assert_eq!(
-        burn_pipe::choose_micro_batches_where(&times, &q, |_| false),
+        burn_pipe::micro::choose_micro_batches_where(&times, &q, |_| false),
         Err(MicroSearchError::NoCandidate { searched: 24 })
     );
 }

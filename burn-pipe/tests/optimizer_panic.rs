@@ -8,6 +8,7 @@ mod common;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
 use burn_freeze::testing::Tripwire;
+use burn_pipe::StepOptions;
 use burn_pipe::{PipeError, Pipeline, PipelineConfig};
 use common::{B, UserTypes, Weights, user_batch, user_stack};
 
@@ -42,12 +43,13 @@ fn a_panicking_optimizer_step_names_its_stage_and_is_undone_on_every_stage() {
     // A first step on both, so that Adam's state is not empty.
     for p in [&mut pipeline, &mut clean] {
         let (x, labels) = user_batch(1, 12, 4, 2);
-        p.train_step(x, labels, loss, 1e-2).unwrap();
+        p.train_step(x, labels, loss, StepOptions::new(), 1e-2)
+            .unwrap();
     }
 
     let (x, labels) = user_batch(2, 12, 4, 2);
     pipeline
-        .forward_backward(x.clone(), labels.clone(), loss)
+        .forward_backward(x.clone(), labels.clone(), loss, StepOptions::new())
         .unwrap();
     let before = weights(&pipeline);
     // Stage 1's optimizer (the second made) panics after stepping; stages
@@ -77,9 +79,11 @@ fn a_panicking_optimizer_step_names_its_stage_and_is_undone_on_every_stage() {
     // Weights and optimizer state as before: the same step now equals the
     // clean pipeline's (Adam's moments would differ on a stage stepped twice).
     pipeline
-        .train_step(x.clone(), labels.clone(), loss, 1e-2)
+        .train_step(x.clone(), labels.clone(), loss, StepOptions::new(), 1e-2)
         .unwrap();
-    clean.train_step(x, labels, loss, 1e-2).unwrap();
+    clean
+        .train_step(x, labels, loss, StepOptions::new(), 1e-2)
+        .unwrap();
     assert!(weights(&pipeline).relative_diff(&before) > 0.0);
     assert_eq!(weights(&pipeline).relative_diff(&weights(&clean)), 0.0);
 }

@@ -6,6 +6,7 @@ mod common;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
 use burn_freeze::IntoLayerStack;
+use burn_pipe::StepOptions;
 use burn_pipe::{PipeError, PipelineConfig};
 use common::{B, Weights, materialize};
 use pipetransformer_models::synthetic::BandImages;
@@ -46,11 +47,18 @@ fn training_continues_exactly_after_a_repartition() {
                 images.clone(),
                 labels.clone(),
                 |l, t| loss_fn.forward(l, t),
+                StepOptions::new(),
                 1e-2,
             )
             .unwrap();
         let b = moving
-            .train_step(images, labels, |l, t| loss_fn.forward(l, t), 1e-2)
+            .train_step(
+                images,
+                labels,
+                |l, t| loss_fn.forward(l, t),
+                StepOptions::new(),
+                1e-2,
+            )
             .unwrap();
         assert!(
             (a.loss - b.loss).abs() <= 1e-5 * a.loss.abs().max(1.0),
@@ -97,7 +105,12 @@ fn a_bad_repartition_changes_nothing() {
     let (images, labels) = task.batch::<B>(0, 16, &device);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     pipeline
-        .forward_backward(images, labels, |l, t| loss_fn.forward(l, t))
+        .forward_backward(
+            images,
+            labels,
+            |l, t| loss_fn.forward(l, t),
+            StepOptions::new(),
+        )
         .unwrap();
     assert!(matches!(
         pipeline.repartition(&[2, 5], vec![device; 2]),

@@ -17,6 +17,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
 use burn_freeze::IntoLayerStack;
+use burn_pipe::StepOptions;
 use burn_pipe::{PipelineConfig, Schedule};
 use common::{B, Weights, materialize};
 use pipetransformer_models::synthetic::BandImages;
@@ -41,9 +42,12 @@ fn one_f_one_b_never_holds_more_than_k_minus_s_micro_batches() {
             .init(stack.clone(), vec![device; 4], || AdamConfig::new().init())
             .unwrap();
         let report = pipeline
-            .forward_backward(images.clone(), labels.clone(), |logits, labels| {
-                loss_fn.forward(logits, labels)
-            })
+            .forward_backward(
+                images.clone(),
+                labels.clone(),
+                |logits, labels| loss_fn.forward(logits, labels),
+                StepOptions::new(),
+            )
             .unwrap();
         let expected: Vec<usize> = match schedule {
             Schedule::OneFOneB => (0..4).map(|s| (4 - s).min(m)).collect(),
@@ -101,6 +105,7 @@ fn pipelined_training_follows_plain_training() {
                     images,
                     labels,
                     |logits, labels| loss_fn.forward(logits, labels),
+                    StepOptions::new(),
                     5e-2,
                 )
                 .unwrap();
@@ -141,6 +146,7 @@ fn accumulating_two_half_batches_equals_one_full_batch() {
             images.clone(),
             labels.clone(),
             |l, t| loss_fn.forward(l, t),
+            StepOptions::new(),
             0.5,
         )
         .unwrap();
@@ -151,6 +157,7 @@ fn accumulating_two_half_batches_equals_one_full_batch() {
                 images.clone().narrow(0, start, len),
                 labels.clone().narrow(0, start, len),
                 |l, t| loss_fn.forward(l, t).div_scalar(2.0),
+                StepOptions::new(),
             )
             .unwrap();
     }

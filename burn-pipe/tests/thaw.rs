@@ -8,10 +8,12 @@ mod common;
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamConfig;
+use burn_freeze::CacheHolder;
 use burn_freeze::testing::{PlainFronts, weights};
 use burn_freeze::{
     ActivationCache, CacheConfig, FreezeError, FreezeFront, LayerStack, ParamStates, TrainableUnits,
 };
+use burn_pipe::StepOptions;
 use burn_pipe::{PipeError, Pipeline, PipelineConfig};
 use common::{B, UserTypes, user_batch, user_stack};
 
@@ -94,8 +96,9 @@ fn freezing_up_then_thawing_through_the_cache_trains_as_plain_burn() {
             let (x, y) = user_batch(b, BATCH, 6, 3);
             let ids: Vec<u64> = (0..BATCH as u64).map(|i| b * 100 + i).collect();
             let loss = |l, t| loss_fn.forward(l, t);
+            let start = pipe.serve_prefix(&ids, x.clone()).unwrap();
             let report = pipe
-                .forward_backward_cached(&ids, x.clone(), y.clone(), loss)
+                .forward_backward(start, y.clone(), loss, StepOptions::new())
                 .unwrap();
             pipe.step(LR).unwrap();
             let expected = plain.step(LR, x, |logits| loss_fn.forward(logits, y));
@@ -132,7 +135,7 @@ fn an_unfreeze_above_the_front_or_with_gradients_pending_is_refused() {
     }
     assert_eq!(pipe.front(), 4);
     let (x, y) = user_batch(7, BATCH, 6, 3);
-    pipe.forward_backward(x, y, |l, t| loss_fn.forward(l, t))
+    pipe.forward_backward(x, y, |l, t| loss_fn.forward(l, t), StepOptions::new())
         .unwrap();
     assert!(matches!(
         pipe.unfreeze_to(1),

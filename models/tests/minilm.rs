@@ -13,6 +13,7 @@ mod support;
 
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
+use burn_freeze::FreezeFront;
 use burn_freeze::{FreezableStack, IntoLayerStack};
 use pipetransformer_models::bert::{Bert, BertConfig, BertUnit, l2_normalize};
 use pipetransformer_models::pretrained::BertCheckpoint;

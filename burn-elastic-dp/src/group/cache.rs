@@ -4,10 +4,10 @@
 
 use std::time::Instant;
 
-use burn_freeze::plumbing::CachedStart;
+use burn_freeze::plumbing::BatchStart;
 use burn_freeze::{
-    Activation, Cacheable, InnerBackendOf, InnerHidden, InnerInput, StackCache, StackOptimizer,
-    StackTypes,
+    Activation, CacheHolder, Cacheable, InnerBackendOf, InnerHidden, InnerInput, StackCache,
+    StackOptimizer, StackTypes,
 };
 use burn_pipe::MicroBatchLoss;
 
@@ -15,39 +15,35 @@ use super::share::Shard;
 use super::{GroupReport, ReplicaGroup};
 use crate::error::ElasticError;
 
+/// The AutoCache shared by every replica: the first replica's pipeline
+/// holds it and serves it once per batch on the calling thread, before the
+/// batch is split (it follows the first replica through every resize); a
+/// group that lost every replica holds none, and gives an attached cache
+/// back.
+impl<S: StackTypes, O> CacheHolder for ReplicaGroup<S, O> {
+    type Stack = S;
+
+    fn cache_slot(&mut self) -> Option<&mut Option<StackCache<S>>> {
+        self.replicas.first_mut()?.cache_slot()
+    }
+
+    fn cache(&self) -> Option<&StackCache<S>> {
+        self.replicas.first()?.cache()
+    }
+}
+
 impl<S, O> ReplicaGroup<S, O>
 where
     S: StackTypes,
     O: StackOptimizer<S>,
 {
-    /// Attaches an AutoCache for the frozen prefix, shared by every replica:
-    /// the first replica's pipeline holds it and serves it once per batch on
-    /// the calling thread, before the batch is split (it follows the first
-    /// replica through every resize). Returns the one it replaces; a group
-    /// that lost every replica holds none, and gives `cache` back.
-    pub fn attach_cache(&mut self, cache: StackCache<S>) -> Option<StackCache<S>> {
-        match self.replicas.first_mut() {
-            Some(first) => first.attach_cache(cache),
-            None => Some(cache),
-        }
-    }
-
-    /// The attached AutoCache.
-    pub fn cache(&self) -> Option<&StackCache<S>> {
-        self.replicas.first()?.cache()
-    }
-
-    /// Detaches the AutoCache.
-    pub fn detach_cache(&mut self) -> Option<StackCache<S>> {
-        self.replicas.first_mut()?.detach_cache()
-    }
-
     /// [`forward_backward`](Self::forward_backward) with the frozen units of
     /// stage 0 served by the attached AutoCache
     /// ([`Pipeline::serve_prefix`](burn_pipe::Pipeline::serve_prefix), on replica 0's first
     /// device, for the whole batch): `ids[i]` names sample `i`, the same id
     /// for the same sample in every epoch. Every replica's pipeline then
-    /// starts after those units ([`Pipeline::forward_backward_from`](burn_pipe::Pipeline::forward_backward_from)), so no
+    /// starts after those units (a [`BatchStart::Hidden`] batch of
+    /// [`Pipeline::forward_backward`](burn_pipe::Pipeline::forward_backward)), so no
     /// frozen unit runs for a cached sample. Gradients and loss equal
     /// `forward_backward`'s. Without a cache, or with no frozen unit on stage
     /// 0, this is `forward_backward`.
@@ -70,8 +66,8 @@ where
         let start = Instant::now();
         let first = self.replicas.first_mut().ok_or(ElasticError::GroupLost)?;
         let shard = match first.serve_prefix(ids, input)? {
-            CachedStart::Input(input) => Shard::Input(input),
-            CachedStart::Hidden { entry, hidden } => Shard::Hidden(entry, hidden),
+            BatchStart::Input(input) => Shard::Input(input),
+            BatchStart::Hidden { entry, hidden } => Shard::Hidden(entry, hidden),
         };
         self.run_shards(shard, targets, loss, start)
     }

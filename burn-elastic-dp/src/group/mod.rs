@@ -375,13 +375,6 @@ where
         }
     }
 
-    /// Number of units of the model.
-    pub fn num_units(&self) -> usize {
-        self.replicas
-            .first()
-            .map_or_else(|| self.outline.balance.iter().sum(), Pipeline::num_units)
-    }
-
     /// Time the last optimizer step spent measuring update gains and
     /// taking weight snapshots, on the slowest replica
     /// ([`Pipeline::last_evidence_time`]).
@@ -390,14 +383,6 @@ where
             .map(Pipeline::last_evidence_time)
             .max()
             .unwrap_or_default()
-    }
-
-    /// The freeze front, the same on every replica (once a step lost every
-    /// replica, as they had it then).
-    pub fn front(&self) -> usize {
-        self.replicas
-            .first()
-            .map_or(self.outline.front, Pipeline::front)
     }
 
     /// The model's output for evaluation, through replica 0 (every replica
@@ -476,7 +461,7 @@ where
                 }),
                 Err(panic) => Err(ElasticError::ReplicaPanicked {
                     replica,
-                    message: burn_pipe::panic_message(panic.as_ref()),
+                    message: burn_pipe::plumbing::panic_message(panic.as_ref()),
                 }),
             })
             .collect())

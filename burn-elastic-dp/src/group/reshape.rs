@@ -3,13 +3,14 @@
 //! (up and down).
 
 use burn::prelude::*;
-use burn_freeze::{InnerBackendOf, StackOptimizer, StackTypes, check_freeze, check_unfreeze};
+use burn_freeze::{InnerBackendOf, StackOptimizer, StackTypes};
 use burn_pipe::Pipeline;
 
 use super::ReplicaGroup;
 use super::build::check_stages;
 use crate::collective;
 use crate::error::ElasticError;
+use burn_freeze::CacheHolder;
 
 impl<S, O> ReplicaGroup<S, O>
 where
@@ -162,78 +163,6 @@ where
                 .map_err(|source| ElasticError::Replica { replica, source })?;
         }
         self.refresh_micro_batches();
-        Ok(())
-    }
-
-    /// Freezes units `0..front` on every replica (see
-    /// [`Pipeline::freeze_to`]). Fails, changing nothing, on a front below
-    /// the current one or beyond the stack, or with gradients pending.
-    pub fn freeze_to(&mut self, front: usize) -> Result<(), ElasticError> {
-        self.alive()?;
-        check_freeze(front, self.front(), self.num_units())?;
-        for (replica, pipeline) in self.replicas.iter_mut().enumerate() {
-            pipeline
-                .freeze_to(front)
-                .map_err(|source| ElasticError::Replica { replica, source })?;
-        }
-        Ok(())
-    }
-
-    /// Thaws units `front..front()` on every replica alike (see
-    /// [`Pipeline::unfreeze_to`]): each unit goes back to the autodiff
-    /// backend on the stage that holds it, with a fresh optimizer state and
-    /// no gradient sum, and the group's AutoCache drops every entry above
-    /// `front`. Across processes every rank thaws at the same step (the
-    /// decision comes from the policy, identical on every rank).
-    ///
-    /// Fails, changing nothing, on a front above the current one, with
-    /// gradients pending on any replica, or on a group that lost every
-    /// replica.
-    ///
-    /// ```
-    /// use burn::backend::{Autodiff, Flex};
-    /// use burn::nn::{Linear, LinearConfig};
-    /// use burn::optim::SgdConfig;
-    /// use burn::prelude::*;
-    /// use burn_elastic_dp::ReplicaConfig;
-    /// use burn_freeze::LayerStack;
-    ///
-    /// #[derive(Module, Debug)]
-    /// pub struct Dense<B: Backend> { linear: Linear<B> }
-    /// impl<B: Backend> Dense<B> {
-    ///     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> { self.linear.forward(x) }
-    /// }
-    /// burn_freeze::unit!(Dense<B>: Tensor<B, 2> => Tensor<B, 2>);
-    ///
-    /// type B = Autodiff<Flex>;
-    /// let device = Default::default();
-    /// let dense = |i, o| Dense::<B> { linear: LinearConfig::new(i, o).init(&device) };
-    /// let stack = LayerStack::new(dense(4, 8), vec![dense(8, 8)], dense(8, 3));
-    /// let mut group = ReplicaConfig::new().init(stack, vec![vec![device]; 2], || SgdConfig::new().init())?;
-    /// group.freeze_to(2)?;
-    /// group.unfreeze_to(1)?; // unit 1 trains again on both replicas
-    /// assert_eq!((group.front(), group.replica(1).front()), (1, 1));
-    /// assert!(group.unfreeze_to(2).is_err()); // above the front: nothing changes
-    /// # Ok::<(), burn_elastic_dp::ElasticError>(())
-    /// ```
-    pub fn unfreeze_to(&mut self, front: usize) -> Result<(), ElasticError> {
-        self.alive()?;
-        check_unfreeze(front, self.front())?;
-        let pending = self
-            .replicas
-            .iter()
-            .position(|p| (0..p.num_stages()).any(|stage| p.gradients(stage).is_some()));
-        if let Some(replica) = pending {
-            return Err(ElasticError::Replica {
-                replica,
-                source: burn_pipe::PipeError::GradientsPending("unfreeze_to"),
-            });
-        }
-        for (replica, pipeline) in self.replicas.iter_mut().enumerate() {
-            pipeline
-                .unfreeze_to(front)
-                .map_err(|source| ElasticError::Replica { replica, source })?;
-        }
         Ok(())
     }
 }

@@ -6,8 +6,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use burn_freeze::plumbing::{BatchStart, CachedStart};
 use burn_freeze::{Activation, InnerHidden, StackOptimizer, StackTypes, TrainableUnits};
-use burn_pipe::{MicroBatchLoss, PipeError, Pipeline, StageGradients, panic_message};
+use burn_pipe::plumbing::panic_message;
+use burn_pipe::{MicroBatchLoss, PipeError, Pipeline, StepOptions};
 use crossbeam_channel::Sender;
 
 use super::deadline::{Progress, ShareResult};
@@ -30,6 +32,14 @@ impl<S: StackTypes> Shard<S> {
         match self {
             Shard::Input(input) => input.batch_size(),
             Shard::Hidden(_, hidden) => hidden.batch_size(),
+        }
+    }
+
+    /// Where a pipeline's pass over it starts.
+    pub fn into_start(self) -> CachedStart<S> {
+        match self {
+            Shard::Input(input) => BatchStart::Input(input),
+            Shard::Hidden(entry, hidden) => BatchStart::Hidden { entry, hidden },
         }
     }
 
@@ -105,13 +115,11 @@ pub(super) fn replica_share<S, O, T, L>(
                 let _ = arrived.send(Progress::Arrived(replica));
             })
         });
-        let hook = exchange.as_ref().map(|e| e as &dyn StageGradients);
-        let report = match shard {
-            Shard::Input(input) => pipeline.forward_backward_hooked(input, targets, scaled, hook),
-            Shard::Hidden(entry, hidden) => {
-                pipeline.forward_backward_from_hooked(entry, hidden, targets, scaled, hook)
-            }
+        let options = match &exchange {
+            Some(exchange) => StepOptions::new().with_hook(exchange),
+            None => StepOptions::new(),
         };
+        let report = pipeline.forward_backward(shard.into_start(), targets, scaled, options);
         let Some(exchange) = exchange else {
             let report = report.map_err(|source| ElasticError::Replica { replica, source })?;
             let _ = tx.send(Progress::Arrived(replica));

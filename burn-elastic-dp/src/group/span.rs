@@ -7,6 +7,7 @@ use super::ReplicaGroup;
 use crate::error::ElasticError;
 use crate::nodes::StepHeader;
 use crate::stop::StopSignal;
+use burn_freeze::FreezeFront;
 use std::time::Instant;
 
 impl<S, O> ReplicaGroup<S, O>

@@ -60,7 +60,7 @@ pub(crate) fn shards(
         Some((rank, counts)) => (counts.iter().sum(), counts[..rank].iter().sum()),
         None => (local, 0),
     };
-    let all = burn_pipe::micro_batch_sizes(batch, replicas)
+    let all = burn_pipe::micro::micro_batch_sizes(batch, replicas)
         .map_err(|_| ElasticError::BatchTooSmall { batch, replicas })?;
     Ok(Shards {
         all,

@@ -3,6 +3,7 @@
 
 mod cacheable;
 mod disk;
+mod holder;
 mod key;
 mod memory;
 mod serve;
@@ -16,9 +17,10 @@ use burn::prelude::Backend;
 
 pub use cacheable::Cacheable;
 use disk::DiskTier;
+pub use holder::CacheHolder;
 use key::CacheKey;
 use memory::MemoryTier;
-pub use serve::{CachedStart, StackCache, cached_prefix, serve_cached};
+pub use serve::{BatchStart, CachedStart, StackCache, cached_prefix, serve_cached};
 
 use crate::error::CacheError;
 
@@ -91,7 +93,7 @@ struct SampleShapes {
 /// shapes agree and refuses an id that comes back with another shape.
 ///
 /// Attach one to a [`FreezableStack`](crate::FreezableStack) with
-/// [`attach_cache`](crate::FreezableStack::attach_cache) and train with
+/// [`attach_cache`](crate::CacheHolder::attach_cache) and train with
 /// [`forward_cached`](crate::FreezableStack::forward_cached).
 ///
 /// ```

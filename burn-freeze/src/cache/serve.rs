@@ -38,19 +38,42 @@ pub fn cached_prefix(front: usize, balance: &[usize]) -> usize {
     front.min(first).min(units.saturating_sub(1))
 }
 
-/// Where a cached pass starts: from its own input (nothing to serve), or
-/// at unit `entry` with the served output of units `0..entry`.
-pub enum CachedStart<S: StackTypes> {
-    /// No cache, or no frozen unit to serve: the pass runs from the input.
-    Input(S::Input),
-    /// Units `0..entry` served from the cache (or computed and cached).
+/// Where a pass over a batch starts: at unit 0 with the model's input
+/// (`I`), or at unit `entry` with the output (`H`) of units `0..entry`,
+/// served from a cache or computed elsewhere. A model input converts into
+/// it (`From`), so a pass that takes `impl Into<BatchStart<I, H>>` (a
+/// pipeline's `forward_backward`, say) takes a plain input as it is.
+///
+/// ```
+/// use burn_freeze::plumbing::BatchStart;
+///
+/// let start: BatchStart<&str, u8> = "input".into();
+/// assert!(matches!(start, BatchStart::Input("input")));
+/// ```
+#[derive(Debug, Clone)]
+pub enum BatchStart<I, H> {
+    /// The pass runs from the model's input (no cache, or no frozen unit
+    /// to serve).
+    Input(I),
+    /// Units `0..entry` already ran (served from the cache, or computed and
+    /// cached).
     Hidden {
         /// The first unit the pass runs.
         entry: usize,
         /// The output of units `0..entry`.
-        hidden: InnerHidden<S>,
+        hidden: H,
     },
 }
+
+impl<I, H> From<I> for BatchStart<I, H> {
+    fn from(input: I) -> Self {
+        BatchStart::Input(input)
+    }
+}
+
+/// Where a pass of a stack of types `S` starts: its input, or the hidden
+/// activation a cache served ([`serve_cached`]).
+pub type CachedStart<S> = BatchStart<<S as StackTypes>::Input, InnerHidden<S>>;
 
 /// The start of a cached pass, the one place its sample ids are checked:
 /// `ids` must name the samples of `input`, once each (whether or not
@@ -74,14 +97,14 @@ where
 {
     check_sample_ids(ids, input.batch_size())?;
     let Some(cache) = cache.filter(|_| entry > 0) else {
-        return Ok(CachedStart::Input(input));
+        return Ok(BatchStart::Input(input));
     };
     let input = match device {
         Some(device) => input.inner().to_device(device),
         None => input.inner(),
     };
     let hidden = serve_prefix(cache, frozen, ids, input, entry)?;
-    Ok(CachedStart::Hidden { entry, hidden })
+    Ok(BatchStart::Hidden { entry, hidden })
 }
 
 /// Checks that `ids` name the `batch` samples of a batch, once each.

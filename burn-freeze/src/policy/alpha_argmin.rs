@@ -235,7 +235,12 @@ mod tests {
     fn the_summed_norms_survive_a_checkpoint_typed_and_in_the_old_layout() {
         let config = || AlphaArgminConfig::new().with_statistic(ArgminStatistic::SummedStepNorms);
         let mut a = AlphaArgmin::new(config()).unwrap();
-        let s = FreezeState { frozen_layers: 0, num_layers: 3, epoch: 0, step: 1 };
+        let s = FreezeState {
+            frozen_layers: 0,
+            num_layers: 3,
+            epoch: 0,
+            step: 1,
+        };
         let n = |l2: f64| Some(GradNorm { l1: l2, l2 });
         a.after_step(s, &[n(1.0), n(0.2), n(0.5)]);
         let saved = a.save_state().unwrap();

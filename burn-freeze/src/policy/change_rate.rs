@@ -49,7 +49,11 @@ impl ChangeRateConfig {
             return Err(PolicyConfigError::new("every_steps", 0, "at least 1"));
         }
         if !(0.0..=100.0).contains(&self.percentile) {
-            return Err(PolicyConfigError::new("percentile", self.percentile, "[0, 100]"));
+            return Err(PolicyConfigError::new(
+                "percentile",
+                self.percentile,
+                "[0, 100]",
+            ));
         }
         Ok(())
     }
@@ -212,7 +216,10 @@ mod tests {
     #[test]
     fn bad_settings_are_refused_not_panicked_on() {
         let every = ChangeRate::new(ChangeRateConfig::new().with_every_steps(0)).unwrap_err();
-        assert_eq!((every.field, every.value.as_str(), every.accepted), ("every_steps", "0", "at least 1"));
+        assert_eq!(
+            (every.field, every.value.as_str(), every.accepted),
+            ("every_steps", "0", "at least 1")
+        );
         for pct in [-1.0, 100.5, f64::NAN] {
             let error = ChangeRate::new(ChangeRateConfig::new().with_percentile(pct)).unwrap_err();
             assert_eq!(error.field, "percentile");
@@ -223,7 +230,12 @@ mod tests {
     #[test]
     fn a_resumed_rule_decides_as_the_one_it_continues_typed_and_from_the_old_layout() {
         let config = || ChangeRateConfig::new().with_every_steps(2);
-        let s = FreezeState { frozen_layers: 0, num_layers: 3, epoch: 0, step: 1 };
+        let s = FreezeState {
+            frozen_layers: 0,
+            num_layers: 3,
+            epoch: 0,
+            step: 1,
+        };
         let n = |v: [f64; 3]| v.map(|l1| Some(GradNorm { l1, l2: l1 })).to_vec();
         let mut a = ChangeRate::new(config()).unwrap();
         for _ in 0..3 {
@@ -242,7 +254,11 @@ mod tests {
         let mut c = ChangeRate::new(config()).unwrap();
         c.load_state(old_layout);
         let last = n([1.0, 0.5, 0.1]);
-        let (x, y, z) = (a.after_step(s, &last), b.after_step(s, &last), c.after_step(s, &last));
+        let (x, y, z) = (
+            a.after_step(s, &last),
+            b.after_step(s, &last),
+            c.after_step(s, &last),
+        );
         assert_eq!(x, Some(1));
         assert_eq!((x, x), (y, z));
     }

@@ -218,7 +218,10 @@ mod tests {
     fn a_steady_direction_has_share_one() {
         let grads: Vec<Vec<f64>> = (0..8).map(|_| vec![0.5, -1.0, 2.0]).collect();
         let window = window(&grads, 4);
-        for measure in [ConsistencyMeasure::EnergyShare, ConsistencyMeasure::SignConsistency] {
+        for measure in [
+            ConsistencyMeasure::EnergyShare,
+            ConsistencyMeasure::SignConsistency,
+        ] {
             let share = window.shares(1, measure)[0].unwrap();
             assert!((share - 1.0).abs() < 1e-9, "{measure:?}: {share}");
         }
@@ -229,7 +232,10 @@ mod tests {
         let dim = 4096;
         let pure: Vec<Vec<f64>> = (0..16).map(|t| noise(t, dim)).collect();
         let pure = window(&pure, 4);
-        for measure in [ConsistencyMeasure::EnergyShare, ConsistencyMeasure::SignConsistency] {
+        for measure in [
+            ConsistencyMeasure::EnergyShare,
+            ConsistencyMeasure::SignConsistency,
+        ] {
             let share = pure.shares(1, measure)[0].unwrap();
             assert!(share < 0.05, "{measure:?}: {share}");
         }

@@ -6,9 +6,9 @@
 use burn::config::Config;
 use serde::{Deserialize, Serialize};
 
+use super::alpha::{alpha_most, check_alpha};
 use super::consistency::{ConsistencyMeasure, GradientWindow};
 use super::gain_window::{GainReading, GainWindow};
-use super::alpha::{alpha_most, check_alpha};
 use super::{FreezePolicy, FreezeState, GradNorm, PolicyState};
 use crate::PolicyConfigError;
 
@@ -124,7 +124,11 @@ impl EvidenceConfig {
         if let Some(every) = self.every_steps
             && every < 2
         {
-            return fail("every_steps", &every, "at least 2, or None (scaled to the run)");
+            return fail(
+                "every_steps",
+                &every,
+                "at least 2, or None (scaled to the run)",
+            );
         }
         if self.checks_per_epoch == 0 {
             return fail("checks_per_epoch", &0, "at least 1");
@@ -411,12 +415,16 @@ impl Evidence {
                     GainReading::Uncertain => (0, Vec::new()),
                     GainReading::NoGain => (active, vec![Some(0.0); active]),
                     GainReading::Shares(shares) => (
-                        shares.iter().take_while(|(_, upper)| *upper < bound).count(),
+                        shares
+                            .iter()
+                            .take_while(|(_, upper)| *upper < bound)
+                            .count(),
                         shares.iter().map(|(share, _)| Some(*share)).collect(),
                     ),
                 };
                 for (layer, q) in quiet.iter_mut().enumerate() {
-                    let in_block = layer >= state.frozen_layers && layer < state.frozen_layers + block;
+                    let in_block =
+                        layer >= state.frozen_layers && layer < state.frozen_layers + block;
                     *q = if in_block { *q + 1 } else { 0 };
                 }
                 shares
@@ -435,7 +443,12 @@ impl Evidence {
     fn converged_layers(&self, state: FreezeState) -> usize {
         let needed = self.quiet_needed();
         (state.frozen_layers..state.num_layers)
-            .take_while(|&layer| self.state.quiet_checks.get(layer).is_some_and(|&q| q >= needed))
+            .take_while(|&layer| {
+                self.state
+                    .quiet_checks
+                    .get(layer)
+                    .is_some_and(|&q| q >= needed)
+            })
             .count()
     }
 
@@ -544,14 +557,22 @@ fn mean(values: &[f64]) -> f64 {
 
 impl FreezePolicy for Evidence {
     fn after_step(&mut self, _state: FreezeState, norms: &[Option<GradNorm>]) -> Option<usize> {
-        if self.config.signal.and_then(LayerSignal::consistency).is_some() {
+        if self
+            .config
+            .signal
+            .and_then(LayerSignal::consistency)
+            .is_some()
+        {
             self.state.window.add_step(norms);
         }
         None
     }
 
     fn needs_gradient_sums(&self) -> bool {
-        self.config.signal.and_then(LayerSignal::consistency).is_some()
+        self.config
+            .signal
+            .and_then(LayerSignal::consistency)
+            .is_some()
     }
 
     fn needs_update_gains(&self) -> bool {
@@ -732,13 +753,22 @@ mod tests {
     fn the_checks_name_the_field() {
         let bad = EvidenceConfig::new().with_plateau_below(1.5);
         assert_eq!(bad.validate().unwrap_err().field, "plateau_below");
-        let alpha = EvidenceConfig::new().with_alpha(0.0).validate().unwrap_err();
-        assert_eq!((alpha.field, alpha.accepted), ("alpha", "a number in (0, 1]"));
+        let alpha = EvidenceConfig::new()
+            .with_alpha(0.0)
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            (alpha.field, alpha.accepted),
+            ("alpha", "a number in (0, 1]")
+        );
         let every = EvidenceConfig::new().with_every_steps(Some(1));
         assert_eq!(every.validate().unwrap_err().field, "every_steps");
         let bound = EvidenceConfig::new().with_signal_below(1.0);
         assert_eq!(bound.validate().unwrap_err().field, "signal_below");
-        let patience = EvidenceConfig { patience: 0, ..EvidenceConfig::new() };
+        let patience = EvidenceConfig {
+            patience: 0,
+            ..EvidenceConfig::new()
+        };
         assert_eq!(
             patience.validate(),
             Err(PolicyConfigError {
@@ -769,7 +799,12 @@ mod tests {
     /// gradients of pure noise (`+-1` alternating: every pair cancels) and
     /// the rest a steady direction; checks of 2 steps, the held-out loss
     /// `loss(check)`. The fronts after each check.
-    fn per_layer(dead: usize, layers: usize, checks: usize, loss: impl Fn(usize) -> f64) -> Vec<usize> {
+    fn per_layer(
+        dead: usize,
+        layers: usize,
+        checks: usize,
+        loss: impl Fn(usize) -> f64,
+    ) -> Vec<usize> {
         let config = EvidenceConfig::new().with_every_steps(Some(2));
         let mut rule = Evidence::new(config.with_signal(Some(LayerSignal::EnergyShare)));
         let mut frozen = 0;
@@ -785,16 +820,34 @@ mod tests {
                         (l >= frozen).then(|| {
                             let g = if l < dead { sign } else { 1.0 };
                             sums[l] += g;
-                            GradNorm { l1: g.abs(), l2: g.abs() }
+                            GradNorm {
+                                l1: g.abs(),
+                                l2: g.abs(),
+                            }
                         })
                     })
                     .collect();
-                let s = FreezeState { frozen_layers: frozen, num_layers: layers, epoch: 0, step };
+                let s = FreezeState {
+                    frozen_layers: frozen,
+                    num_layers: layers,
+                    epoch: 0,
+                    step,
+                };
                 assert_eq!(rule.after_step(s, &norms), None);
             }
-            let s = FreezeState { frozen_layers: frozen, num_layers: layers, epoch: 0, step };
+            let s = FreezeState {
+                frozen_layers: frozen,
+                num_layers: layers,
+                epoch: 0,
+                step,
+            };
             let sum_norms: Vec<Option<GradNorm>> = (0..layers)
-                .map(|l| (l >= frozen).then(|| GradNorm { l1: sums[l].abs(), l2: sums[l].abs() }))
+                .map(|l| {
+                    (l >= frozen).then(|| GradNorm {
+                        l1: sums[l].abs(),
+                        l2: sums[l].abs(),
+                    })
+                })
                 .collect();
             rule.check_gradient_sums(s, &sum_norms);
             if let Some(front) = rule.held_out_loss(s, loss(check)) {
@@ -846,7 +899,12 @@ mod tests {
         for check in 0..checks {
             for _ in 0..4 {
                 step += 1;
-                let s = FreezeState { frozen_layers: frozen, num_layers: layers, epoch: 0, step };
+                let s = FreezeState {
+                    frozen_layers: frozen,
+                    num_layers: layers,
+                    epoch: 0,
+                    step,
+                };
                 let gains: Vec<Option<f64>> = (0..layers)
                     .map(|l| (l >= frozen).then_some(if l < dead { 0.0 } else { 1.0 }))
                     .collect();
@@ -854,7 +912,12 @@ mod tests {
                 rule.update_gains(s, &gains, Some(total));
                 assert_eq!(rule.after_step(s, &[]), None);
             }
-            let s = FreezeState { frozen_layers: frozen, num_layers: layers, epoch: 0, step };
+            let s = FreezeState {
+                frozen_layers: frozen,
+                num_layers: layers,
+                epoch: 0,
+                step,
+            };
             if let Some(front) = rule.held_out_loss(s, loss(check)) {
                 frozen = front;
             }
@@ -887,10 +950,21 @@ mod tests {
         };
         let mut a = Evidence::new(config());
         let g = Some(GradNorm { l1: 1.0, l2: 1.0 });
-        let s = FreezeState { frozen_layers: 0, num_layers: 2, epoch: 0, step: 1 };
+        let s = FreezeState {
+            frozen_layers: 0,
+            num_layers: 2,
+            epoch: 0,
+            step: 1,
+        };
         a.after_step(s, &[g, g]);
         a.after_step(s, &[g, g]);
-        a.check_gradient_sums(s, &[Some(GradNorm { l1: 0.0, l2: 0.0 }), Some(GradNorm { l1: 2.0, l2: 2.0 })]);
+        a.check_gradient_sums(
+            s,
+            &[
+                Some(GradNorm { l1: 0.0, l2: 0.0 }),
+                Some(GradNorm { l1: 2.0, l2: 2.0 }),
+            ],
+        );
         a.held_out_loss(s, 1.0);
         a.after_step(s, &[g, g]);
         let mut b = Evidence::new(config());

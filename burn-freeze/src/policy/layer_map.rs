@@ -123,7 +123,6 @@ impl<B: AutodiffBackend> UnitReader<B> for NormCollector<'_, B> {
             _ => self.units.push(None),
         }
     }
-
 }
 
 impl<B: AutodiffBackend> NormCollector<'_, B> {

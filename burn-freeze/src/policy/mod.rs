@@ -19,22 +19,22 @@
 //! checkpoint state is one typed serde value ([`PolicyState`]).
 
 mod alpha;
+mod alpha_argmin;
 mod auto;
 mod change_rate;
 mod consistency;
-mod gain_window;
 mod evidence;
-mod alpha_argmin;
-mod schedule;
+mod gain_window;
 pub(crate) mod layer_map;
+mod schedule;
 
+pub use alpha::alpha_front;
+pub use alpha_argmin::{AlphaArgmin, AlphaArgminConfig, ArgminStatistic};
 pub use auto::AutoFreeze;
 pub use change_rate::{ChangeRate, ChangeRateConfig, ChangeRateReading};
 pub use evidence::{Evidence, EvidenceConfig, LayerSignal};
-pub use alpha_argmin::{AlphaArgmin, AlphaArgminConfig, ArgminStatistic};
-pub use alpha::alpha_front;
-pub use schedule::FixedSchedule;
 pub use layer_map::{GradNorm, LayerMap};
+pub use schedule::FixedSchedule;
 
 /// Where training stands when a policy is asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -63,7 +63,7 @@ impl UnitState {
     /// first `cached` come from the cache (`cached` at most `front`).
     ///
     /// ```
-    /// use burn_pipe::UnitState;
+    /// use burn_pipe::balance::UnitState;
     ///
     /// let states: Vec<_> = (0..4).map(|u| UnitState::of(u, 3, 1)).collect();
     /// assert_eq!(states, [UnitState::Cached, UnitState::Frozen, UnitState::Frozen, UnitState::Training]);

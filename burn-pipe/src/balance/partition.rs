@@ -25,7 +25,8 @@ pub fn largest_stage(costs: &[f64], balance: &[usize]) -> f64 {
 /// When `stages` is 0 or larger than `costs.len()`.
 ///
 /// ```
-/// use burn_pipe::{balance_exact, largest_stage};
+/// use burn_pipe::balance_exact;
+/// use burn_pipe::balance::largest_stage;
 ///
 /// let costs = [2.0, 2.0, 3.0];
 /// let balance = balance_exact(&costs, 2);
@@ -137,9 +138,9 @@ pub fn balance_greedy(costs: &[f64], stages: usize) -> Vec<usize> {
 /// ```
 /// // Half the units frozen and cached: two stages do what four did.
 /// let before = [1.0; 8];
-/// let initial = burn_pipe::largest_stage(&before, &burn_pipe::balance_exact(&before, 4));
+/// let initial = burn_pipe::balance::largest_stage(&before, &burn_pipe::balance_exact(&before, 4));
 /// let now = burn_pipe::UnitCosts::scaled(&before, 1.0 / 3.0).at(4, true);
-/// assert_eq!(burn_pipe::compress(&now, 4, initial), 2);
+/// assert_eq!(burn_pipe::balance::compress(&now, 4, initial), 2);
 /// ```
 pub fn compress(costs: &[f64], stages: usize, initial_largest: f64) -> usize {
     let mut stages = stages;

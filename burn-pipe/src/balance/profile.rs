@@ -8,9 +8,9 @@ use burn_freeze::{Activation, AutodiffActivation, Differentiable, LayerStack, St
 
 use crate::PipeError;
 use crate::balance::costs::UnitProfile;
+use crate::balance::micro_count::error::MicroSearchError;
+use crate::balance::micro_count::times::{MicroBatchTimes, check_sizes};
 use crate::balance::sync_device;
-use crate::balance::micro::error::MicroSearchError;
-use crate::balance::micro::times::{MicroBatchTimes, check_sizes};
 
 /// Times each unit's forward and backward pass on `input`, the fastest of
 /// `repeats` runs (at least 1), synchronising the device around each timing.
@@ -103,11 +103,9 @@ where
                 parts.swap_remove(0)
             };
             tracing::debug!(size, "profiling every unit at a micro-batch size");
-            profile_units(stack, part, device, repeats).map_err(|error| {
-                MicroSearchError::Profile {
-                    size,
-                    error: error.to_string(),
-                }
+            profile_units(stack, part, device, repeats).map_err(|error| MicroSearchError::Profile {
+                size,
+                error: error.to_string(),
             })
         })
         .collect::<Result<Vec<_>, _>>()?;

@@ -3,7 +3,7 @@
 
 use burn::config::Config;
 
-use crate::balance::micro::count::default_micro_batches;
+use crate::balance::micro_count::count::default_micro_batches;
 use crate::runtime::error::PipeError;
 use crate::runtime::schedule::Schedule;
 

@@ -106,7 +106,8 @@ pub enum PipeError {
     /// not match the batch, or a sample that came back with another shape).
     #[error(transparent)]
     Cache(#[from] burn_freeze::CacheError),
-    /// A batch entering past unit 0 ([`Pipeline::forward_backward_from`](crate::Pipeline::forward_backward_from))
+    /// A batch entering past unit 0 (a [`BatchStart::Hidden`](burn_freeze::plumbing::BatchStart::Hidden)
+    /// batch of [`Pipeline::forward_backward`](crate::Pipeline::forward_backward))
     /// must enter after frozen units of stage 0, before the last unit.
     #[error(
         "a batch cannot enter the pipeline at unit {entry}: it must enter after 1 to {frozen_on_first} frozen units of stage 0 (and before the last unit)"
@@ -210,7 +211,7 @@ pub enum PipeError {
 ///
 /// ```
 /// let panic = std::panic::catch_unwind(|| panic!("stage {} broke", 2)).unwrap_err();
-/// assert_eq!(burn_pipe::panic_message(panic.as_ref()), "stage 2 broke");
+/// assert_eq!(burn_pipe::plumbing::panic_message(panic.as_ref()), "stage 2 broke");
 /// ```
 pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     if let Some(message) = panic.downcast_ref::<&str>() {

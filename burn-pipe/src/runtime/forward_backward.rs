@@ -2,7 +2,7 @@
 //! through the stages, each stage's gradients accumulated until the step.
 
 use burn::optim::{GradientsAccumulator, Optimizer};
-use burn_freeze::plumbing::{CachedStart, Flow, InnerFlow, serve_cached};
+use burn_freeze::plumbing::{BatchStart, CachedStart, Flow, InnerFlow, serve_cached};
 use burn_freeze::{
     Activation, AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput, StackTypes,
     TrainableUnits,
@@ -11,19 +11,19 @@ use burn_freeze::{
 use crate::runtime::error::PipeError;
 use crate::runtime::hook::StageGradients;
 use crate::runtime::loss::MicroBatchLoss;
-use crate::runtime::microbatch::micro_batch_sizes;
+use crate::runtime::options::StepOptions;
 use crate::runtime::pass::run_pass;
 use crate::runtime::pipeline::Pipeline;
 use crate::runtime::report::StepReport;
+use crate::runtime::split::micro_batch_sizes;
 
-/// A whole batch as a flow, with its size.
-fn flow_batch<S: StackTypes>(flow: InnerFlow<S>) -> (InnerFlow<S>, usize) {
-    let batch = match &flow {
+/// The samples in a flow.
+fn flow_batch_size<S: StackTypes>(flow: &InnerFlow<S>) -> usize {
+    match flow {
         Flow::Input(x) => x.batch_size(),
         Flow::Hidden(x) => x.batch_size(),
         Flow::Output(x) => x.batch_size(),
-    };
-    (flow, batch)
+    }
 }
 
 /// A flow split into micro-batches of `sizes`.
@@ -44,98 +44,130 @@ where
     /// pipeline and adds each stage's parameter gradients to its accumulated
     /// gradients (so several calls before [`step`](Pipeline::step) accumulate).
     ///
+    /// `batch` is the model's input (as it is: it converts into a
+    /// [`BatchStart`]), or where a cached pass starts: what
+    /// [`serve_prefix`](Self::serve_prefix) returns, the output of the
+    /// frozen units of stage 0 served by the attached AutoCache
+    /// ([`BatchStart::Hidden`]: the output of units `0..entry`, entering at
+    /// unit `entry`; those units, frozen units of stage 0, do not run; a
+    /// group of replicas serves its batch once and hands each replica its
+    /// share this way). Gradients and loss equal the plain pass's.
+    ///
     /// `loss` (a [`MicroBatchLoss`]: any `Fn + Sync` closure, borrowing or
     /// owning) maps the last unit's output for a micro-batch and that
     /// micro-batch's targets to the *mean* loss over its samples; the pipeline
     /// weights each micro-batch by its share of the batch, so the gradients are
     /// those of the mean loss over the whole batch.
     ///
+    /// `options` ([`StepOptions`]) add a gradient hook: each stage's
+    /// gradients go through it as soon as the stage is done (a
+    /// data-parallel group's all-reduce).
+    ///
+    /// ```
+    /// use burn::backend::{Autodiff, Flex};
+    /// use burn::nn::{Linear, LinearConfig};
+    /// use burn::optim::SgdConfig;
+    /// use burn::prelude::*;
+    /// use burn_freeze::{ActivationCache, CacheConfig, CacheHolder, FreezeFront, LayerStack};
+    /// use burn_pipe::{PipelineConfig, StepOptions};
+    ///
+    /// #[derive(Module, Debug)]
+    /// pub struct Dense<B: Backend> { linear: Linear<B> }
+    /// impl<B: Backend> Dense<B> {
+    ///     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> { self.linear.forward(x).tanh() }
+    /// }
+    /// burn_freeze::unit!(Dense<B>: Tensor<B, 2> => Tensor<B, 2>);
+    /// type B = Autodiff<Flex>;
+    /// let device = Default::default();
+    /// let dense = || Dense::<B> { linear: LinearConfig::new(4, 4).init(&device) };
+    /// let stack = LayerStack::new(dense(), vec![dense(), dense()], dense());
+    /// let mut pipeline = PipelineConfig::new()
+    ///     .with_micro_batches(Some(2))
+    ///     .init(stack, vec![device; 2], || SgdConfig::new().init())?;
+    /// let mse = |out: Tensor<B, 2>, y: Tensor<B, 2>| (out - y).powf_scalar(2.0).mean();
+    /// let (x, y) = (Tensor::<B, 2>::ones([4, 4], &device), Tensor::<B, 2>::zeros([4, 4], &device));
+    ///
+    /// // A plain pass, then one with units 0 and 1 frozen and served by the cache.
+    /// pipeline.forward_backward(x.clone(), y.clone(), mse, StepOptions::new())?;
+    /// pipeline.step(0.1)?;
+    /// pipeline.freeze_to(2)?;
+    /// pipeline.attach_cache(ActivationCache::new(CacheConfig::new(1 << 20))?);
+    /// let start = pipeline.serve_prefix(&[0, 1, 2, 3], x)?; // sample ids
+    /// let report = pipeline.forward_backward(start, y, mse, StepOptions::new())?;
+    /// pipeline.step(0.1)?;
+    /// assert_eq!(report.micro_batches, 2);
+    /// assert_eq!(pipeline.cache().map(|c| c.len()), Some(4)); // served next time
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// On error (every unit frozen, a stage panicked or failed, a wait
-    /// exceeded the configured timeout, bad batch sizes) every worker has
-    /// stopped, no gradient of this pass is kept, and the weights are
-    /// unchanged.
+    /// exceeded the configured timeout, bad batch sizes, a refused hook, a
+    /// hidden batch entering where it may not ([`PipeError::BadEntry`]))
+    /// every worker has stopped, no gradient of this pass is kept, and the
+    /// weights are unchanged.
     pub fn forward_backward<T, LossFn>(
         &mut self,
-        input: S::Input,
+        batch: impl Into<CachedStart<S>>,
         targets: T,
         loss: LossFn,
+        options: StepOptions<'_>,
     ) -> Result<StepReport, PipeError>
     where
         T: Activation<S::Backend>,
         LossFn: MicroBatchLoss<S, T>,
     {
-        self.forward_backward_hooked(input, targets, loss, None)
-    }
-
-    /// [`forward_backward`](Pipeline::forward_backward) where each stage
-    /// hands its gradients of the pass to `hook` on its own thread as soon
-    /// as it has finished the backward of its last micro-batch (the last
-    /// stage first), and keeps what the hook returns: a data-parallel group
-    /// all-reduces them there while the earlier stages still compute. A
-    /// hook that fails fails the pass ([`PipeError::GradientHook`]; no
-    /// gradient kept). `hook: None` is `forward_backward`.
-    ///
-    /// Refused, before any work, while gradients of an earlier pass are
-    /// pending: the hook would see this pass's gradients only.
-    pub fn forward_backward_hooked<T, LossFn>(
-        &mut self,
-        input: S::Input,
-        targets: T,
-        loss: LossFn,
-        hook: Option<&dyn StageGradients>,
-    ) -> Result<StepReport, PipeError>
-    where
-        T: Activation<S::Backend>,
-        LossFn: MicroBatchLoss<S, T>,
-    {
-        self.check_hook(hook)?;
-        self.check_sizes(input.batch_size(), targets.batch_size())?;
-        let flows = flow_batch::<S>(Flow::Input(input.inner()));
-        self.run(flows, 0, targets, loss, hook)
-    }
-
-    /// [`forward_backward`](Pipeline::forward_backward) with the frozen
-    /// units of stage 0 served by the attached AutoCache
-    /// ([`serve_cached`](burn_freeze::plumbing::serve_cached)): `ids[i]` names sample
-    /// `i` of the batch, the same id for the same sample in every epoch.
-    /// The cache holds the output of the frozen units on stage 0 (at most
-    /// every unit but the last); frozen units on later stages run as usual.
-    /// Gradients and loss equal `forward_backward`'s. Without a cache, or
-    /// with no frozen unit on stage 0, this is `forward_backward`.
-    ///
-    /// Fails, changing nothing, when `ids` does not name the batch (count or
-    /// duplicates) or a sample comes back with another shape, and as
-    /// `forward_backward` does.
-    pub fn forward_backward_cached<T, LossFn>(
-        &mut self,
-        ids: &[u64],
-        input: S::Input,
-        targets: T,
-        loss: LossFn,
-    ) -> Result<StepReport, PipeError>
-    where
-        T: Activation<S::Backend>,
-        LossFn: MicroBatchLoss<S, T>,
-        InnerInput<S>: Cacheable<InnerBackendOf<S>>,
-        InnerHidden<S>: Cacheable<InnerBackendOf<S>>,
-    {
-        self.check_sizes(input.batch_size(), targets.batch_size())?;
-        match self.serve_prefix(ids, input)? {
-            CachedStart::Input(input) => self.forward_backward(input, targets, loss),
-            CachedStart::Hidden { entry, hidden } => {
-                self.forward_backward_from(entry, hidden, targets, loss)
-            }
+        if options.hook.is_some() && self.stages.iter().any(|stage| stage.pending.is_some()) {
+            return Err(PipeError::GradientsPending(
+                "forward_backward with a gradient hook",
+            ));
         }
+        let (flow, entry) = match batch.into() {
+            BatchStart::Input(input) => {
+                self.check_sizes(input.batch_size(), targets.batch_size())?;
+                (Flow::Input(input.inner()), 0)
+            }
+            BatchStart::Hidden { entry, hidden } => {
+                if entry == 0 || entry > self.cached_prefix() {
+                    return Err(PipeError::BadEntry {
+                        entry,
+                        frozen_on_first: self.stages[0].units().frozen().units().end,
+                    });
+                }
+                self.check_sizes(hidden.batch_size(), targets.batch_size())?;
+                (Flow::Hidden(hidden), entry)
+            }
+        };
+        self.run(flow, entry, targets, loss, options.hook)
+    }
+
+    /// [`forward_backward`](Pipeline::forward_backward) (its arguments,
+    /// then the learning rate) followed by [`step`](Pipeline::step): one
+    /// training step.
+    pub fn train_step<T, LossFn>(
+        &mut self,
+        batch: impl Into<CachedStart<S>>,
+        targets: T,
+        loss: LossFn,
+        options: StepOptions<'_>,
+        lr: f64,
+    ) -> Result<StepReport, PipeError>
+    where
+        T: Activation<S::Backend>,
+        LossFn: MicroBatchLoss<S, T>,
+    {
+        let report = self.forward_backward(batch, targets, loss, options)?;
+        self.step(lr).map(|()| report)
     }
 
     /// Where a cached pass of the batch `input` starts: the output of the
     /// frozen units of stage 0 ([`cached_prefix`](Self::cached_prefix)
     /// units) served by the attached AutoCache on stage 0's device, or the
     /// input itself without a cache or frozen unit there (see
-    /// [`serve_cached`]); `ids` name the samples, as in
-    /// [`forward_backward_cached`](Self::forward_backward_cached). A group of
-    /// replicas serves its batch from its first replica's cache this way,
-    /// then shares the served batch among every replica.
+    /// [`serve_cached`]); `ids[i]` names sample `i` of the batch, the same
+    /// id for the same sample in every epoch. A group of replicas serves its batch from
+    /// its first replica's cache this way, then shares the served batch
+    /// among every replica ([`forward_backward`](Self::forward_backward)
+    /// takes the result as it is).
     ///
     /// Fails, changing nothing, when `ids` does not name the batch or a
     /// sample comes back with another shape.
@@ -152,63 +184,6 @@ where
         let first = &self.stages[0];
         let (frozen, device) = (first.units().frozen(), &first.device);
         serve_cached(self.cache.as_mut(), frozen, entry, ids, input, Some(device))
-    }
-
-    /// [`forward_backward`](Pipeline::forward_backward) for a batch that
-    /// enters the pipeline at unit `entry` as `hidden`, the output of units
-    /// `0..entry` computed elsewhere (served from a cache shared by several
-    /// pipelines, say): those units do not run. Gradients and loss equal
-    /// `forward_backward`'s on the input that gave `hidden`.
-    ///
-    /// Fails, before any work, when units `0..entry` are not frozen units of
-    /// stage 0 or `entry` is 0, and as `forward_backward` does.
-    pub fn forward_backward_from<T, LossFn>(
-        &mut self,
-        entry: usize,
-        hidden: InnerHidden<S>,
-        targets: T,
-        loss: LossFn,
-    ) -> Result<StepReport, PipeError>
-    where
-        T: Activation<S::Backend>,
-        LossFn: MicroBatchLoss<S, T>,
-    {
-        self.forward_backward_from_hooked(entry, hidden, targets, loss, None)
-    }
-
-    /// [`forward_backward_from`](Pipeline::forward_backward_from) with each
-    /// stage's gradients handed to `hook` as in
-    /// [`forward_backward_hooked`](Pipeline::forward_backward_hooked).
-    pub fn forward_backward_from_hooked<T, LossFn>(
-        &mut self,
-        entry: usize,
-        hidden: InnerHidden<S>,
-        targets: T,
-        loss: LossFn,
-        hook: Option<&dyn StageGradients>,
-    ) -> Result<StepReport, PipeError>
-    where
-        T: Activation<S::Backend>,
-        LossFn: MicroBatchLoss<S, T>,
-    {
-        self.check_hook(hook)?;
-        if entry == 0 || entry > self.cached_prefix() {
-            return Err(PipeError::BadEntry {
-                entry,
-                frozen_on_first: self.stages[0].units().frozen().units().end,
-            });
-        }
-        self.check_sizes(hidden.batch_size(), targets.batch_size())?;
-        let flows = flow_batch::<S>(Flow::Hidden(hidden));
-        self.run(flows, entry, targets, loss, hook)
-    }
-
-    /// A hook sees one pass's gradients: none may be pending.
-    fn check_hook(&self, hook: Option<&dyn StageGradients>) -> Result<(), PipeError> {
-        if hook.is_some() && self.stages.iter().any(|stage| stage.pending.is_some()) {
-            return Err(PipeError::GradientsPending("forward_backward_hooked"));
-        }
-        Ok(())
     }
 
     /// Something to train, as many targets as samples, enough samples for
@@ -229,12 +204,12 @@ where
         Ok(())
     }
 
-    /// One pass over `flows` (the whole batch, entering stage 0 at unit
+    /// One pass over `flow` (the whole batch, entering stage 0 at unit
     /// `entry`) split into micro-batches, each stage's gradients handed to
     /// `hook` if any.
     fn run<T, LossFn>(
         &mut self,
-        flows: (InnerFlow<S>, usize),
+        flow: InnerFlow<S>,
         entry: usize,
         targets: T,
         loss: LossFn,
@@ -244,7 +219,7 @@ where
         T: Activation<S::Backend>,
         LossFn: MicroBatchLoss<S, T>,
     {
-        let (flow, batch) = flows;
+        let batch = flow_batch_size::<S>(&flow);
         let micro_batches = self.config.micro_batches_for(self.stages.len());
         let sizes = micro_batch_sizes(batch, micro_batches)?;
         let inputs = split_flow::<S>(flow, &sizes);
@@ -315,23 +290,6 @@ where
                 }
             });
         }
-        Ok(report)
-    }
-
-    /// [`forward_backward`](Pipeline::forward_backward) then [`step`](Pipeline::step).
-    pub fn train_step<T, LossFn>(
-        &mut self,
-        input: S::Input,
-        targets: T,
-        loss: LossFn,
-        lr: f64,
-    ) -> Result<StepReport, PipeError>
-    where
-        T: Activation<S::Backend>,
-        LossFn: MicroBatchLoss<S, T>,
-    {
-        let report = self.forward_backward(input, targets, loss)?;
-        self.step(lr)?;
         Ok(report)
     }
 }

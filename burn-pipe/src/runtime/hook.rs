@@ -8,7 +8,7 @@ use burn::optim::GradientsParams;
 /// micro-batch: in a pipeline the last stage first, while the earlier stages
 /// still compute. A data-parallel group sums them with the other replicas'
 /// there, so that the exchange hides behind the backward still to run
-/// ([`Pipeline::forward_backward_hooked`](crate::Pipeline::forward_backward_hooked)).
+/// ([`StepOptions::with_hook`](crate::StepOptions::with_hook)).
 ///
 /// The hook is called once per stage and pass, every stage included (a
 /// stage with nothing to train hands on empty gradients), from as many

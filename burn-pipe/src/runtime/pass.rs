@@ -14,9 +14,9 @@ use crate::runtime::hook::StageGradients;
 use crate::runtime::loss::MicroBatchLoss;
 use crate::runtime::placement::Stage;
 use crate::runtime::schedule::stage_ops;
+use crate::runtime::stage_worker::{Job, StageReport, run_stage};
+use crate::runtime::threads;
 use crate::runtime::wiring::{Links, wire};
-use crate::runtime::worker::{Job, StageReport, run_stage};
-use crate::runtime::workers;
 
 /// Runs the micro-batches `inputs`, entering stage 0 at stack unit `entry`
 /// (with `targets` and their weights), through `stages`, each on a scoped
@@ -77,8 +77,8 @@ where
             let result = handed.hand_on(s, run_stage(&units, job, links, loss));
             (units, result)
         };
-        let workers = workers::start(scope, "stage", count, run)?;
-        let handles: Vec<_> = workers
+        let started = threads::start(scope, "stage", count, run)?;
+        let handles: Vec<_> = started
             .into_iter()
             .zip(stages.iter_mut())
             .zip(jobs.into_iter().zip(links))
@@ -87,7 +87,7 @@ where
                 worker.hand((units, job, links))
             })
             .collect();
-        Ok::<_, PipeError>(handles.into_iter().map(workers::join).collect::<Vec<_>>())
+        Ok::<_, PipeError>(handles.into_iter().map(threads::join).collect::<Vec<_>>())
     });
     let outcomes = outcomes.inspect_err(|_| (0..count).for_each(|s| handed.failed(s)))?;
     let wall = start.elapsed();

@@ -9,23 +9,28 @@ use burn::prelude::*;
 use burn_freeze::fault;
 use burn_freeze::plumbing::{Flow, GradientSums, WeightSnapshot, flow_to_device};
 use burn_freeze::{
-    FreezeFront, GradNorm, InnerBackendOf, InnerInput, InnerOutput, LayerStack, StackCache,
-    StackOptimizer, StackTypes, TrainableUnits, UnitRange,
+    GradNorm, InnerBackendOf, InnerInput, InnerOutput, LayerStack, StackCache, StackTypes,
+    TrainableUnits, UnitRange,
 };
 
 use crate::runtime::config::PipelineConfig;
 use crate::runtime::error::{PipeError, panic_message};
 use crate::runtime::placement::Stage;
-use crate::runtime::workers;
+use crate::runtime::threads;
 
 /// A [`LayerStack`] trained as a pipeline of stages, each a contiguous range of
 /// units ([`UnitRange`]) on its own device and worker thread, with its own
 /// optimizer.
 ///
-/// A step splits the mini-batch into micro-batches, streams them through the
-/// stages under the configured [`Schedule`](crate::Schedule), and accumulates
-/// each stage's parameter gradients; [`step`](Pipeline::step) then applies
-/// every stage's optimizer with one learning rate. The gradients equal those of
+/// A pass ([`forward_backward`](Pipeline::forward_backward), the one method
+/// that trains, its options in [`StepOptions`](crate::StepOptions)) splits
+/// the mini-batch into micro-batches, streams them through the stages under
+/// the configured [`Schedule`](crate::Schedule), and accumulates each stage's
+/// parameter gradients; [`step`](Pipeline::step) then applies every stage's
+/// optimizer with one learning rate ([`train_step`](Pipeline::train_step)
+/// does both). Its freeze front and AutoCache are those of every level
+/// ([`FreezeFront`](burn_freeze::FreezeFront),
+/// [`CacheHolder`](burn_freeze::CacheHolder)). The gradients equal those of
 /// plain training on the whole batch when the loss is a mean over samples.
 ///
 /// Your own model, pipelined: its units, the [`unit!`](burn_freeze::unit)
@@ -38,7 +43,7 @@ use crate::runtime::workers;
 /// use burn::optim::AdamConfig;
 /// use burn::prelude::*;
 /// use burn_freeze::LayerStack;
-/// use burn_pipe::PipelineConfig;
+/// use burn_pipe::{PipelineConfig, StepOptions};
 ///
 /// // The model: any Burn modules, each with one forward for every backend.
 /// #[derive(Module, Debug)]
@@ -66,7 +71,10 @@ use crate::runtime::workers;
 /// let loss = CrossEntropyLossConfig::new().init(&device);
 /// let x = Tensor::<B, 2>::ones([16, 8], &device);
 /// let y = Tensor::<B, 1, Int>::zeros([16], &device);
-/// let report = pipeline.train_step(x, y, |logits, y| loss.forward(logits, y), 1e-3)?;
+/// // One training step: forward and backward (no options), then the optimizer.
+/// let loss_fn = |logits, y| loss.forward(logits, y);
+/// let report = pipeline.forward_backward(x, y, loss_fn, StepOptions::new())?;
+/// pipeline.step(1e-3)?;
 /// assert_eq!(pipeline.balance().len(), 3);
 /// assert_eq!(report.micro_batches, 4);
 /// # Ok::<(), burn_pipe::PipeError>(())
@@ -95,14 +103,14 @@ pub struct Pipeline<S: StackTypes, O> {
     /// AutoCache for stage 0's frozen units.
     pub(crate) cache: Option<StackCache<S>>,
     /// Whether every stage keeps running sums of its gradients
-    /// ([`FreezeFront::set_gradient_sums`]).
+    /// ([`burn_freeze::FreezeFront::set_gradient_sums`]).
     pub(crate) keep_sums: bool,
     /// Per-unit update gains of the last optimizer step
-    /// ([`FreezeFront::last_update_gains`]).
+    /// ([`burn_freeze::FreezeFront::last_update_gains`]).
     pub(crate) gains: Vec<Option<f64>>,
     /// From which unit every stage keeps a snapshot of its weights before
     /// each step, to measure update gains
-    /// ([`FreezeFront::set_update_gains`]); `None`: no gains.
+    /// ([`burn_freeze::FreezeFront::set_update_gains`]); `None`: no gains.
     pub(crate) gains_from: Option<usize>,
     /// Time the last step's slowest stage spent on its update gains and
     /// weight snapshot.
@@ -196,8 +204,8 @@ where
     /// Applies every stage's optimizer to its accumulated gradients with
     /// learning rate `lr` (one schedule drives all stages), then clears them,
     /// recording each unit's gradient norm for
-    /// [`last_gradient_norms`](FreezeFront::last_gradient_norms) and, when
-    /// kept ([`set_gradient_sums`](FreezeFront::set_gradient_sums)), adding
+    /// [`last_gradient_norms`](burn_freeze::FreezeFront::last_gradient_norms) and, when
+    /// kept ([`set_gradient_sums`](burn_freeze::FreezeFront::set_gradient_sums)), adding
     /// the gradients to each stage's running sums (on its own thread and
     /// device). A stage without gradients (nothing trainable) is left as it
     /// is.
@@ -254,7 +262,9 @@ where
             });
         }
         let gains_from = self.gains_from;
-        let stepped = on_each_stage(&mut self.stages, |_, stage| step_stage(stage, lr, gains_from))?;
+        let stepped = on_each_stage(&mut self.stages, |_, stage| {
+            step_stage(stage, lr, gains_from)
+        })?;
         let panicked = stepped
             .iter()
             .enumerate()
@@ -270,7 +280,11 @@ where
             return Err(PipeError::StepPanicked { stage, message });
         }
         let mut gains = Vec::with_capacity(self.norms.len());
-        self.gain_time = stepped.iter().map(|s| s.gain_time).max().unwrap_or_default();
+        self.gain_time = stepped
+            .iter()
+            .map(|s| s.gain_time)
+            .max()
+            .unwrap_or_default();
         for (stage, stepped) in self.stages.iter_mut().zip(stepped) {
             if let (Some(sums), Some(added)) = (stage.sums.as_mut(), stepped.sums) {
                 sums.merge(added);
@@ -305,23 +319,6 @@ where
                 other.kind()
             ),
         }
-    }
-
-    /// Attaches an AutoCache for
-    /// [`forward_backward_cached`](Pipeline::forward_backward_cached),
-    /// replacing (and returning) any attached before.
-    pub fn attach_cache(&mut self, cache: StackCache<S>) -> Option<StackCache<S>> {
-        self.cache.replace(cache)
-    }
-
-    /// The attached cache.
-    pub fn cache(&self) -> Option<&StackCache<S>> {
-        self.cache.as_ref()
-    }
-
-    /// Detaches the cache (dropping it removes its spill files).
-    pub fn detach_cache(&mut self) -> Option<StackCache<S>> {
-        self.cache.take()
     }
 
     /// A copy of the whole model as a layer stack, every unit on the
@@ -448,12 +445,12 @@ where
     let f = &f;
     thread::scope(|scope| {
         let run = move |s, stage: &mut Stage<S, O>| f(s, stage);
-        let handles: Vec<_> = workers::start(scope, "step", stages.len(), run)?
+        let handles: Vec<_> = threads::start(scope, "step", stages.len(), run)?
             .into_iter()
             .zip(stages.iter_mut())
             .map(|(worker, stage)| worker.hand(stage))
             .collect();
-        Ok(handles.into_iter().map(workers::join).collect())
+        Ok(handles.into_iter().map(threads::join).collect())
     })
 }
 
@@ -500,7 +497,7 @@ impl<S: StackTypes, O> Pipeline<S, O> {
 
     /// Time the last optimizer step's slowest stage spent measuring the
     /// update gains and taking its weight snapshot
-    /// ([`FreezeFront::set_update_gains`]); zero when they are not
+    /// ([`burn_freeze::FreezeFront::set_update_gains`]); zero when they are not
     /// measured.
     pub fn last_evidence_time(&self) -> std::time::Duration {
         self.gain_time
@@ -510,102 +507,5 @@ impl<S: StackTypes, O> Pipeline<S, O> {
     /// stages.
     pub fn micro_batches(&self) -> usize {
         self.config.micro_batches_for(self.stages.len())
-    }
-}
-
-impl<S, O> FreezeFront for Pipeline<S, O>
-where
-    S: StackTypes,
-    O: StackOptimizer<S>,
-{
-    type Error = PipeError;
-
-    fn num_units(&self) -> usize {
-        Pipeline::num_units(self)
-    }
-
-    fn front(&self) -> usize {
-        self.front
-    }
-
-    fn freeze_to(&mut self, front: usize) -> Result<(), PipeError> {
-        Pipeline::freeze_to(self, front)
-    }
-
-    fn unfreeze_to(&mut self, front: usize) -> Result<(), PipeError> {
-        Pipeline::unfreeze_to(self, front)
-    }
-
-    fn last_gradient_norms(&self) -> Vec<Option<GradNorm>> {
-        let front = self.front;
-        self.norms
-            .iter()
-            .enumerate()
-            .map(|(unit, norm)| norm.filter(|_| unit >= front))
-            .collect()
-    }
-
-    /// Every stage keeps the sums of its own units' gradients, on its
-    /// device; they follow the units through
-    /// [`repartition`](Pipeline::repartition) and
-    /// [`replicate`](Pipeline::replicate), and a frozen unit's are dropped.
-    fn set_gradient_sums(&mut self, keep: bool) {
-        if keep == self.keep_sums {
-            return;
-        }
-        self.keep_sums = keep;
-        for stage in &mut self.stages {
-            stage.sums = keep.then(GradientSums::new);
-        }
-    }
-
-    fn gradient_sum_norms(&self) -> Vec<Option<GradNorm>> {
-        if !self.keep_sums {
-            return vec![None; self.num_units()];
-        }
-        // Once an epoch: stage after stage, each read from its device once.
-        let front = self.front;
-        self.stages
-            .iter()
-            .flat_map(|stage| match &stage.sums {
-                None => vec![None; stage.range.len()],
-                Some(sums) => stage.units().unit_gradient_sum_norms(sums),
-            })
-            .enumerate()
-            .map(|(unit, norm)| norm.filter(|_| unit >= front))
-            .collect()
-    }
-
-    fn reset_gradient_sums(&mut self) {
-        for stage in &mut self.stages {
-            if let Some(sums) = stage.sums.as_mut() {
-                sums.clear();
-            }
-        }
-    }
-
-    /// Every stage keeps a snapshot of its trainable weights (of units
-    /// `from..`) before each step (one more copy of them); a repartition
-    /// drops the snapshots, so the first step after it reads no gain.
-    fn set_update_gains(&mut self, from: Option<usize>) {
-        if from == self.gains_from {
-            return;
-        }
-        self.gains_from = from;
-        for stage in &mut self.stages {
-            stage.snapshot = None;
-        }
-        if from.is_none() {
-            self.gains = vec![None; self.num_units()];
-        }
-    }
-
-    fn last_update_gains(&self) -> Vec<Option<f64>> {
-        let front = self.front;
-        self.gains
-            .iter()
-            .enumerate()
-            .map(|(unit, gain)| gain.filter(|_| unit >= front))
-            .collect()
     }
 }

@@ -25,12 +25,12 @@ thread_local! {
 ///
 /// ```
 /// let worker = std::thread::spawn(|| {
-///     burn_pipe::quiet_worker_panics();
+///     burn_pipe::plumbing::quiet_worker_panics();
 ///     // The owner reports this panic itself (here: the join's error).
 ///     panic!("stage 3 broke");
 /// });
 /// let panic = worker.join().unwrap_err();
-/// assert_eq!(burn_pipe::panic_message(panic.as_ref()), "stage 3 broke");
+/// assert_eq!(burn_pipe::plumbing::panic_message(panic.as_ref()), "stage 3 broke");
 /// ```
 pub fn quiet_worker_panics() {
     INSTALL.call_once(|| {

@@ -6,10 +6,7 @@ use burn::optim::Optimizer;
 use burn::prelude::*;
 use burn_freeze::fault;
 use burn_freeze::plumbing::{GradientSums, StatePool, optimizer_for, pool_optimizer_state};
-use burn_freeze::{
-    ParamStates, StackOptimizer, StackTypes, TrainableUnits, UnitRange, check_freeze,
-    check_unfreeze,
-};
+use burn_freeze::{ParamStates, StackOptimizer, StackTypes, TrainableUnits, UnitRange};
 
 use crate::runtime::error::PipeError;
 use crate::runtime::pipeline::Pipeline;
@@ -66,131 +63,6 @@ where
             }
         }
         tracing::debug!(?balance, "pipeline repartitioned");
-        Ok(())
-    }
-
-    /// Freezes units `0..front`: they move to the inner backend on the stage
-    /// that holds them, run forward only, and lose their optimizer state. The
-    /// front only moves up, to at most every unit
-    /// ([`check_freeze`](burn_freeze::check_freeze), the rule
-    /// [`FreezableStack`](burn_freeze::FreezableStack) follows too); with
-    /// every unit frozen a training step fails with
-    /// [`PipeError::NothingToTrain`].
-    ///
-    /// Fails, changing nothing, when `front` is below the current front or
-    /// beyond the stack, or when gradients are pending.
-    pub fn freeze_to(&mut self, front: usize) -> Result<(), PipeError>
-    where
-        O: StackOptimizer<S>,
-    {
-        if self.stages.iter().any(|s| s.pending.is_some()) {
-            return Err(PipeError::GradientsPending("freeze_to"));
-        }
-        check_freeze(front, self.front, self.num_units())?;
-        for stage in &mut self.stages {
-            if stage.units_mut().freeze_to(front) == 0 {
-                continue;
-            }
-            let mut pool = StatePool::<O, TrainableUnits<S>, S::Backend>::new();
-            pool_optimizer_state(&stage.optimizer, &mut pool);
-            let fresh = (self.make_optimizer)();
-            let trainable = stage.units().trainable();
-            stage.optimizer = optimizer_for(fresh, trainable, &mut pool);
-            if let Some(sums) = stage.sums.as_mut() {
-                sums.retain(stage.units.as_ref().expect("units present").trainable());
-            }
-        }
-        tracing::debug!(
-            from = self.front,
-            to = front,
-            "pipeline freeze front moved up"
-        );
-        self.front = front;
-        Ok(())
-    }
-
-    /// Thaws units `front..front()`: on the stage that holds them they move
-    /// back to the autodiff backend and train again. The front only moves
-    /// down ([`check_unfreeze`](burn_freeze::check_unfreeze)).
-    ///
-    /// A thawed unit starts with a *fresh* optimizer state, as its state
-    /// was dropped when it froze ([`freeze_to`](Self::freeze_to)): frozen
-    /// units hold no optimizer state, which is what freezing frees and what
-    /// memory-aware AutoPipe counts, and moments from before the freeze
-    /// describe a model whose upper layers have moved since. Its gradient
-    /// sums (when kept) start empty, and the attached cache drops every
-    /// entry above `front`, so a cached prefix longer than the front is
-    /// never served.
-    ///
-    /// Fails, changing nothing, when `front` is above the current front or
-    /// when gradients are pending.
-    ///
-    /// ```
-    /// use burn::backend::{Autodiff, Flex};
-    /// use burn::nn::{Linear, LinearConfig};
-    /// use burn::optim::SgdConfig;
-    /// use burn::prelude::*;
-    /// use burn_freeze::{FreezeFront, LayerStack};
-    /// use burn_pipe::{PipeError, PipelineConfig};
-    ///
-    /// #[derive(Module, Debug)]
-    /// pub struct Dense<B: Backend> { linear: Linear<B> }
-    /// impl<B: Backend> Dense<B> {
-    ///     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> { self.linear.forward(x) }
-    /// }
-    /// burn_freeze::unit!(Dense<B>: Tensor<B, 2> => Tensor<B, 2>);
-    ///
-    /// type B = Autodiff<Flex>;
-    /// let device = Default::default();
-    /// let dense = |i, o| Dense::<B> { linear: LinearConfig::new(i, o).init(&device) };
-    /// let stack = LayerStack::new(dense(3, 4), vec![dense(4, 4), dense(4, 4)], dense(4, 2));
-    /// let mut pipe = PipelineConfig::new()
-    ///     .with_balance(Some(vec![2, 2]))
-    ///     .init(stack, vec![device; 2], || SgdConfig::new().init())?;
-    /// pipe.freeze_to(3)?;
-    /// pipe.unfreeze_to(1)?; // units 1 and 2 train again, on their stages
-    /// assert_eq!(pipe.front(), 1);
-    /// assert!(matches!(pipe.unfreeze_to(2), Err(PipeError::Freeze(_))));
-    /// assert_eq!(pipe.front(), 1);
-    /// # Ok::<(), PipeError>(())
-    /// ```
-    pub fn unfreeze_to(&mut self, front: usize) -> Result<(), PipeError>
-    where
-        O: StackOptimizer<S>,
-    {
-        if self.stages.iter().any(|s| s.pending.is_some()) {
-            return Err(PipeError::GradientsPending("unfreeze_to"));
-        }
-        check_unfreeze(front, self.front)?;
-        if front == self.front {
-            return Ok(());
-        }
-        for stage in &mut self.stages {
-            if stage.units_mut().unfreeze_to(front) == 0 {
-                continue;
-            }
-            // The units that trained keep their state; the thawed ones
-            // have none in the pool, so they start fresh.
-            let mut pool = StatePool::<O, TrainableUnits<S>, S::Backend>::new();
-            pool_optimizer_state(&stage.optimizer, &mut pool);
-            let fresh = (self.make_optimizer)();
-            stage.optimizer = optimizer_for(fresh, stage.units().trainable(), &mut pool);
-            if let (Some(sums), Some(units)) = (stage.sums.as_mut(), stage.units.as_ref()) {
-                sums.retain(units.trainable());
-            }
-        }
-        if let Some(cache) = self.cache.as_mut() {
-            cache.invalidate_above(front);
-        }
-        for norm in self.norms.iter_mut().take(self.front).skip(front) {
-            *norm = None;
-        }
-        tracing::debug!(
-            from = self.front,
-            to = front,
-            "pipeline freeze front moved down (thaw)"
-        );
-        self.front = front;
         Ok(())
     }
 

@@ -37,7 +37,8 @@ pub enum Op {
 /// keep all of them alive at once, for the same gradients).
 ///
 /// ```
-/// use burn_pipe::{stage_ops, Op, Schedule};
+/// use burn_pipe::Schedule;
+/// use burn_pipe::schedule::{stage_ops, Op};
 ///
 /// // The first of 2 stages under 1F1B: one warm-up forward, then alternate.
 /// assert_eq!(

@@ -29,7 +29,7 @@ use pipetransformer_jobs::job::{FinetuneTask, ModelKind};
 /// Counts heap bytes, for the peak-memory columns and memory-aware
 /// AutoPipe's measured activations.
 #[global_allocator]
-static ALLOC: burn_pipe::HeapCounter = burn_pipe::HeapCounter;
+static ALLOC: burn_pipe::balance::HeapCounter = burn_pipe::balance::HeapCounter;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -212,7 +212,13 @@ fn run(bench: Bench, quick: bool) -> Result<(), BenchError> {
             signals,
             weights,
             data,
-        } => run_suite(quick, tasks, seeds, signals.unwrap_or_default(), (weights, data)),
+        } => run_suite(
+            quick,
+            tasks,
+            seeds,
+            signals.unwrap_or_default(),
+            (weights, data),
+        ),
         Bench::SelectTask { tasks, lr, seeds } => headline::run_select_task(
             quick,
             &tasks.unwrap_or_else(|| headline::DEFAULT_TASKS.to_vec()),

@@ -81,9 +81,9 @@ impl Failure {
 }
 
 /// The heap counted, so that memory-aware AutoPipe measures each unit's
-/// activations on the first batch (see `burn_pipe::HeapCounter`).
+/// activations on the first batch (see `burn_pipe::balance::HeapCounter`).
 #[global_allocator]
-static HEAP: burn_pipe::HeapCounter = burn_pipe::HeapCounter;
+static HEAP: burn_pipe::balance::HeapCounter = burn_pipe::balance::HeapCounter;
 
 fn main() {
     // Under mpirun (feature `mpi`): MPI first, then everything else.

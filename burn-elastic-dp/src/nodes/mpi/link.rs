@@ -162,7 +162,7 @@ pub(crate) fn join(
     std::thread::Builder::new()
         .name("burn-elastic-dp mpi".into())
         .spawn(move || {
-            burn_pipe::quiet_worker_panics();
+            burn_pipe::plumbing::quiet_worker_panics();
             serve(queue)
         })
         .map_err(|error| node_error(rank, format!("starting the MPI thread: {error}")))?;

@@ -125,7 +125,7 @@ pub struct PlanConfig {
     /// measured (see [`Trainer::shape_rule`](crate::Trainer::shape_rule)),
     /// from which the plan chooses M for each shape as the trainer does.
     #[config(default = "None")]
-    pub micro_batch_times: Option<burn_pipe::MicroBatchTimes>,
+    pub micro_batch_times: Option<burn_pipe::micro::MicroBatchTimes>,
     /// What AutoPipe balances, as the trainer's: parameter counts with a
     /// frozen unit at `frozen_factor` (in [0, 1]) of an active one, or the
     /// units' times ([`ModelSpec::unit_costs`]).

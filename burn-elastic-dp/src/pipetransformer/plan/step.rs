@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use burn_pipe::UnitState;
+use burn_pipe::balance::UnitState;
 
 use crate::pipetransformer::plan::collective_model::ReduceGroup;
 use crate::pipetransformer::plan::config::{PlanConfig, ReduceTiming};

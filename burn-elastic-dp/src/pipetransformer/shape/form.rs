@@ -1,6 +1,7 @@
 //! A pipeline's shape: its stages' balance and its replicas, and the paper's fixed start.
 
-use burn_pipe::{UnitCosts, balance_exact, largest_stage};
+use burn_pipe::balance::largest_stage;
+use burn_pipe::{UnitCosts, balance_exact};
 use serde::{Deserialize, Serialize};
 
 /// A pipeline shape: stages, units per stage, replicas.

@@ -1,9 +1,7 @@
 //! Memory-aware AutoPipe's start: the fewest stages whose every stage fits the per-device budget.
 
-use burn_pipe::{
-    MemoryQuery, Schedule, StageMemory, UnitCosts, UnitMemory, balance_exact,
-    default_micro_batches, largest_stage,
-};
+use burn_pipe::balance::{MemoryQuery, StageMemory, largest_stage};
+use burn_pipe::{Schedule, UnitCosts, UnitMemory, balance_exact, default_micro_batches};
 
 use crate::sampler::BatchPolicy;
 

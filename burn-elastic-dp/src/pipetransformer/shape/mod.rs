@@ -15,7 +15,8 @@ pub use rule::{MicroBatchSource, MicroBatches, ShapeRule, ShapeSettings};
 mod tests {
     use super::form::balanced_shape;
     use super::reshape::{Reshaping, reshape};
-    use burn_pipe::{UnitCosts, largest_stage};
+    use burn_pipe::UnitCosts;
+    use burn_pipe::balance::largest_stage;
 
     fn rules(pipe: bool, dp: bool, cache: bool, initial_largest: f64) -> Reshaping {
         Reshaping {

@@ -1,6 +1,7 @@
 //! After the freeze front moved: the pipeline's length and balance and the number of replicas.
 
-use burn_pipe::{UnitCosts, compress};
+use burn_pipe::UnitCosts;
+use burn_pipe::balance::compress;
 
 use super::form::{PipelineShape, balance_for};
 use super::memory::{MemoryFit, modelled_step, stage_counts};

@@ -2,10 +2,11 @@
 //! micro-batch count of every shape and whether a shape fits the memory budget. The trainer and
 //! the planner both ask it.
 
-use burn_pipe::{
-    MicroBatchChoice, MicroBatchQuery, MicroBatchTimes, Schedule, StageMemory, UnitCosts,
-    UnitMemory, UnitState, choose_micro_batches_where, default_micro_batches,
+use burn_pipe::balance::{StageMemory, UnitState};
+use burn_pipe::micro::{
+    MicroBatchChoice, MicroBatchQuery, MicroBatchTimes, choose_micro_batches_where,
 };
+use burn_pipe::{Schedule, UnitCosts, UnitMemory, default_micro_batches};
 
 use crate::sampler::BatchPolicy;
 

@@ -4,7 +4,9 @@
 
 use burn::lr_scheduler::LrScheduler;
 use burn_freeze::{Activation, InnerInput, InnerOutput, LayerStack};
-use burn_pipe::{MicroBatchChoice, MicroBatchTimes, StageMemory, UnitCosts, UnitMemory};
+use burn_pipe::balance::StageMemory;
+use burn_pipe::micro::{MicroBatchChoice, MicroBatchTimes};
+use burn_pipe::{UnitCosts, UnitMemory};
 
 use super::bounds::{TrainerBackend, TrainerInput, TrainerTypes};
 use super::lr_source::{Closure, LrSource, Scheduler};
@@ -13,6 +15,7 @@ use super::{Trainer, TrainerConfig};
 use crate::group::ReplicaGroup;
 use crate::pipetransformer::shape::{PipelineShape, ShapeRule};
 use crate::{StopSignal, TrainerError};
+use burn_freeze::FreezeFront;
 
 /// The shape, the measurements and the epoch's state.
 impl<TT: TrainerTypes> Trainer<TT> {

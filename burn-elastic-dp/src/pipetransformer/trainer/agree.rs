@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use burn_freeze::StackTypes;
-use burn_pipe::{MicroBatchTimes, UnitMemory, UnitProfile};
+use burn_pipe::micro::MicroBatchTimes;
+use burn_pipe::{UnitMemory, UnitProfile};
 
 use super::error::TrainerError;
 use crate::group::ReplicaGroup;

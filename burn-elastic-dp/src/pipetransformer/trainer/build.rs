@@ -23,6 +23,7 @@ use super::log::JsonLog;
 use super::measure::Measurements;
 use super::transition::device_lists;
 use crate::group::nodes::OtherNodes;
+use burn_freeze::CacheHolder;
 
 impl<TT: TrainerTypes> Trainer<TT> {
     /// See [`TrainerConfig::init`]; `resuming` appends to the output

@@ -381,7 +381,10 @@ impl TrainerConfig {
     /// With [`ArgminStatistic::AccumulatedGradient`] every stage of every
     /// replica keeps a running sum of its trainable parameters' gradients
     /// (one copy of its active weights, on its device) for the epoch.
-    pub(crate) fn policy(&self, layers: usize) -> Result<Box<dyn FreezePolicy + Send>, TrainerError> {
+    pub(crate) fn policy(
+        &self,
+        layers: usize,
+    ) -> Result<Box<dyn FreezePolicy + Send>, TrainerError> {
         self.freeze.validate()?;
         let refused = |error| TrainerError::InvalidFreezeRule {
             path: "freeze",

@@ -5,7 +5,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use burn_pipe::MicroBatchChoice;
+use burn_pipe::micro::MicroBatchChoice;
 use serde::{Deserialize, Serialize};
 
 use super::error::{TrainerError, io};

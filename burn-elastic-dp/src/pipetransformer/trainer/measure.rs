@@ -4,11 +4,14 @@
 //! every shape and micro-batch count on them.
 
 use burn::prelude::*;
-use burn_freeze::{Activation, Differentiable, LayerStack, StackOptimizer, StackTypes};
-use burn_pipe::{
-    HeapCounter, MicroBatchChoice, MicroBatchTimes, UnitCosts, UnitMemory, measure_unit_memory,
-    micro_batch_profile_sizes, profile_micro_batches, profile_units,
+use burn_freeze::{
+    Activation, Differentiable, FreezeFront, LayerStack, StackOptimizer, StackTypes,
 };
+use burn_pipe::balance::{HeapCounter, measure_unit_memory};
+use burn_pipe::micro::{
+    MicroBatchChoice, MicroBatchTimes, micro_batch_profile_sizes, profile_micro_batches,
+};
+use burn_pipe::{UnitCosts, UnitMemory, profile_units};
 use serde::{Deserialize, Serialize};
 
 use super::config::TrainerConfig;
@@ -72,7 +75,8 @@ impl Measurements {
             CostModel::Parameters { frozen_factor } => (frozen_factor, false),
             CostModel::Profiled { .. } => (1.0 / 3.0, true),
         };
-        let memory = UnitMemory::from_param_counts(&params, burn_pipe::float_bytes::<S::Backend>());
+        let memory =
+            UnitMemory::from_param_counts(&params, burn_pipe::balance::float_bytes::<S::Backend>());
         let rule = ShapeRule::new(
             config.shape_settings(devices),
             UnitCosts::from_params(&params, frozen_factor),

@@ -15,7 +15,7 @@ use super::error::{TrainerError, invalid};
 /// state and the activations of the micro-batches the schedule keeps in
 /// flight; a frozen unit counts its parameters only. With a budget,
 /// activations are measured on the first batch when the process counts its heap
-/// ([`burn_pipe::HeapCounter`] installed as the global allocator: CPU
+/// ([`burn_pipe::balance::HeapCounter`] installed as the global allocator: CPU
 /// backends); elsewhere they count as 0, and the budget should leave room
 /// for them. Burn 0.21's backends do not report a device's capacity, so
 /// the budget is given here (`train --device-memory BYTES`); on a CPU,

@@ -36,14 +36,16 @@ pub use epoch::StepProgress;
 pub use error::TrainerError;
 pub use flow::StepFlow;
 pub use log::{EpochReport, Transition};
-pub use memory::MemoryConfig;
-pub use rules::{CostModel, FreezeRule, LayerSpec, Parts};
 #[cfg(feature = "burn-train")]
 pub(crate) use lr_source::LrSource;
+pub use memory::MemoryConfig;
+pub use rules::{CostModel, FreezeRule, LayerSpec, Parts};
 
 use crate::error::ElasticError;
 use crate::group::{GroupReport, ReplicaGroup};
 use crate::pipetransformer::shape::ShapeRule;
+use burn_freeze::CacheHolder;
+use burn_freeze::FreezeFront;
 use cursor::EpochCursor;
 use epoch::{EpochEnd, EpochTally};
 use held_out::HeldOut;

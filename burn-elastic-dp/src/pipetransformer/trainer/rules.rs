@@ -236,7 +236,10 @@ impl FreezeRule {
             FreezeRule::ChangeRate {
                 every_steps,
                 percentile,
-            } => ("freeze", change_rate_config(*every_steps, *percentile).validate()),
+            } => (
+                "freeze",
+                change_rate_config(*every_steps, *percentile).validate(),
+            ),
             FreezeRule::Evidence { rule } => ("freeze.rule", rule.validate()),
             // Any list: an entry below the one before thaws layers, and
             // one beyond the model is clamped to it (AutoFreeze).
@@ -286,7 +289,10 @@ mod tests {
 
     /// The message a configuration with `rule` is refused with.
     fn refusal(rule: FreezeRule) -> (String, TrainerError) {
-        let error = TrainerConfig::new().with_freeze(rule).validate(4).unwrap_err();
+        let error = TrainerConfig::new()
+            .with_freeze(rule)
+            .validate(4)
+            .unwrap_err();
         (error.to_string(), error)
     }
 

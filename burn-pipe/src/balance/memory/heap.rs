@@ -19,12 +19,12 @@ static USED: AtomicBool = AtomicBool::new(false);
 /// ```
 /// // In your binary (or test) crate:
 /// #[global_allocator]
-/// static HEAP: burn_pipe::HeapCounter = burn_pipe::HeapCounter;
+/// static HEAP: burn_pipe::balance::HeapCounter = burn_pipe::balance::HeapCounter;
 ///
-/// let before = burn_pipe::HeapCounter::reset_peak();
+/// let before = burn_pipe::balance::HeapCounter::reset_peak();
 /// let v = vec![0u8; 1 << 20];
-/// assert!(burn_pipe::HeapCounter::installed());
-/// assert!(burn_pipe::HeapCounter::peak() - before >= 1 << 20);
+/// assert!(burn_pipe::balance::HeapCounter::installed());
+/// assert!(burn_pipe::balance::HeapCounter::peak() - before >= 1 << 20);
 /// drop(v);
 /// ```
 pub struct HeapCounter;

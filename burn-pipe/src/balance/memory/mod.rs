@@ -173,7 +173,8 @@ impl UnitMemory {
     /// largest micro-batch's samples.
     ///
     /// ```
-    /// use burn_pipe::{MemoryQuery, Schedule, UnitMemory};
+    /// use burn_pipe::{Schedule, UnitMemory};
+    /// use burn_pipe::balance::MemoryQuery;
     ///
     /// let memory = UnitMemory::new(vec![100; 4], vec![10; 4]);
     /// let query = MemoryQuery {

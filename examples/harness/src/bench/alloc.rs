@@ -1,10 +1,10 @@
 //! Peak-memory figures on the CPU, from burn-pipe's counting allocator.
 
-use burn_pipe::HeapCounter;
+use burn_pipe::balance::HeapCounter;
 
 /// Whether the counting allocator is in use.
 ///
-/// The `bench` binary installs [`burn_pipe::HeapCounter`] (which also lets
+/// The `bench` binary installs [`burn_pipe::balance::HeapCounter`] (which also lets
 /// memory-aware AutoPipe measure activations); elsewhere the counters stay
 /// at zero and [`installed`] is false.
 pub fn installed() -> bool {

@@ -11,6 +11,8 @@ use models::vit::VitConfig;
 use serde::Serialize;
 
 use super::{BenchError, alloc, median, title, write_report};
+use burn_freeze::CacheHolder;
+use burn_freeze::FreezeFront;
 use pipetransformer_jobs::backend::{self, Train};
 
 struct Preset {

@@ -12,6 +12,7 @@ use models::vit::{Vit, VitConfig, VitTypes};
 use serde::Serialize;
 
 use super::{BenchError, median, title, write_report};
+use burn_pipe::StepOptions;
 use pipetransformer_jobs::backend::{self, Inner, Train};
 
 type Stack = LayerStack<VitTypes<Train>>;
@@ -199,7 +200,7 @@ pub fn run(quick: bool) -> Result<(), BenchError> {
         if m > batch {
             continue;
         }
-        let sizes = burn_pipe::micro_batch_sizes(batch, m).expect("M <= batch");
+        let sizes = burn_pipe::micro::micro_batch_sizes(batch, m).expect("M <= batch");
         for stages in [1, 2, 4] {
             let balance = balance_exact(&costs, stages);
             for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
@@ -292,6 +293,7 @@ impl RowBench<'_> {
                     self.images.clone(),
                     self.labels.clone(),
                     |logits, labels| self.loss_fn.forward(logits, labels),
+                    StepOptions::new(),
                 )
                 .map_err(|e| BenchError::Run(e.to_string()))?;
             pipeline.clear_gradients();

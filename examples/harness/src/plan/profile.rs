@@ -124,7 +124,11 @@ pub fn profile(shape: &Shape, batches: &[usize], repeats: usize) -> ModelSpec {
     let batches = &batches[..];
     let profiles = on_each_batch!(shape, batches, |stack, input, device, batch| (
         batch,
-        median_profile(|| profile_units(&stack, input.clone(), &device, 1).unwrap_or_else(|e| panic!("profiling: {e}")), repeats),
+        median_profile(
+            || profile_units(&stack, input.clone(), &device, 1)
+                .unwrap_or_else(|e| panic!("profiling: {e}")),
+            repeats
+        ),
         frozen_forwards(&stack, input, &device, repeats),
     ));
     let units = shape

@@ -193,7 +193,7 @@ impl JobSpec {
         Ok((train, validation, dev.take(self.eval_samples)))
     }
 
-    /// The units' memory ([`burn_pipe::measure_unit_memory`]) of
+    /// The units' memory ([`burn_pipe::balance::measure_unit_memory`]) of
     /// `pretrained` on the first global batch of `job`'s training sentences,
     /// as memory-aware AutoPipe measures it on its first batch.
     pub fn sst_unit_memory(
@@ -208,7 +208,7 @@ impl JobSpec {
         let items: Vec<SstItem> = job.train.items().iter().take(self.batch).cloned().collect();
         let (input, _): (BertInput<Train>, Tensor<Train, 1, Int>) =
             job.batcher.batch(items, &device);
-        burn_pipe::measure_unit_memory(stack, input, &device)
+        burn_pipe::balance::measure_unit_memory(stack, input, &device)
             .map_err(|error| JobError::Trainer(error.into()))
     }
 

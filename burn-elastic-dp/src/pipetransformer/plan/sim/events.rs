@@ -1,7 +1,7 @@
 //! The simulation's event loop: passes start when their inputs have arrived
 //! and their stage is free, and advance at their device's share until they end.
 
-use burn_pipe::{Op, stage_ops};
+use burn_pipe::schedule::{Op, stage_ops};
 
 use super::{OpSpan, PipelineSim, PipelineTrace, shares};
 use crate::pipetransformer::plan::error::PlanError;

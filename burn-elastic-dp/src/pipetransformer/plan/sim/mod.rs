@@ -1,6 +1,7 @@
 //! A discrete-event simulation of one training step of one pipeline replica ([`PipelineSim`]).
 
-use burn_pipe::{Op, Schedule};
+use burn_pipe::Schedule;
+use burn_pipe::schedule::Op;
 
 use crate::pipetransformer::plan::error::{PlanError, check};
 
@@ -21,7 +22,7 @@ pub struct StageWork {
 }
 
 /// One step of one pipeline, to simulate: every stage runs the passes
-/// [`burn_pipe::stage_ops`] gives it, in that order, each pass waiting for its
+/// [`burn_pipe::schedule::stage_ops`] gives it, in that order, each pass waiting for its
 /// neighbour's message (an activation forward, a gradient back) and for its
 /// device; stages that share a device share its throughput. The all-reduce
 /// of the gradients that follows is costed by

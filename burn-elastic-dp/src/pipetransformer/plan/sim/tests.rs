@@ -3,7 +3,7 @@
 use super::*;
 use crate::pipetransformer::plan::config::ReduceTiming;
 use crate::pipetransformer::plan::step::step_time;
-use burn_pipe::stage_ops;
+use burn_pipe::schedule::stage_ops;
 
 fn uniform(k: usize, forward: f64, backward: f64) -> Vec<StageWork> {
     (0..k)

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use burn::config::Config;
 use burn::prelude::*;
-use burn_freeze::{FreezeState, LayerStack, PolicyState, StackOptimizer, StackTypes};
+use burn_freeze::{FreezeFront, FreezeState, LayerStack, PolicyState, StackOptimizer, StackTypes};
 use serde::{Deserialize, Serialize};
 
 use super::Trainer;

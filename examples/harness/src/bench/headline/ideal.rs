@@ -2,7 +2,8 @@
 //! each freeze schedule and the modelled phases of (c).
 
 use burn::data::dataloader::batcher::Batcher;
-use burn_pipe::{UnitCosts, UnitProfile, UnitState, profile_units};
+use burn_pipe::balance::UnitState;
+use burn_pipe::{UnitCosts, UnitProfile, profile_units};
 
 use crate::bench::BenchError;
 

@@ -4,7 +4,8 @@
 use burn_elastic_dp::shape::{ShapeRule, ShapeSettings};
 use burn_elastic_dp::{BatchPolicy, TrainerConfig};
 use burn_pipe::UnitCosts;
-use burn_pipe::{MemoryQuery, Schedule, UnitMemory, measure_unit_memory};
+use burn_pipe::balance::{MemoryQuery, measure_unit_memory};
+use burn_pipe::{Schedule, UnitMemory};
 use serde::Serialize;
 
 use super::configs::{DEVICES, Setting, strongest_base};
@@ -129,7 +130,9 @@ pub(super) fn budget(spec: &JobSpec, memory: UnitMemory) -> Result<Budget, Bench
         per_layer: 2,
         layers: spec.layers,
     };
-    let memory = TrainerConfig::new().with_layers(blocks).with_evidence(&memory);
+    let memory = TrainerConfig::new()
+        .with_layers(blocks)
+        .with_evidence(&memory);
     let units = memory.len();
     let one_stage = memory.stages(&MemoryQuery {
         balance: &[units],
@@ -146,7 +149,8 @@ pub(super) fn budget(spec: &JobSpec, memory: UnitMemory) -> Result<Budget, Bench
     let stages_by_k: Vec<(usize, Vec<u64>)> = burn_elastic_dp::shape::stage_counts(DEVICES, units)
         .into_iter()
         .map(|k| {
-            let mut settings = ShapeSettings::new(DEVICES, BatchPolicy::FixedGlobal { batch: spec.batch });
+            let mut settings =
+                ShapeSettings::new(DEVICES, BatchPolicy::FixedGlobal { batch: spec.batch });
             settings.stages = Some(k);
             settings.optimizer_slots = ADAM_SLOTS;
             let mut rule = ShapeRule::new(settings, costs.clone(), memory.clone());

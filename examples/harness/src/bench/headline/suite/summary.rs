@@ -137,7 +137,11 @@ pub(super) fn summaries(
             final_accuracy_percent: accuracy,
             train_seconds: seconds,
             rule_percent: 100.0 * runs.iter().map(RunRecord::rule_seconds).sum::<f64>()
-                / runs.iter().map(|r| r.seconds).sum::<f64>().max(f64::MIN_POSITIVE),
+                / runs
+                    .iter()
+                    .map(|r| r.seconds)
+                    .sum::<f64>()
+                    .max(f64::MIN_POSITIVE),
             accuracy_delta_vs_strongest: accuracy.mean - strongest_accuracy.mean,
             full_run_speedup: strongest_seconds.mean / seconds.mean,
             time_to_accuracy: tta.clone(),

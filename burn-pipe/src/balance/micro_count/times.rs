@@ -4,7 +4,7 @@
 use burn::serde::{Deserialize, Serialize};
 
 use crate::balance::costs::{UnitProfile, UnitState};
-use crate::balance::micro::error::MicroSearchError;
+use crate::balance::micro_count::error::MicroSearchError;
 
 /// Each unit's forward and backward time at several micro-batch sizes: a
 /// profile per size ([`profile_micro_batches`](crate::profile_micro_batches)
@@ -14,7 +14,8 @@ use crate::balance::micro::error::MicroSearchError;
 ///
 /// ```
 /// use std::time::Duration;
-/// use burn_pipe::{MicroBatchTimes, UnitProfile};
+/// use burn_pipe::UnitProfile;
+/// use burn_pipe::micro::MicroBatchTimes;
 ///
 /// // Two units; a micro-batch of n samples costs n ms forward, 2n ms backward.
 /// let times = MicroBatchTimes::from_fn(&[1, 4], 2, |_unit, n| UnitProfile {
@@ -25,7 +26,7 @@ use crate::balance::micro::error::MicroSearchError;
 /// let (forward, backward) = times.unit_seconds(0, 2);
 /// assert!((forward - 0.002).abs() < 1e-12 && (backward - 0.004).abs() < 1e-12);
 /// assert!((times.unit_seconds(1, 8).0 - 0.008).abs() < 1e-12);
-/// # Ok::<(), burn_pipe::MicroSearchError>(())
+/// # Ok::<(), burn_pipe::micro::MicroSearchError>(())
 /// ```
 ///
 /// A table is serde (a checkpoint keeps the one a run chose its micro-batch
@@ -178,9 +179,9 @@ pub(crate) fn check_sizes(sizes: &[usize]) -> Result<(), MicroSearchError> {
 /// replica: the powers of two below `batch`, and `batch` itself.
 ///
 /// ```
-/// assert_eq!(burn_pipe::micro_batch_profile_sizes(12), vec![1, 2, 4, 8, 12]);
-/// assert_eq!(burn_pipe::micro_batch_profile_sizes(1), vec![1]);
-/// assert!(burn_pipe::micro_batch_profile_sizes(0).is_empty());
+/// assert_eq!(burn_pipe::micro::micro_batch_profile_sizes(12), vec![1, 2, 4, 8, 12]);
+/// assert_eq!(burn_pipe::micro::micro_batch_profile_sizes(1), vec![1]);
+/// assert!(burn_pipe::micro::micro_batch_profile_sizes(0).is_empty());
 /// ```
 pub fn micro_batch_profile_sizes(batch: usize) -> Vec<usize> {
     let mut sizes: Vec<usize> = (0..usize::BITS)

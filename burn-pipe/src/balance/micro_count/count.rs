@@ -4,10 +4,10 @@
 use burn::serde::{Deserialize, Serialize};
 
 use crate::balance::costs::UnitState;
-use crate::balance::micro::error::MicroSearchError;
-use crate::balance::micro::times::MicroBatchTimes;
-use crate::runtime::microbatch::micro_batch_sizes;
+use crate::balance::micro_count::error::MicroSearchError;
+use crate::balance::micro_count::times::MicroBatchTimes;
 use crate::runtime::schedule::{Op, Schedule, stage_ops};
+use crate::runtime::split::micro_batch_sizes;
 
 /// The micro-batch count the paper found best for a pipeline of `stages`
 /// stages: 1 without a pipeline, else 16 (2K for K = 8, 4K for K = 4, 8K for
@@ -25,9 +25,9 @@ pub fn default_micro_batches(stages: usize) -> usize {
 /// micro-batch has at least one.
 ///
 /// ```
-/// assert_eq!(burn_pipe::micro_batch_candidates(4, 32), (1..=24).collect::<Vec<_>>());
-/// assert_eq!(burn_pipe::micro_batch_candidates(2, 8), (1..=8).collect::<Vec<_>>());
-/// assert_eq!(burn_pipe::micro_batch_candidates(1, 32), (1..=6).collect::<Vec<_>>());
+/// assert_eq!(burn_pipe::micro::micro_batch_candidates(4, 32), (1..=24).collect::<Vec<_>>());
+/// assert_eq!(burn_pipe::micro::micro_batch_candidates(2, 8), (1..=8).collect::<Vec<_>>());
+/// assert_eq!(burn_pipe::micro::micro_batch_candidates(1, 32), (1..=6).collect::<Vec<_>>());
 /// ```
 pub fn micro_batch_candidates(stages: usize, batch: usize) -> Vec<usize> {
     let top = (6 * stages).max(default_micro_batches(stages));
@@ -115,7 +115,9 @@ fn check_query(units: usize, query: &MicroBatchQuery<'_>) -> Result<(), MicroSea
 ///
 /// ```
 /// use std::time::Duration;
-/// use burn_pipe::{predict_step, MicroBatchQuery, MicroBatchTimes, Schedule, UnitProfile, UnitState};
+/// use burn_pipe::{Schedule, UnitProfile};
+/// use burn_pipe::balance::UnitState;
+/// use burn_pipe::micro::{predict_step, MicroBatchQuery, MicroBatchTimes};
 ///
 /// let times = MicroBatchTimes::from_fn(&[1, 8], 4, |_, n| UnitProfile {
 ///     forward: Duration::from_millis(n as u64),
@@ -129,7 +131,7 @@ fn check_query(units: usize, query: &MicroBatchQuery<'_>) -> Result<(), MicroSea
 /// };
 /// // 4 micro-batches of 2: (4 + 3) x 6 ms.
 /// assert!((predict_step(&times, &query, 4)? - 0.042).abs() < 1e-9);
-/// # Ok::<(), burn_pipe::MicroSearchError>(())
+/// # Ok::<(), burn_pipe::micro::MicroSearchError>(())
 /// ```
 pub fn predict_step(
     times: &MicroBatchTimes,
@@ -230,7 +232,9 @@ fn run_schedule(schedule: Schedule, stages: &[Vec<(f64, f64)>]) -> f64 {
 ///
 /// ```
 /// use std::time::Duration;
-/// use burn_pipe::{choose_micro_batches, MicroBatchQuery, MicroBatchTimes, Schedule, UnitProfile, UnitState};
+/// use burn_pipe::{choose_micro_batches, Schedule, UnitProfile};
+/// use burn_pipe::balance::UnitState;
+/// use burn_pipe::micro::{MicroBatchQuery, MicroBatchTimes};
 ///
 /// let times = MicroBatchTimes::from_fn(&[1, 2, 4, 8, 16, 32], 4, |_, n| UnitProfile {
 ///     forward: Duration::from_micros(100 * n.max(8) as u64),
@@ -245,7 +249,7 @@ fn run_schedule(schedule: Schedule, stages: &[Vec<(f64, f64)>]) -> f64 {
 /// assert_eq!(choice.micro_batches, 4);
 /// assert_eq!(choice.paper_micro_batches, 16);
 /// assert!(choice.predicted(16).unwrap() > choice.predicted_step_s);
-/// # Ok::<(), burn_pipe::MicroSearchError>(())
+/// # Ok::<(), burn_pipe::micro::MicroSearchError>(())
 /// ```
 pub fn choose_micro_batches(
     times: &MicroBatchTimes,
@@ -262,7 +266,9 @@ pub fn choose_micro_batches(
 ///
 /// ```
 /// use std::time::Duration;
-/// use burn_pipe::{choose_micro_batches_where, MicroBatchQuery, MicroBatchTimes, Schedule, UnitProfile, UnitState};
+/// use burn_pipe::{Schedule, UnitProfile};
+/// use burn_pipe::balance::UnitState;
+/// use burn_pipe::micro::{choose_micro_batches_where, MicroBatchQuery, MicroBatchTimes};
 ///
 /// let times = MicroBatchTimes::from_fn(&[1, 32], 2, |_, n| UnitProfile {
 ///     forward: Duration::from_millis(n as u64),
@@ -278,7 +284,7 @@ pub fn choose_micro_batches(
 /// let choice = choose_micro_batches_where(&times, &query, |c| c.micro_batch <= 4)?;
 /// assert!(choice.micro_batches >= 8);
 /// assert!(choose_micro_batches_where(&times, &query, |_| false).is_err());
-/// # Ok::<(), burn_pipe::MicroSearchError>(())
+/// # Ok::<(), burn_pipe::micro::MicroSearchError>(())
 /// ```
 pub fn choose_micro_batches_where(
     times: &MicroBatchTimes,

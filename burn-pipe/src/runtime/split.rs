@@ -7,8 +7,8 @@ use crate::runtime::error::PipeError;
 /// micro-batch is the smaller one when the batch does not divide evenly.
 ///
 /// ```
-/// assert_eq!(burn_pipe::micro_batch_sizes(10, 4).unwrap(), vec![3, 3, 2, 2]);
-/// assert!(burn_pipe::micro_batch_sizes(3, 4).is_err());
+/// assert_eq!(burn_pipe::micro::micro_batch_sizes(10, 4).unwrap(), vec![3, 3, 2, 2]);
+/// assert!(burn_pipe::micro::micro_batch_sizes(3, 4).is_err());
 /// ```
 pub fn micro_batch_sizes(batch: usize, micro_batches: usize) -> Result<Vec<usize>, PipeError> {
     if micro_batches == 0 {
