@@ -370,15 +370,12 @@ impl<TT: TrainerTypes> Trainer<TT> {
         }
         let front = self.group.front();
         let deciding = std::time::Instant::now();
-        let moved = match point {
+        match point {
             DecisionPoint::AfterStep => self.auto.after_step(&mut self.group)?,
             DecisionPoint::EpochEnd => self.auto.after_epoch(&mut self.group)?,
         };
         tally.rule(deciding.elapsed());
-        if moved.is_some() {
-            tally.add_transition(self.reshape_after_move(front)?);
-        }
-        Ok(moved.is_some())
+        self.follow_front(front, tally)
     }
 
     /// After a step, when the freeze rule asks for it: the held-out loss,
@@ -407,13 +404,24 @@ impl<TT: TrainerTypes> Trainer<TT> {
         };
         let loss = held_out::held_out_loss(&self.group, &self.loss, input, targets)?;
         let front = self.group.front();
-        let moved = self.auto.held_out_loss(&mut self.group, loss)?;
+        self.auto.held_out_loss(&mut self.group, loss)?;
         tally.rule(checking.elapsed());
-        if self.group.front() != front {
-            tally.add_transition(self.reshape_after_move(front)?);
-            return Ok(true);
+        self.follow_front(front, tally)
+    }
+
+    /// After a decision: when the front moved from `front_before` (up, or
+    /// down: a thaw), the transition that follows, added to `tally`;
+    /// whether it moved. The one test of "the front moved".
+    fn follow_front(
+        &mut self,
+        front_before: usize,
+        tally: &mut EpochTally,
+    ) -> Result<bool, TrainerError> {
+        if self.group.front() == front_before {
+            return Ok(false);
         }
-        Ok(moved.is_some())
+        tally.add_transition(self.reshape_after_move(front_before)?);
+        Ok(true)
     }
 
     /// AutoPipe and AutoDP after the front moved from `front_before` (up,
