@@ -63,7 +63,7 @@ pub mod micro {
     //! ```
 
     pub use crate::balance::micro_count::count::{
-        MicroBatchCandidate, MicroBatchChoice, MicroBatchQuery, choose_micro_batches,
+        MicroBatchCandidate, MicroBatchChoice, MicroBatchQuery, SharedCores, choose_micro_batches,
         choose_micro_batches_where, default_micro_batches, micro_batch_candidates, predict_step,
     };
     pub use crate::balance::micro_count::error::MicroSearchError;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use burn_pipe::balance::UnitState;
 use burn_pipe::micro::{
-    MicroBatchQuery, MicroBatchTimes, MicroSearchError, micro_batch_candidates,
+    MicroBatchQuery, MicroBatchTimes, MicroSearchError, SharedCores, micro_batch_candidates,
     micro_batch_profile_sizes, predict_step, profile_micro_batches,
 };
 use burn_pipe::{
@@ -34,6 +34,7 @@ fn query<'a>(balance: &'a [usize], states: &'a [UnitState], batch: usize) -> Mic
         states,
         batch_per_replica: batch,
         schedule: Schedule::OneFOneB,
+        shared: None,
     }
 }
 
@@ -134,6 +135,64 @@ fn a_fixed_cost_per_micro_batch_balances_bubble_against_overhead() {
     assert_eq!(choice.micro_batches, expected);
     assert_eq!(choice.micro_batches, 4);
     assert_ne!(choice.micro_batches, default_micro_batches(2));
+}
+
+#[test]
+fn on_shared_cores_the_work_bounds_the_step_and_fewer_micro_batches_win() {
+    // A fixed cost of 1 ms per micro-batch and unit, plus 0.1 ms a sample.
+    let times = table(4, |n| 1.0 + 0.1 * n as f64);
+    let training = [UnitState::Training; 4];
+    let own = query(&[1, 1, 1, 1], &training, 32);
+    let on_own_devices = choose_micro_batches(&times, &own).unwrap();
+    assert!(on_own_devices.micro_batches > 1, "{on_own_devices:?}");
+    // The same 4 stages as threads of one core: every pass in turn, so
+    // the step is the whole work, least with one micro-batch.
+    let one_core = SharedCores {
+        cores: 1,
+        replicas: 1,
+    };
+    let shared = MicroBatchQuery {
+        shared: Some(one_core),
+        ..own
+    };
+    for m in [1, 2, 4, 8] {
+        let work = 4.0 * m as f64 * 3.0 * (1.0 + 0.1 * (32 / m) as f64) * 1e-3;
+        let predicted = predict_step(&times, &shared, m).unwrap();
+        assert!(
+            close(predicted, work),
+            "M = {m}: {predicted} against {work}"
+        );
+        assert!(predicted >= predict_step(&times, &own, m).unwrap());
+    }
+    assert_eq!(
+        choose_micro_batches(&times, &shared).unwrap().micro_batches,
+        1
+    );
+    // Two replicas on two cores: the same bound.
+    let two = SharedCores {
+        cores: 2,
+        replicas: 2,
+    };
+    let both = MicroBatchQuery {
+        shared: Some(two),
+        ..own
+    };
+    assert!(close(
+        predict_step(&times, &both, 4).unwrap(),
+        predict_step(&times, &shared, 4).unwrap()
+    ));
+    // Many cores: the pipeline's own makespan holds again.
+    let many = MicroBatchQuery {
+        shared: Some(SharedCores {
+            cores: 64,
+            replicas: 1,
+        }),
+        ..own
+    };
+    assert_eq!(
+        choose_micro_batches(&times, &many).unwrap().micro_batches,
+        on_own_devices.micro_batches
+    );
 }
 
 #[test]

@@ -343,6 +343,9 @@ impl PlanConfig {
             micro_batches: self.micro_batches,
             measure_micro_batches: self.micro_batch_times.is_some(),
             schedule: self.schedule,
+            // The cluster's devices are its own (the planner's shared-device
+            // model is its own: `ClusterConfig::shared_device_capacity`).
+            shared_cores: None,
         }
     }
 }

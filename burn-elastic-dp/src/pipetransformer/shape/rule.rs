@@ -4,7 +4,7 @@
 
 use burn_pipe::balance::{StageMemory, UnitState};
 use burn_pipe::micro::{
-    MicroBatchChoice, MicroBatchQuery, MicroBatchTimes, choose_micro_batches_where,
+    MicroBatchChoice, MicroBatchQuery, MicroBatchTimes, SharedCores, choose_micro_batches_where,
 };
 use burn_pipe::{Schedule, UnitCosts, UnitMemory, default_micro_batches};
 
@@ -54,9 +54,23 @@ pub struct ShapeSettings {
     pub measure_micro_batches: bool,
     /// The pipeline's schedule.
     pub schedule: Schedule,
+    /// The cores the devices share when they are threads of one machine
+    /// (logical CPU devices): every stage of every replica runs on them, so
+    /// M is chosen for the least work rather than the shortest pipeline
+    /// ([`SharedCores`]); `None`: every device its own.
+    pub shared_cores: Option<usize>,
 }
 
 impl ShapeSettings {
+    /// What the step model is told of shared cores for a shape of
+    /// `replicas` replicas (see [`shared_cores`](Self::shared_cores)).
+    pub fn shared(&self, replicas: usize) -> Option<SharedCores> {
+        self.shared_cores.map(|cores| SharedCores {
+            cores: cores.max(1),
+            replicas,
+        })
+    }
+
     /// Every part on, no budget, the start and M left to the rule, 1F1B.
     pub fn new(devices: usize, batch: BatchPolicy) -> Self {
         Self {
@@ -71,6 +85,7 @@ impl ShapeSettings {
             micro_batches: None,
             measure_micro_batches: true,
             schedule: Schedule::OneFOneB,
+            shared_cores: None,
         }
     }
 }
@@ -353,6 +368,7 @@ impl ShapeRule {
             states: &states,
             batch_per_replica: self.settings.batch.global_batch(total_replicas) / total_replicas,
             schedule: self.settings.schedule,
+            shared: self.settings.shared(shape.replicas),
         };
         // With a budget, only counts whose stages fit it (the shape fits at
         // the paper's count, which it was judged at).

@@ -58,7 +58,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
             Some(dir) => Some(JsonLog::create(dir, resuming)?),
             None => None,
         };
-        let mut measured = Measurements::start(&stack, &config, devices.len());
+        let mut measured = Measurements::start(&stack, &config, &devices);
         let shape = measured.rule_mut().start()?;
         let pipeline = (config.replicas.pipeline.clone()).with_balance(Some(shape.balance.clone()));
         let mut group = (config.replicas.clone())

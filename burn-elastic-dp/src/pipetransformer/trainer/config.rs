@@ -272,6 +272,7 @@ impl TrainerConfig {
             micro_batches: self.replicas.pipeline.micro_batches,
             measure_micro_batches: self.measure_micro_batches,
             schedule: self.replicas.pipeline.schedule,
+            shared_cores: None,
         }
     }
 

@@ -19,11 +19,30 @@ use super::error::TrainerError;
 use super::rules::CostModel;
 use super::transition::shape_of;
 use crate::group::ReplicaGroup;
-use crate::pipetransformer::shape::{MicroBatches, ShapeRule};
+use crate::pipetransformer::shape::{MicroBatches, ShapeRule, ShapeSettings};
 
 /// Timed runs per micro-batch size when the unit costs are parameter
 /// counts (profiled costs use their own `repeats`): the fastest counts.
 pub(super) const MICRO_BATCH_REPEATS: usize = 3;
+
+/// The cores `devices` share when they are threads of one machine: more
+/// than one device, all the same (logical CPU devices); this machine's
+/// cores over the MPI ranks started on it (OpenMPI's
+/// `OMPI_COMM_WORLD_LOCAL_SIZE`, MPICH's `MPI_LOCALNRANKS`), at least 1.
+/// `None` for devices of their own.
+fn shared_cores<D: PartialEq>(devices: &[D]) -> Option<usize> {
+    let logical = devices.len() > 1 && devices.iter().all(|d| *d == devices[0]);
+    if !logical {
+        return None;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let ranks_here = ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
+        .iter()
+        .find_map(|name| std::env::var(name).ok()?.parse::<usize>().ok())
+        .unwrap_or(1)
+        .max(1);
+    Some((cores / ranks_here).max(1))
+}
 
 /// The measurements a run's shapes are decided on, and the rule that
 /// decides them.
@@ -62,12 +81,11 @@ pub(super) struct MeasuredState {
 
 impl Measurements {
     /// Before the first batch: parameter counts as costs and as memory,
-    /// and what the first batch is to measure under `config` on `devices`
-    /// devices.
+    /// and what the first batch is to measure under `config` on `devices`.
     pub(super) fn start<S: StackTypes>(
         stack: &LayerStack<S>,
         config: &TrainerConfig,
-        devices: usize,
+        devices: &[Device<S::Backend>],
     ) -> Self {
         let params = stack.unit_params();
         // Parameter counts until the first batch is profiled.
@@ -77,8 +95,12 @@ impl Measurements {
         };
         let memory =
             UnitMemory::from_param_counts(&params, burn_pipe::balance::float_bytes::<S::Backend>());
+        let settings = ShapeSettings {
+            shared_cores: shared_cores(devices),
+            ..config.shape_settings(devices.len())
+        };
         let rule = ShapeRule::new(
-            config.shape_settings(devices),
+            settings,
             UnitCosts::from_params(&params, frozen_factor),
             config.with_evidence(&memory),
         );

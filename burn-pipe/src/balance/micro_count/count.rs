@@ -45,6 +45,23 @@ pub struct MicroBatchQuery<'a> {
     pub batch_per_replica: usize,
     /// The pipeline's schedule.
     pub schedule: Schedule,
+    /// When the devices are threads of one machine (logical CPU devices):
+    /// the cores they share and the replicas that run on them; `None`:
+    /// every stage on a device of its own.
+    pub shared: Option<SharedCores>,
+}
+
+/// Logical devices that are threads of one machine: every stage of every
+/// replica runs on the same `cores`, so a step takes at least the
+/// `replicas`' whole work over the cores, however the stages overlap; the
+/// fewer and larger the micro-batches, the less work (a backend's per-op
+/// cost falls on every micro-batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedCores {
+    /// Cores this process may use (at least 1).
+    pub cores: usize,
+    /// Replicas that run on them at once.
+    pub replicas: usize,
 }
 
 /// One candidate micro-batch count and its predicted step.
@@ -111,13 +128,14 @@ fn check_query(units: usize, query: &MicroBatchQuery<'_>) -> Result<(), MicroSea
 /// the next stage's backward) has arrived, every pass taking the table's
 /// time at its micro-batch's size. Sending a message costs nothing here.
 /// With K equal stages of time `t` per micro-batch, this is
-/// `(M + K - 1) t`.
+/// `(M + K - 1) t`. On devices that share cores ([`SharedCores`]) a step
+/// takes at least every replica's passes summed over the cores.
 ///
 /// ```
 /// use std::time::Duration;
 /// use burn_pipe::{Schedule, UnitProfile};
 /// use burn_pipe::balance::UnitState;
-/// use burn_pipe::micro::{predict_step, MicroBatchQuery, MicroBatchTimes};
+/// use burn_pipe::micro::{predict_step, MicroBatchQuery, MicroBatchTimes, SharedCores};
 ///
 /// let times = MicroBatchTimes::from_fn(&[1, 8], 4, |_, n| UnitProfile {
 ///     forward: Duration::from_millis(n as u64),
@@ -128,9 +146,13 @@ fn check_query(units: usize, query: &MicroBatchQuery<'_>) -> Result<(), MicroSea
 ///     states: &[UnitState::Training; 4],
 ///     batch_per_replica: 8,
 ///     schedule: Schedule::OneFOneB,
+///     shared: None,
 /// };
 /// // 4 micro-batches of 2: (4 + 3) x 6 ms.
 /// assert!((predict_step(&times, &query, 4)? - 0.042).abs() < 1e-9);
+/// // The 4 stages on one shared core: all 4 x 4 passes of 6 ms in turn.
+/// let one_core = MicroBatchQuery { shared: Some(SharedCores { cores: 1, replicas: 1 }), ..query };
+/// assert!((predict_step(&times, &one_core, 4)? - 0.096).abs() < 1e-9);
 /// # Ok::<(), burn_pipe::micro::MicroSearchError>(())
 /// ```
 pub fn predict_step(
@@ -158,7 +180,15 @@ pub fn predict_step(
                 .collect()
         })
         .collect();
-    Ok(run_schedule(query.schedule, &stages))
+    let makespan = run_schedule(query.schedule, &stages);
+    Ok(match query.shared {
+        Some(shared) => {
+            let work: f64 = stages.iter().flatten().map(|(f, b)| f + b).sum();
+            let bound = work * shared.replicas.max(1) as f64 / shared.cores.max(1) as f64;
+            makespan.max(bound)
+        }
+        None => makespan,
+    })
 }
 
 /// The makespan of the schedule's passes on stages whose micro-batch `n`
@@ -245,6 +275,7 @@ fn run_schedule(schedule: Schedule, stages: &[Vec<(f64, f64)>]) -> f64 {
 ///     states: &[UnitState::Training; 4],
 ///     batch_per_replica: 32,
 ///     schedule: Schedule::OneFOneB,
+///     shared: None,
 /// })?;
 /// assert_eq!(choice.micro_batches, 4);
 /// assert_eq!(choice.paper_micro_batches, 16);
@@ -279,6 +310,7 @@ pub fn choose_micro_batches(
 ///     states: &[UnitState::Training; 2],
 ///     batch_per_replica: 32,
 ///     schedule: Schedule::OneFOneB,
+///     shared: None,
 /// };
 /// // At most 4 samples per micro-batch.
 /// let choice = choose_micro_batches_where(&times, &query, |c| c.micro_batch <= 4)?;
