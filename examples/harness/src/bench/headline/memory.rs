@@ -113,8 +113,10 @@ pub(super) struct Budget {
 }
 
 /// The per-device budget of the memory-bound setting: 5% over the largest
-/// stage of K = 2 and of K = 4 (R = D / K; both fit), which must lie below
-/// the one stage of K = 1 (which then does not fit, so (b*) pipelines).
+/// stage of K = 2 and of K = 4 (R = D / K; both fit, at any micro-batch
+/// count: sized at one, the most activations 1F1B keeps in flight), which
+/// must lie below the one stage of K = 1 (which then does not fit, so (b*)
+/// pipelines).
 /// The estimate is memory-aware AutoPipe's on the units' parameters and
 /// the activations measured on one global batch.
 ///
@@ -153,6 +155,10 @@ pub(super) fn budget(spec: &JobSpec, memory: UnitMemory) -> Result<Budget, Bench
                 ShapeSettings::new(DEVICES, BatchPolicy::FixedGlobal { batch: spec.batch });
             settings.stages = Some(k);
             settings.optimizer_slots = ADAM_SLOTS;
+            // At one micro-batch: a replica's whole share in flight, the
+            // most 1F1B keeps at any M up to K, so the budget leaves the
+            // trainer free to run each shape at its measured M.
+            settings.micro_batches = Some(1);
             let mut rule = ShapeRule::new(settings, costs.clone(), memory.clone());
             let held = match rule.start() {
                 Ok(shape) => rule.stage_memory(&shape.balance, 0),
