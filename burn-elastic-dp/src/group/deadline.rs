@@ -13,7 +13,10 @@ use crate::error::ElasticError;
 
 /// What a replica's share of a step gives: its pipelined pass, and the time
 /// it waited on the all-reduce of its gradients after computing.
-pub(super) type ShareResult = Result<(StepReport, Duration), ElasticError>;
+/// A replica's share of a step: its pipeline's report, the exposed
+/// communication, and the seconds its pass lost to bubbles (worked out on
+/// the replica's own thread).
+pub(super) type ShareResult = Result<(StepReport, Duration, f64), ElasticError>;
 
 /// What a replica thread tells the coordinating thread.
 pub(super) enum Progress<S: StackTypes, O> {

@@ -22,15 +22,17 @@ pub(super) fn outcome(
     overdue: Option<Overdue>,
     timeout: Duration,
     lost: &[usize],
-) -> Result<(Vec<StepReport>, Vec<Duration>), ElasticError> {
+) -> Result<(Vec<StepReport>, Vec<Duration>, f64), ElasticError> {
     let mut reports = Vec::with_capacity(results.len());
     let mut all_reduce = Vec::with_capacity(results.len());
+    let mut bubble = 0.0;
     let mut failure: Option<ElasticError> = None;
     for result in results.into_iter().flatten() {
         match result {
-            Ok((report, reduce)) => {
+            Ok((report, reduce, lost)) => {
                 reports.push(report);
                 all_reduce.push(reduce);
+                bubble += lost;
             }
             Err(error) if is_own_failure(&error) => {
                 if !failure.as_ref().is_some_and(is_own_failure) {
@@ -59,7 +61,10 @@ pub(super) fn outcome(
     }
     match failure {
         Some(error) => Err(renumber(error, lost)),
-        None => Ok((reports, all_reduce)),
+        None => {
+            let bubble = bubble / reports.len().max(1) as f64;
+            Ok((reports, all_reduce, bubble))
+        }
     }
 }
 
@@ -189,10 +194,11 @@ mod tests {
             messages: 0,
         };
         let results = vec![
-            Some(Ok((report(1.0), Duration::from_millis(1)))),
-            Some(Ok((report(2.0), Duration::from_millis(2)))),
+            Some(Ok((report(1.0), Duration::from_millis(1), 0.5))),
+            Some(Ok((report(2.0), Duration::from_millis(2), 1.5))),
         ];
-        let (reports, all_reduce) = outcome(results, None, BOUND, &[]).unwrap();
+        let (reports, all_reduce, bubble) = outcome(results, None, BOUND, &[]).unwrap();
+        assert_eq!(bubble, 1.0, "the replicas' mean");
         assert_eq!(reports, vec![report(1.0), report(2.0)]);
         assert_eq!(
             all_reduce,

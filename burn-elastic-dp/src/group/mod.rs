@@ -46,6 +46,10 @@ pub struct GroupReport {
     /// starts as soon as that stage's backward is done, so the part that
     /// overlapped the earlier stages' backward is not counted here.
     pub all_reduce: Vec<Duration>,
+    /// Seconds of the replicas' pipelined passes lost to bubbles: each
+    /// replica's wall time times its bubble fraction
+    /// ([`StepReport::bubble_fraction`]), averaged over the replicas.
+    pub bubble_seconds: f64,
     /// Wall-clock time of the step.
     pub wall: Duration,
 }

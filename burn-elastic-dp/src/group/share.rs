@@ -123,10 +123,14 @@ pub(super) fn replica_share<S, O, T, L>(
         let Some(exchange) = exchange else {
             let report = report.map_err(|source| ElasticError::Replica { replica, source })?;
             let _ = tx.send(Progress::Arrived(replica));
-            return Ok((report, Duration::ZERO));
+            let bubble = bubble_seconds(&report);
+            return Ok((report, Duration::ZERO, bubble));
         };
         match report {
-            Ok(report) => Ok((report, exchange.exposed())),
+            Ok(report) => {
+                let bubble = bubble_seconds(&report);
+                Ok((report, exchange.exposed(), bubble))
+            }
             // A hook that gave up: the exchange's own error says why.
             Err(source @ PipeError::GradientHook { .. }) => Err(exchange
                 .take_error()
@@ -141,4 +145,10 @@ pub(super) fn replica_share<S, O, T, L>(
         })
     });
     let _ = tx.send(Progress::Done(replica, Box::new(pipeline), result));
+}
+
+/// Seconds of `report`'s pass lost to bubbles: its wall time times its
+/// bubble fraction.
+fn bubble_seconds(report: &burn_pipe::StepReport) -> f64 {
+    report.wall.as_secs_f64() * report.bubble_fraction()
 }

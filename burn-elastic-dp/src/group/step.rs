@@ -85,11 +85,12 @@ where
             deadline::collect::<InnerBackendOf<S>, S, O>(rx, count, timeout, &self.nodes);
         let lost = self.take_back(collected.pipelines);
         match failure::outcome(collected.results, collected.overdue, timeout, &lost) {
-            Ok((reports, all_reduce)) => Ok(GroupReport {
+            Ok((reports, all_reduce, bubble_seconds)) => Ok(GroupReport {
                 loss: plan.loss(reports.iter().map(|r| r.loss)),
                 shards,
                 replicas: reports,
                 all_reduce,
+                bubble_seconds,
                 wall: start.elapsed(),
             }),
             Err(error) => {

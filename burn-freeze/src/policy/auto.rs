@@ -24,6 +24,9 @@ pub struct AutoFreeze<P> {
     policy: P,
     map: LayerMap,
     state: FreezeState,
+    /// Whether the policy wants a held-out loss after the step just taken
+    /// (decided by [`after_step`](Self::after_step)).
+    held_out_due: bool,
 }
 
 impl<P: FreezePolicy> AutoFreeze<P> {
@@ -35,7 +38,12 @@ impl<P: FreezePolicy> AutoFreeze<P> {
             epoch: 0,
             step: 0,
         };
-        Self { policy, map, state }
+        Self {
+            policy,
+            map,
+            state,
+            held_out_due: false,
+        }
     }
 
     /// Layers frozen now.
@@ -87,6 +95,7 @@ impl<P: FreezePolicy> AutoFreeze<P> {
     /// front is restored separately).
     pub fn load_state(&mut self, state: FreezeState, policy: Option<super::PolicyState>) {
         self.state = state;
+        self.held_out_due = false;
         if let Some(policy) = policy {
             self.policy.load_state(policy);
         }
@@ -128,6 +137,9 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         }
         let norms = self.map.layer_norms(&target.last_gradient_norms());
         let decision = self.policy.after_step(self.state, &norms);
+        self.held_out_due = self.policy.held_out_every().is_some_and(|every| {
+            self.state.step > 0 && self.state.step.is_multiple_of(every.max(1))
+        });
         self.apply(target, decision)
     }
 
@@ -136,9 +148,7 @@ impl<P: FreezePolicy> AutoFreeze<P> {
     /// [`after_step`](Self::after_step), then give it to
     /// [`held_out_loss`](Self::held_out_loss).
     pub fn wants_held_out_loss(&self) -> bool {
-        self.policy.held_out_every().is_some_and(|every| {
-            self.state.step > 0 && self.state.step.is_multiple_of(every.max(1))
-        })
+        self.held_out_due
     }
 
     /// Feeds the policy a held-out loss measured after the last step and

@@ -116,7 +116,7 @@ impl EpochTally {
         self.samples += samples;
         self.loss_sum += f64::from(report.loss) * samples as f64;
         self.all_reduce += report.all_reduce.iter().copied().max().unwrap_or_default();
-        self.bubble += bubble_seconds(&report.replicas);
+        self.bubble += report.bubble_seconds;
         // R of the whole group (every process's replicas).
         let (stages, replicas) = (shape.stages(), total);
         self.ran_with = shape;
@@ -170,14 +170,4 @@ impl EpochTally {
             cache_misses: end.cache_after.1 - self.cache_before.1,
         }
     }
-}
-
-/// Seconds of a step's pipelined passes lost to bubbles: each replica's
-/// wall time times its bubble fraction, averaged over the replicas.
-fn bubble_seconds(replicas: &[burn_pipe::StepReport]) -> f64 {
-    let lost: f64 = replicas
-        .iter()
-        .map(|r| r.wall.as_secs_f64() * r.bubble_fraction())
-        .sum();
-    lost / replicas.len().max(1) as f64
 }
