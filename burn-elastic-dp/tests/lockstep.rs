@@ -465,18 +465,47 @@ fn tails_cases() -> Vec<(String, TrainerConfig, usize)> {
     cases
 }
 
+/// A rank's run of case `case`: its weights and its samples per epoch,
+/// written under `out`.
+fn save_rank_run(out: &Path, case: &str, rank: usize, weights: &[f32], reports: &[EpochReport]) {
+    let samples: Vec<usize> = reports.iter().map(|r| r.samples).collect();
+    std::fs::write(out.join(format!("{case}-{rank}")), to_bytes(weights)).unwrap();
+    std::fs::write(
+        out.join(format!("{case}-{rank}.samples")),
+        format!("{samples:?}"),
+    )
+    .unwrap();
+}
+
+/// Case `case` of the 2 ranks under `out` against one process's
+/// `expected` weights: the ranks hold the same bits, each trained every
+/// one of `len` samples in each of 2 epochs, within 1e-4 of one process.
+fn check_rank_runs(out: &Path, case: &str, name: &str, expected: &[f32], len: usize) -> f32 {
+    let weights: Vec<Vec<u8>> = (0..2)
+        .map(|r| read(&out.join(format!("{case}-{r}"))))
+        .collect();
+    assert_eq!(weights[0], weights[1], "{name}: the ranks' weights differ");
+    for rank in 0..2 {
+        let samples = String::from_utf8(read(&out.join(format!("{case}-{rank}.samples")))).unwrap();
+        assert_eq!(
+            samples,
+            format!("{:?}", [len, len]),
+            "{name}: rank {rank}'s samples per epoch"
+        );
+    }
+    let worst = difference(&from_bytes(&weights[0]), expected);
+    assert!(
+        worst <= 1e-4,
+        "{name}: two ranks and one process differ by {worst}"
+    );
+    worst
+}
+
 fn tails_rank() {
     let (mpi, out) = rank_setup();
     for (case, (_, config, len)) in tails_cases().into_iter().enumerate() {
         let (weights, reports) = train(build(&across(config), 2), &dataset(len), 2);
-        let samples: Vec<usize> = reports.iter().map(|r| r.samples).collect();
-        let rank = mpi.rank();
-        std::fs::write(out.join(format!("{case}-{rank}")), to_bytes(&weights)).unwrap();
-        std::fs::write(
-            out.join(format!("{case}-{rank}.samples")),
-            format!("{samples:?}"),
-        )
-        .unwrap();
+        save_rank_run(&out, &case.to_string(), mpi.rank(), &weights, &reports);
     }
 }
 
@@ -501,24 +530,7 @@ fn two_ranks_train_every_sample_once_whatever_the_epochs_tail() {
                 .all(|r| r.samples == len && r.total_replicas == 4),
             "{name}: {reports:?}"
         );
-        let weights: Vec<Vec<u8>> = (0..2)
-            .map(|r| read(&out.join(format!("{case}-{r}"))))
-            .collect();
-        assert_eq!(weights[0], weights[1], "{name}: the ranks' weights differ");
-        for rank in 0..2 {
-            let samples =
-                String::from_utf8(read(&out.join(format!("{case}-{rank}.samples")))).unwrap();
-            assert_eq!(
-                samples,
-                format!("{:?}", [len, len]),
-                "{name}: rank {rank}'s samples per epoch"
-            );
-        }
-        let worst = difference(&from_bytes(&weights[0]), &expected);
-        assert!(
-            worst <= 1e-4,
-            "{name}: two ranks and one process differ by {worst}"
-        );
+        let worst = check_rank_runs(&out, &case.to_string(), &name, &expected, len);
         println!(
             "{name}: every sample once on 2 ranks x 2 replicas; against one process: {worst:e}"
         );
@@ -579,14 +591,7 @@ fn train_wide(config: &TrainerConfig, devices: usize) -> (Vec<f32>, Vec<EpochRep
 fn wide_tail_rank() {
     let (mpi, out) = rank_setup();
     let (weights, reports) = train_wide(&across(wide_config()), 2);
-    let samples: Vec<usize> = reports.iter().map(|r| r.samples).collect();
-    let rank = mpi.rank();
-    std::fs::write(out.join(format!("wide-{rank}")), to_bytes(&weights)).unwrap();
-    std::fs::write(
-        out.join(format!("wide-{rank}.samples")),
-        format!("{samples:?}"),
-    )
-    .unwrap();
+    save_rank_run(&out, "wide", mpi.rank(), &weights, &reports);
 }
 
 #[test]
@@ -609,20 +614,7 @@ fn two_ranks_sum_large_gradients_in_place_with_an_epochs_tail_of_3() {
             .all(|r| r.samples == WIDE_LEN && r.total_replicas == 4),
         "{reports:?}"
     );
-    let weights: Vec<Vec<u8>> = (0..2)
-        .map(|r| read(&out.join(format!("wide-{r}"))))
-        .collect();
-    assert_eq!(weights[0], weights[1], "the ranks' weights differ");
-    for rank in 0..2 {
-        let samples = String::from_utf8(read(&out.join(format!("wide-{rank}.samples")))).unwrap();
-        assert_eq!(
-            samples,
-            format!("{:?}", [WIDE_LEN, WIDE_LEN]),
-            "rank {rank}'s samples per epoch"
-        );
-    }
-    let worst = difference(&from_bytes(&weights[0]), &expected);
-    assert!(worst <= 1e-4, "two ranks and one process differ by {worst}");
+    check_rank_runs(&out, "wide", "wide, tail 3", &expected, WIDE_LEN);
     let _ = std::fs::remove_dir_all(&out);
 }
 
