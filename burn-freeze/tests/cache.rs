@@ -203,3 +203,34 @@ fn an_explicit_unfreeze_drops_what_it_must() {
         .into_data()
         .assert_approx_eq::<f32>(&plain.inner().into_data(), Default::default());
 }
+
+#[test]
+fn a_spill_file_rewritten_into_other_parts_is_recomputed_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut stack = FreezableStack::new(stack(5, 0.0, 24));
+    // Nothing in memory: every entry spills to a file.
+    stack.attach_cache(
+        ActivationCache::new(CacheConfig::new(0).with_spill_dir(Some(dir.path().into()))).unwrap(),
+    );
+    let ids: Vec<u64> = (0..6).collect();
+    let (x, _) = batch(&ids, 4);
+    stack.freeze_to(3).unwrap();
+    let expected = stack.forward_cached(&ids, x.clone()).unwrap();
+    let spill = stack.cache().unwrap().spill_dir().unwrap().to_path_buf();
+    let files: Vec<_> = std::fs::read_dir(&spill).unwrap().flatten().collect();
+    assert_eq!(files.len(), ids.len(), "every sample spilled");
+    // Each file rewritten in place into a valid encoding of two parts.
+    let two = vec![
+        burn::tensor::TensorData::new(vec![0.5f32; 4], [4]),
+        burn::tensor::TensorData::new(vec![1.5f32; 2], [2]),
+    ];
+    let bytes = rmp_serde::to_vec(&two).unwrap();
+    for file in &files {
+        std::fs::write(file.path(), &bytes).unwrap();
+    }
+    let served = stack.forward_cached(&ids, x).unwrap();
+    let stats = stack.cache().unwrap().stats();
+    assert_eq!(stats.disk_errors, ids.len() as u64, "{stats:?}");
+    let (a, b) = (expected.into_data(), served.into_data());
+    a.assert_approx_eq::<f32>(&b, burn::tensor::Tolerance::absolute(1e-6));
+}

@@ -287,6 +287,21 @@ impl<B: Backend, H: Cacheable<B>> ActivationCache<B, H> {
                 return Some((front, value));
             }
             let read = self.disk.as_ref().and_then(|disk| disk.get(&key));
+            // A spill file that decodes into other parts than the sample's
+            // output (rewritten in place) is refused, not rebuilt.
+            let expected = self.shapes.get(&sample).map(|s| s.output.clone());
+            let read = read.map(|read| {
+                read.and_then(|parts| {
+                    let found: Vec<Vec<usize>> = parts.iter().map(|p| p.shape.to_vec()).collect();
+                    match expected.as_ref().is_none_or(|e| *e == found) {
+                        true => Ok(parts),
+                        false => Err(std::io::Error::other(format!(
+                            "it holds parts of shapes {found:?}, the sample's output has {:?}",
+                            expected.as_deref().unwrap_or_default()
+                        ))),
+                    }
+                })
+            });
             match read {
                 Some(Ok(parts)) => return Some((front, H::from_data(parts, device))),
                 Some(Err(error)) => {
