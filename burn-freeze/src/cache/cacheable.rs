@@ -35,6 +35,11 @@ pub trait Cacheable<B: Backend>: Activation<B> {
     fn to_data_parts(&self) -> Vec<TensorData>;
 
     /// Rebuilds the value on `device` from [`to_data_parts`](Cacheable::to_data_parts).
+    ///
+    /// # Panics
+    /// When `parts` are not what `to_data_parts` gives for this type (another
+    /// number of parts). The cache checks the parts it read back against the
+    /// sample's shapes first, and recomputes a sample whose parts differ.
     fn from_data(parts: Vec<TensorData>, device: &B::Device) -> Self;
 
     /// The device the value lives on.
