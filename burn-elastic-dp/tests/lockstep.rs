@@ -179,6 +179,21 @@ fn job(
     finish(mpirun(test, ranks, false, &vars), bound)
 }
 
+/// Runs this binary's test `test` as 2 ranks with role `role` within
+/// `bound`, writing under a fresh directory named after `tag`, which it
+/// returns once the job succeeded (the test fails otherwise, with the
+/// ranks' stderr).
+fn two_ranks_succeed(test: &str, role: &str, tag: &str, bound: Duration) -> PathBuf {
+    let out = std::env::temp_dir().join(format!("burn-elastic-dp-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let (status, stderr) = job(test, 2, role, &out, bound);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the MPI job failed ({status:?}):\n{stderr}"
+    );
+    out
+}
+
 /// The rank's output directory and MPI.
 fn rank_setup() -> (Mpi, PathBuf) {
     let mpi = Mpi::init().unwrap();
@@ -252,18 +267,11 @@ fn two_ranks_grow_their_replicas_in_lockstep_as_the_pipeline_compresses() {
     if std::env::var(ROLE).is_ok() {
         return compression_rank();
     }
-    let out = std::env::temp_dir().join(format!("burn-elastic-dp-lockstep-{}", std::process::id()));
-    std::fs::create_dir_all(&out).unwrap();
-    let (status, stderr) = job(
+    let out = two_ranks_succeed(
         COMPRESSION,
-        2,
         "compression",
-        &out,
+        "lockstep",
         Duration::from_secs(600),
-    );
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "the MPI job failed ({status:?}):\n{stderr}"
     );
     let expected_shapes = vec![(4, 2, 6), (2, 4, 7), (1, 8, 7)];
     for (case, (name, config, len)) in compression_cases().into_iter().enumerate() {
@@ -401,13 +409,7 @@ fn a_sigterm_on_one_rank_stops_every_rank_after_the_same_step_with_a_checkpoint(
     if std::env::var(ROLE).is_ok() {
         return term_rank();
     }
-    let out = std::env::temp_dir().join(format!("burn-elastic-dp-term-{}", std::process::id()));
-    std::fs::create_dir_all(&out).unwrap();
-    let (status, stderr) = job(TERM, 2, "term", &out, Duration::from_secs(300));
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "the MPI job failed ({status:?}):\n{stderr}"
-    );
+    let out = two_ranks_succeed(TERM, "term", "term", Duration::from_secs(300));
     for rank in 0..2 {
         let stopped = String::from_utf8(read(&out.join(format!("stopped-{rank}")))).unwrap();
         // Signalled after step 3: the next step's header carries it, and
@@ -437,6 +439,23 @@ const TAILS: &str = "two_ranks_train_every_sample_once_whatever_the_epochs_tail"
 /// rank's replicas need 4 samples a step, the group's 8.
 const TAIL_SIZES: [usize; 3] = [3, 6, 9];
 
+/// One stage on every device (no budget), 2 micro-batches, batches of
+/// `batch`, nothing frozen, parameter costs.
+fn one_stage_config(batch: BatchPolicy) -> TrainerConfig {
+    TrainerConfig::new()
+        .with_freeze(FreezeRule::Fronts { layers: vec![0] })
+        .with_batch(batch)
+        .with_lr(1e-2)
+        .with_costs(CostModel::Parameters {
+            frozen_factor: 1.0 / 3.0,
+        })
+        .with_replicas(
+            ReplicaConfig::new()
+                .with_timeout_ms(60_000)
+                .with_pipeline(PipelineConfig::new().with_micro_batches(Some(2))),
+        )
+}
+
 /// One stage on every device (no budget), 2 micro-batches, a global batch
 /// of 16 under either policy; nothing frozen.
 fn tails_cases() -> Vec<(String, TrainerConfig, usize)> {
@@ -446,19 +465,7 @@ fn tails_cases() -> Vec<(String, TrainerConfig, usize)> {
             BatchPolicy::FixedGlobal { batch: 16 },
             BatchPolicy::PerReplica { batch: 4 },
         ] {
-            let config = TrainerConfig::new()
-                .with_freeze(FreezeRule::Fronts { layers: vec![0] })
-                .with_batch(batch)
-                .with_lr(1e-2)
-                .with_costs(CostModel::Parameters {
-                    frozen_factor: 1.0 / 3.0,
-                })
-                .with_replicas(
-                    ReplicaConfig::new()
-                        .with_timeout_ms(60_000)
-                        .with_pipeline(PipelineConfig::new().with_micro_batches(Some(2))),
-                )
-                .with_seed(5);
+            let config = one_stage_config(batch).with_seed(5);
             cases.push((format!("tail {tail}, {batch:?}"), config, 32 + tail));
         }
     }
@@ -514,13 +521,7 @@ fn two_ranks_train_every_sample_once_whatever_the_epochs_tail() {
     if std::env::var(ROLE).is_ok() {
         return tails_rank();
     }
-    let out = std::env::temp_dir().join(format!("burn-elastic-dp-tails-{}", std::process::id()));
-    std::fs::create_dir_all(&out).unwrap();
-    let (status, stderr) = job(TAILS, 2, "tails", &out, Duration::from_secs(600));
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "the MPI job failed ({status:?}):\n{stderr}"
-    );
+    let out = two_ranks_succeed(TAILS, "tails", "tails", Duration::from_secs(600));
     for (case, (name, config, len)) in tails_cases().into_iter().enumerate() {
         // One process of as many replicas (4) trains the same batches.
         let (expected, reports) = train(build(&config, 4), &dataset(len), 2);
@@ -552,21 +553,10 @@ const WIDE_UNITS: usize = 4;
 /// batch of 16: two full steps, then a tail of 3.
 const WIDE_LEN: usize = 32 + 3;
 
-/// One stage on every device, 2 micro-batches, nothing frozen.
+/// One stage on every device, 2 micro-batches, a global batch of 16,
+/// nothing frozen.
 fn wide_config() -> TrainerConfig {
-    TrainerConfig::new()
-        .with_freeze(FreezeRule::Fronts { layers: vec![0] })
-        .with_batch(BatchPolicy::FixedGlobal { batch: 16 })
-        .with_lr(1e-2)
-        .with_costs(CostModel::Parameters {
-            frozen_factor: 1.0 / 3.0,
-        })
-        .with_replicas(
-            ReplicaConfig::new()
-                .with_timeout_ms(60_000)
-                .with_pipeline(PipelineConfig::new().with_micro_batches(Some(2))),
-        )
-        .with_seed(7)
+    one_stage_config(BatchPolicy::FixedGlobal { batch: 16 }).with_seed(7)
 }
 
 /// Two epochs of the wide model on `devices` devices; its weights and
@@ -599,13 +589,7 @@ fn two_ranks_sum_large_gradients_in_place_with_an_epochs_tail_of_3() {
     if std::env::var(ROLE).is_ok() {
         return wide_tail_rank();
     }
-    let out = std::env::temp_dir().join(format!("burn-elastic-dp-wide-{}", std::process::id()));
-    std::fs::create_dir_all(&out).unwrap();
-    let (status, stderr) = job(WIDE_TAIL, 2, "wide", &out, Duration::from_secs(600));
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "the MPI job failed ({status:?}):\n{stderr}"
-    );
+    let out = two_ranks_succeed(WIDE_TAIL, "wide", "wide", Duration::from_secs(600));
     // One process of as many replicas (4) trains the same batches.
     let (expected, reports) = train_wide(&wide_config(), 4);
     assert!(

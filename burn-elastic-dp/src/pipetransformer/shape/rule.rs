@@ -238,14 +238,21 @@ impl ShapeRule {
         if s.stages.is_some() && s.device_bytes.is_none() {
             return None;
         }
-        Some(MemoryFit {
+        Some(self.fit(s.device_bytes.unwrap_or(u64::MAX)))
+    }
+
+    /// The units' memory estimate under the settings, `device_bytes` a
+    /// device.
+    fn fit(&self, device_bytes: u64) -> MemoryFit {
+        let s = &self.settings;
+        MemoryFit {
             units: self.memory.clone(),
-            device_bytes: s.device_bytes.unwrap_or(u64::MAX),
+            device_bytes,
             batch: s.batch,
             micro_batches: s.micro_batches,
             schedule: s.schedule,
             optimizer_slots: s.optimizer_slots,
-        })
+        }
     }
 
     /// The start shape, and the bound later shapes keep: the configured
@@ -254,6 +261,14 @@ impl ShapeRule {
     /// fits (memory-aware AutoPipe). The one answer to "where does the run
     /// start", for the trainer and the planner alike.
     pub fn start(&mut self) -> Result<PipelineShape, StartError> {
+        let (shape, largest) = self.starting()?;
+        self.initial_largest = largest;
+        Ok(shape)
+    }
+
+    /// [`start`](Self::start)'s shape and its largest stage's cost, the
+    /// bound left as it is.
+    fn starting(&self) -> Result<(PipelineShape, f64), StartError> {
         let devices = self.settings.devices;
         let fit = self.memory_fit();
         let (shape, largest) = match (self.settings.stages, &fit) {
@@ -285,8 +300,7 @@ impl ShapeRule {
                 "memory per stage (bytes)"
             );
         }
-        self.initial_largest = largest;
-        Ok(shape)
+        Ok((shape, largest))
     }
 
     /// The shape for the front `front`, reached from `front_before` with
@@ -304,7 +318,7 @@ impl ShapeRule {
         before: &PipelineShape,
     ) -> Result<PipelineShape, StartError> {
         let start = if front < front_before {
-            let start = self.clone().start()?;
+            let (start, _) = self.starting()?;
             if front == 0 {
                 return Ok(start);
             }
@@ -398,14 +412,7 @@ impl ShapeRule {
     /// `0..front` frozen (see [`UnitMemory::stages`]); unlimited when no
     /// budget is given.
     pub fn stage_memory(&self, balance: &[usize], front: usize) -> Vec<StageMemory> {
-        let fit = self.memory_fit().unwrap_or_else(|| MemoryFit {
-            units: self.memory.clone(),
-            device_bytes: u64::MAX,
-            batch: self.settings.batch,
-            micro_batches: self.settings.micro_batches,
-            schedule: self.settings.schedule,
-            optimizer_slots: self.settings.optimizer_slots,
-        });
+        let fit = self.memory_fit().unwrap_or_else(|| self.fit(u64::MAX));
         fit.stage_memory(balance, front, self.settings.devices)
     }
 

@@ -168,7 +168,8 @@ impl Measurements {
         {
             self.profile_pending = false;
             let stages = match changed {
-                true => self.rule.clone().start()?,
+                // The trainer decides the start again on what changed.
+                true => self.rule.start()?,
                 false => shape_of(group),
             };
             if stages.stages() == 1 {
