@@ -297,6 +297,17 @@ fn a_freeze_policy_moves_every_replica() {
     let (x, y) = batch(300, 6);
     group.train_step(x, y, loss, 1e-2).unwrap();
     assert_eq!(group.replica(1).balance(), vec![5, 1]);
+    // Evaluation from the activation after the frozen units, the batch
+    // shared among the replicas, gives the whole forward's output.
+    let (x, _) = batch(400, 7);
+    assert_eq!(group.cached_prefix(), 4);
+    let input = burn_freeze::plumbing::Flow::Input(x.clone().inner());
+    let kept = group.forward_frozen_inner(input, 0, 4).unwrap();
+    let shared = group.forward_inner_from(kept, 4).unwrap();
+    shared.into_data().assert_approx_eq::<f32>(
+        &group.forward_inner(x.inner()).unwrap().into_data(),
+        Default::default(),
+    );
 }
 
 #[test]

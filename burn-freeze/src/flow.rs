@@ -95,3 +95,34 @@ where
         Flow::Output(x) => Flow::Output(x.to_device(device)),
     }
 }
+
+/// The samples in a flow (any backend's activations).
+pub fn flow_batch_size<Be, I, H, O>(flow: &Flow<I, H, O>) -> usize
+where
+    Be: burn::tensor::backend::Backend,
+    I: Activation<Be>,
+    H: Activation<Be>,
+    O: Activation<Be>,
+{
+    match flow {
+        Flow::Input(x) => x.batch_size(),
+        Flow::Hidden(x) => x.batch_size(),
+        Flow::Output(x) => x.batch_size(),
+    }
+}
+
+/// A flow split along the batch into parts of `sizes` samples (summing to
+/// its batch), in order.
+pub fn split_flow<Be, I, H, O>(flow: Flow<I, H, O>, sizes: &[usize]) -> Vec<Flow<I, H, O>>
+where
+    Be: burn::tensor::backend::Backend,
+    I: Activation<Be>,
+    H: Activation<Be>,
+    O: Activation<Be>,
+{
+    match flow {
+        Flow::Input(x) => x.split_batch(sizes).into_iter().map(Flow::Input).collect(),
+        Flow::Hidden(x) => x.split_batch(sizes).into_iter().map(Flow::Hidden).collect(),
+        Flow::Output(x) => x.split_batch(sizes).into_iter().map(Flow::Output).collect(),
+    }
+}

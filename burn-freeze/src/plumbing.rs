@@ -3,7 +3,8 @@
 
 pub use crate::cache::{BatchStart, CachedStart, cached_prefix, serve_cached};
 pub use crate::flow::{
-    Flow, InnerFlow, TrainFlow, flow_from_inner, flow_into_inner, flow_to_device,
+    Flow, InnerFlow, TrainFlow, flow_batch_size, flow_from_inner, flow_into_inner, flow_to_device,
+    split_flow,
 };
 pub use crate::freeze_front::above_front;
 pub use crate::grad_sums::GradientSums;

@@ -345,7 +345,24 @@ impl<S: StackTypes> UnitRange<S> {
     /// Runs every unit of the range on the inner backend: no graph, dropout
     /// off (evaluation).
     pub fn forward_inner(&self, flow: InnerFlow<S>) -> InnerFlow<S> {
-        let mut flow = self.frozen.forward(flow);
+        self.forward_inner_from(flow, self.units.start)
+    }
+
+    /// [`forward_inner`](Self::forward_inner) for a flow that enters at
+    /// stack unit `entry`: the activation a cache kept of this range's
+    /// frozen units before `entry` (`entry` is the range's first unit, or
+    /// one of its frozen units, or the first trainable one).
+    ///
+    /// # Panics
+    /// When `entry` is outside `units().start..=first_trainable()`, or
+    /// `flow` is not what unit `entry` takes.
+    pub fn forward_inner_from(&self, flow: InnerFlow<S>, entry: usize) -> InnerFlow<S> {
+        let frozen = self.frozen.units();
+        let mut flow = if self.frozen.is_empty() {
+            flow
+        } else {
+            self.frozen.forward_units(flow, entry, frozen.end)
+        };
         let mut index = self.first_trainable();
         let (first, middle, last) = &self.trainable;
         if let Some(unit) = first {

@@ -92,8 +92,10 @@ pub mod schedule {
 pub mod plumbing {
     //! What crates that run pipelines on threads of their own share with
     //! this one (a data-parallel group's replica threads): a caught panic's
-    //! message, and quiet worker panics.
+    //! message, quiet worker panics, and a pipeline's stages copied for
+    //! evaluation on another thread.
 
     pub use crate::runtime::error::panic_message;
+    pub use crate::runtime::evaluation::EvaluationCopy;
     pub use crate::runtime::quiet::quiet_worker_panics;
 }

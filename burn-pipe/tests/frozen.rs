@@ -240,3 +240,75 @@ fn the_whole_model_can_be_copied_out_mid_training() {
     );
     assert!(head_now.relative_diff(&head_then) > 0.0);
 }
+
+/// A batch scored again and again (a freeze rule's held-out batch) keeps its
+/// activation after the frozen units: running the units frozen since, then
+/// the rest, gives what the whole forward gives; an entry past stage 0's
+/// frozen units, or a flow the entry does not take, is refused.
+#[test]
+fn a_kept_activation_enters_after_the_frozen_units() {
+    use burn_freeze::plumbing::Flow;
+
+    let device = Default::default();
+    let vit = materialize(VitConfig::tiny(4).init::<B>(&device));
+    let (images, _) = BandImages::new(4, 3, 16, 17).batch::<B>(0, 6, &device);
+    let mut pipeline = PipelineConfig::new()
+        .with_balance(Some(vec![4, 3]))
+        .init(vit.into_layer_stack(), vec![device; 2], || {
+            AdamConfig::new().init()
+        })
+        .unwrap();
+    pipeline.freeze_to(1).unwrap();
+    let input = Flow::Input(images.clone().inner());
+    let kept = pipeline.forward_frozen_inner(input, 0, 1).unwrap();
+    // The front moves on: only units 1..3 run on the kept activation.
+    pipeline.freeze_to(3).unwrap();
+    assert_eq!(pipeline.cached_prefix(), 3);
+    let kept = pipeline.forward_frozen_inner(kept, 1, 3).unwrap();
+    let expected = pipeline.forward_inner(images.clone().inner());
+    for copy in [false, true] {
+        let output = if copy {
+            let evaluation = pipeline.evaluation_copy();
+            std::thread::scope(|s| {
+                s.spawn(|| evaluation.forward_inner_from(kept.clone(), 3))
+                    .join()
+                    .unwrap()
+            })
+        } else {
+            pipeline.forward_inner_from(kept.clone(), 3)
+        };
+        output
+            .unwrap()
+            .into_data()
+            .assert_approx_eq::<f32>(&expected.clone().into_data(), Default::default());
+    }
+    // Past stage 0's frozen units (3 of its 4), or past them on the way.
+    assert!(matches!(
+        pipeline.forward_inner_from(kept.clone(), 4),
+        Err(PipeError::BadEntry {
+            entry: 4,
+            frozen_on_first: 3
+        })
+    ));
+    assert!(matches!(
+        pipeline.forward_frozen_inner(Flow::Input(images.clone().inner()), 0, 4),
+        Err(PipeError::BadEntry {
+            entry: 4,
+            frozen_on_first: 3
+        })
+    ));
+    // The input where an activation enters, and an activation at unit 0.
+    assert!(matches!(
+        pipeline.forward_inner_from(Flow::Input(images.inner()), 2),
+        Err(PipeError::FlowMismatch { entry: 2, .. })
+    ));
+    let error = pipeline.forward_inner_from(kept, 0).unwrap_err();
+    assert!(
+        matches!(error, PipeError::FlowMismatch { entry: 0, .. }),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("takes the model input"),
+        "{error}"
+    );
+}

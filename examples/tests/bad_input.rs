@@ -72,6 +72,8 @@ const CASES: &[(&str, &[&str], i32, &str)] = &[
         2,
         "--weights and --data",
     ),
+    ("train", &["--sst", "sst5"], 2, "--weights and --data"),
+    ("train", &["--sst", "sst3"], 2, "sst2, sst5"),
     (
         "train",
         &["--data", "/nonexistent", "--weights", "/nonexistent"],

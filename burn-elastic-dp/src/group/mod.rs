@@ -18,9 +18,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use burn::prelude::*;
+use burn_freeze::plumbing::{InnerFlow, flow_batch_size, split_flow};
 use burn_freeze::{
     Activation, InnerBackendOf, InnerInput, InnerOutput, LayerStack, StackOptimizer, StackTypes,
 };
+use burn_pipe::plumbing::EvaluationCopy;
 use burn_pipe::{MicroBatchLoss, Pipeline, StepReport};
 
 use crate::collective::{self, GroupToken};
@@ -396,6 +398,60 @@ where
         Ok(self.live()?.forward_inner(input))
     }
 
+    /// [`Pipeline::forward_inner_from`] shared among the replicas: the
+    /// output of a batch that enters at unit `entry` (at most
+    /// [`cached_prefix`](Self::cached_prefix)), its activation there kept
+    /// by the caller. The batch is split among the replicas (every one
+    /// holds the same weights), each part run on its replica's thread and
+    /// devices, and the parts joined in order on replica 0's last device.
+    /// Fails, as [`ElasticError::Replica`] or
+    /// [`ReplicaPanicked`](ElasticError::ReplicaPanicked) naming the
+    /// replica, when a part does.
+    pub fn forward_inner_from(
+        &self,
+        flow: InnerFlow<S>,
+        entry: usize,
+    ) -> Result<InnerOutput<S>, ElasticError> {
+        let first = self.live()?;
+        let samples = flow_batch_size::<InnerBackendOf<S>, _, _, _>(&flow);
+        let parts = self.replicas.len().min(samples);
+        if parts <= 1 {
+            return Ok(first.forward_inner_from(flow, entry)?);
+        }
+        let sizes = burn_pipe::micro::micro_batch_sizes(samples, parts)?;
+        let flows = split_flow::<InnerBackendOf<S>, _, _, _>(flow, &sizes);
+        let copies = (self.replicas[..parts].iter()).map(Pipeline::evaluation_copy);
+        let outputs = forward_parts(copies.collect(), flows, entry)?;
+        let device = first
+            .devices()
+            .last()
+            .cloned()
+            .ok_or(ElasticError::GroupLost)?;
+        let outputs = outputs
+            .into_iter()
+            .map(|output| Activation::<InnerBackendOf<S>>::to_device(output, &device))
+            .collect();
+        Ok(Activation::<InnerBackendOf<S>>::cat_batch(outputs))
+    }
+
+    /// [`Pipeline::forward_frozen_inner`] through replica 0: frozen units
+    /// `from..to` of stage 0 run on `flow`.
+    pub fn forward_frozen_inner(
+        &self,
+        flow: InnerFlow<S>,
+        from: usize,
+        to: usize,
+    ) -> Result<InnerFlow<S>, ElasticError> {
+        Ok(self.live()?.forward_frozen_inner(flow, from, to)?)
+    }
+
+    /// The frozen units at the start of stage 0, the most a batch's kept
+    /// activation may skip ([`Pipeline::cached_prefix`]); 0 once a step
+    /// lost every replica.
+    pub fn cached_prefix(&self) -> usize {
+        self.replicas.first().map_or(0, Pipeline::cached_prefix)
+    }
+
     /// A copy of the whole model (replica 0's), to evaluate or save it while
     /// training goes on. Fails with [`ElasticError::GroupLost`] once a step
     /// lost every replica (resume from a checkpoint).
@@ -469,6 +525,37 @@ where
                 }),
             })
             .collect())
+    })
+}
+
+/// Part `r` of a batch entering at unit `entry`, run through replica `r`'s
+/// copy on a thread of its own (evaluation, no graph): the outputs in order.
+fn forward_parts<S: StackTypes>(
+    replicas: Vec<EvaluationCopy<S>>,
+    flows: Vec<InnerFlow<S>>,
+    entry: usize,
+) -> Result<Vec<InnerOutput<S>>, ElasticError> {
+    thread::scope(|scope| {
+        let mut handles = Vec::with_capacity(flows.len());
+        for (replica, (copy, flow)) in replicas.into_iter().zip(flows).enumerate() {
+            let thread = ReplicaThread {
+                phase: crate::fault::REPLICA_THREAD,
+                replica,
+                what: "evaluation",
+            };
+            handles.push(thread.spawn_scoped(scope, move || copy.forward_inner_from(flow, entry))?);
+        }
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(replica, handle)| match handle.join() {
+                Ok(output) => output.map_err(|source| ElasticError::Replica { replica, source }),
+                Err(panic) => Err(ElasticError::ReplicaPanicked {
+                    replica,
+                    message: burn_pipe::plumbing::panic_message(panic.as_ref()),
+                }),
+            })
+            .collect()
     })
 }
 

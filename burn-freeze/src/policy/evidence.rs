@@ -195,7 +195,8 @@ enum Reading {
 /// Why the rule froze.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Cause {
-    /// The bottom block's gradients turned to noise.
+    /// The bottom block's per-layer evidence stayed under the bound: its
+    /// share of the loss's decrease (or its gradients' signal share).
     LayersConverged,
     /// The whole model's held-out loss stopped improving.
     Plateau(f64),
@@ -232,20 +233,26 @@ struct EvidenceState {
 /// [`checks_per_epoch`](EvidenceConfig::checks_per_epoch) an epoch) and
 /// reads two kinds of evidence:
 ///
-/// - **Per layer: the gradient's signal share.** Over the steps since the
-///   last check, the share of each layer's gradient energy that persists
-///   from step to step (`(||sum_t g_t||^2 - sum_t ||g_t||^2) / ((n - 1)
-///   sum_t ||g_t||^2)`: near 1 while every batch pushes the layer the same
-///   way, near 0 once the batches disagree and its updates are noise),
-///   read from the per-step gradient norms and the running gradient sums
-///   the freeze front keeps (one more copy of the trainable parameters; no
-///   extra pass). The test is absolute and scale-free, never a rank among
-///   the layers: a layer under
+/// - **Per layer: its share of the loss's decrease** (the default,
+///   [`LayerSignal::LossShare`]). Every step measures each layer's update
+///   gain `-<g_t, W_t - W_(t-1)>`: the first-order decrease of the loss on
+///   the step's batch, one its last move never saw, owed to that layer's
+///   move. Over the steps of the last two checks, the bottom block's share
+///   of the whole model's decrease is read with its uncertainty (the upper
+///   bound of two standard errors over the steps). The test is absolute
+///   and scale-free, never a rank among the layers: the longest bottom
+///   block whose upper bound stays under
 ///   [`signal_below`](EvidenceConfig::signal_below) for
 ///   [`converged_checks`](EvidenceConfig::converged_checks) checks in a row
-///   has converged, and the longest bottom block of converged layers
-///   freezes ([`EvidenceConfig::signal`] picks the evidence, a [`LayerSignal`]; `signal: None`
-///   turns this off).
+///   has stopped gaining, and freezes (freezing it gives up at most that
+///   share of the rate at which the loss falls). A window in which the
+///   model as a whole clearly gained nothing counts for every active layer.
+///   The gains cost one snapshot of the trainable weights and a product-sum
+///   per parameter a step; the snapshot is counted in the memory budget.
+///   [`EvidenceConfig::signal`] picks the evidence: the gradients' own
+///   consistency ([`LayerSignal::EnergyShare`],
+///   [`LayerSignal::SignConsistency`]) is the alternative, and `None` turns
+///   per-layer evidence off.
 /// - **Whole model: the held-out loss**, on samples never trained on (a
 ///   trainer reads the user's validation batch, or carves samples out of
 ///   the training data; a run across processes gives every rank the same

@@ -118,6 +118,17 @@ pub enum PipeError {
         /// Frozen units on stage 0.
         frozen_on_first: usize,
     },
+    /// A flow that the unit it enters at does not take: unit 0 takes the
+    /// model's input, a later unit a hidden activation.
+    #[error("{given} cannot enter the pipeline at unit {entry}, which takes the {takes}")]
+    FlowMismatch {
+        /// The unit it was to enter at.
+        entry: usize,
+        /// What the flow holds.
+        given: &'static str,
+        /// What the unit takes.
+        takes: &'static str,
+    },
     /// A loss or gradient that is NaN or infinite: the step was refused
     /// (no gradient kept, weights and optimizer state unchanged).
     #[error("non-finite {what} at stage {stage}{}: the step is refused, nothing changed", unit.map_or(String::new(), |u| format!(", unit {u}")))]

@@ -2,7 +2,9 @@
 //! through the stages, each stage's gradients accumulated until the step.
 
 use burn::optim::{GradientsAccumulator, Optimizer};
-use burn_freeze::plumbing::{BatchStart, CachedStart, Flow, InnerFlow, serve_cached};
+use burn_freeze::plumbing::{
+    BatchStart, CachedStart, Flow, InnerFlow, flow_batch_size, serve_cached, split_flow,
+};
 use burn_freeze::{
     Activation, AutodiffActivation, Cacheable, InnerBackendOf, InnerHidden, InnerInput, StackTypes,
     TrainableUnits,
@@ -16,24 +18,6 @@ use crate::runtime::pass::run_pass;
 use crate::runtime::pipeline::Pipeline;
 use crate::runtime::report::StepReport;
 use crate::runtime::split::micro_batch_sizes;
-
-/// The samples in a flow.
-fn flow_batch_size<S: StackTypes>(flow: &InnerFlow<S>) -> usize {
-    match flow {
-        Flow::Input(x) => x.batch_size(),
-        Flow::Hidden(x) => x.batch_size(),
-        Flow::Output(x) => x.batch_size(),
-    }
-}
-
-/// A flow split into micro-batches of `sizes`.
-fn split_flow<S: StackTypes>(flow: InnerFlow<S>, sizes: &[usize]) -> Vec<InnerFlow<S>> {
-    match flow {
-        Flow::Input(x) => x.split_batch(sizes).into_iter().map(Flow::Input).collect(),
-        Flow::Hidden(x) => x.split_batch(sizes).into_iter().map(Flow::Hidden).collect(),
-        Flow::Output(x) => x.split_batch(sizes).into_iter().map(Flow::Output).collect(),
-    }
-}
 
 impl<S, O> Pipeline<S, O>
 where
@@ -219,10 +203,10 @@ where
         T: Activation<S::Backend>,
         LossFn: MicroBatchLoss<S, T>,
     {
-        let batch = flow_batch_size::<S>(&flow);
+        let batch = flow_batch_size::<InnerBackendOf<S>, _, _, _>(&flow);
         let micro_batches = self.config.micro_batches_for(self.stages.len());
         let sizes = micro_batch_sizes(batch, micro_batches)?;
-        let inputs = split_flow::<S>(flow, &sizes);
+        let inputs = split_flow::<InnerBackendOf<S>, _, _, _>(flow, &sizes);
         let targets: Vec<(T, f32)> = targets
             .split_batch(&sizes)
             .into_iter()

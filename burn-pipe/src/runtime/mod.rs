@@ -4,6 +4,7 @@
 pub(crate) mod build;
 pub(crate) mod config;
 pub(crate) mod error;
+pub(crate) mod evaluation;
 pub(crate) mod forward_backward;
 pub(crate) mod front;
 pub(crate) mod hook;

@@ -7,10 +7,9 @@ use std::thread;
 use burn::optim::Optimizer;
 use burn::prelude::*;
 use burn_freeze::fault;
-use burn_freeze::plumbing::{Flow, GradientSums, WeightSnapshot, flow_to_device};
+use burn_freeze::plumbing::{GradientSums, WeightSnapshot};
 use burn_freeze::{
-    GradNorm, InnerBackendOf, InnerInput, InnerOutput, LayerStack, StackCache, StackTypes,
-    TrainableUnits, UnitRange,
+    GradNorm, InnerBackendOf, LayerStack, StackCache, StackTypes, TrainableUnits, UnitRange,
 };
 
 use crate::runtime::config::PipelineConfig;
@@ -300,25 +299,6 @@ where
         self.norms = norms.into_iter().flatten().collect();
         self.gains = gains;
         Ok(())
-    }
-
-    /// The model's output for `input`, for evaluation: every unit runs on the
-    /// inner backend (no graph, dropout off), stage after stage on the
-    /// calling thread, the activation moving to each stage's device.
-    pub fn forward_inner(&self, input: InnerInput<S>) -> InnerOutput<S> {
-        let mut flow = Flow::Input(input);
-        for stage in &self.stages {
-            let moved =
-                flow_to_device::<burn_freeze::InnerBackendOf<S>, _, _, _>(flow, &stage.device);
-            flow = stage.units().forward_inner(moved);
-        }
-        match flow {
-            Flow::Output(output) => output,
-            other => unreachable!(
-                "the last stage returns the model output, not {}",
-                other.kind()
-            ),
-        }
     }
 
     /// A copy of the whole model as a layer stack, every unit on the

@@ -123,7 +123,7 @@ fn run(args: &Args, job: &MpiJob) -> Result<(), Failure> {
 /// task's pretraining run.
 struct Prepared {
     model: Pretrained,
-    /// The real path: SST-2 (`None`: the generated task).
+    /// The real path: SST-2 or SST-5 (`None`: the generated task).
     sst: Option<SstJob>,
     /// Pretraining's epochs (none on the real path).
     pretraining: RunRecord,
@@ -131,19 +131,21 @@ struct Prepared {
     settings: Option<PretrainSettings>,
 }
 
-/// Loads the pretrained weights and SST-2 (the real path, `spec.samples`
+/// Loads the pretrained weights and SST-2 or SST-5 (the real path, `spec.samples`
 /// set to the training sentences) or pretrains on the generated task.
 fn prepare(args: &Args, spec: &mut JobSpec) -> Result<Prepared, Failure> {
     let Some((weights, data)) = args.real() else {
         return Ok(pretrain(spec, args.pretraining()));
     };
+    let task = args.sst_task();
     let (model, job) = spec
-        .load_sst(weights, data, args.max_length as usize)
+        .load_sst_labelled(weights, data, args.max_length as usize, task.labels())
         .map_err(Failure::io)?;
     println!(
-        "{} (pretrained, {} units) on SST-2 from {}: {} training and {} held-out sentences, on {}; seed {}",
+        "{} (pretrained, {} units) on {} from {}: {} training and {} held-out sentences, on {}; seed {}",
         weights.display(),
         model.num_units(),
+        task.name(),
         data.display(),
         job.train.len(),
         job.dev.len(),
@@ -286,7 +288,7 @@ fn print_pipetransformer_start(args: &Args, model: &Pretrained) {
     );
 }
 
-/// One fine-tuning run `name` with `method`, on SST-2 or the generated task.
+/// One fine-tuning run `name` with `method`, on SST or the generated task.
 fn finetune(
     spec: &JobSpec,
     prepared: &Prepared,

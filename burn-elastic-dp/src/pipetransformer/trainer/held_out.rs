@@ -5,6 +5,7 @@ use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
 use burn::prelude::*;
 use burn::tensor::ElementConversion;
+use burn_freeze::plumbing::{Flow, InnerFlow};
 use burn_freeze::{Activation, AutodiffActivation, StackOptimizer};
 
 use super::SharedLoss;
@@ -20,15 +21,33 @@ const DEFAULT_HELD_OUT_MOST: usize = 256;
 
 /// The held-out batch of a run whose freeze rule reads a held-out loss:
 /// the user's validation batch, or the carved samples once fetched.
-pub(super) struct HeldOut<I, T> {
+pub(super) struct HeldOut<I, T, F> {
     /// Whether AutoFreeze runs a rule that reads a held-out loss.
     read: bool,
     /// The configured count of carved samples.
     configured: Option<usize>,
     batch: Option<(I, T)>,
+    /// The batch's activation after the frozen units it last ran through.
+    prefix: HeldOutPrefix<F>,
 }
 
-impl<I: Clone, T: Clone> HeldOut<I, T> {
+/// The held-out batch's activation at the front of the frozen units it
+/// last ran through (stage 0's, [`ReplicaGroup::cached_prefix`]): the
+/// batch never changes and frozen units never do, so the next check runs
+/// only the units frozen since and the ones still training. A thaw below
+/// it starts again from the input.
+pub(super) struct HeldOutPrefix<F> {
+    /// The unit the activation enters at, and the activation.
+    kept: Option<(usize, F)>,
+}
+
+impl<F> Default for HeldOutPrefix<F> {
+    fn default() -> Self {
+        Self { kept: None }
+    }
+}
+
+impl<I: Clone, T: Clone, F> HeldOut<I, T, F> {
     /// For a run of `config` whose freeze rule reads a held-out loss when
     /// `rule_reads` is set.
     pub(super) fn new(config: &TrainerConfig, rule_reads: bool) -> Self {
@@ -36,6 +55,7 @@ impl<I: Clone, T: Clone> HeldOut<I, T> {
             read: config.parts.freeze && rule_reads,
             configured: config.held_out,
             batch: None,
+            prefix: HeldOutPrefix::default(),
         }
     }
 
@@ -50,7 +70,14 @@ impl<I: Clone, T: Clone> HeldOut<I, T> {
             });
         }
         self.batch = Some((input, targets));
+        self.forget_prefix();
         Ok(())
+    }
+
+    /// Drops the batch's kept activation (frozen units thawed, or weights
+    /// restored from a checkpoint): the next check starts from the input.
+    pub(super) fn forget_prefix(&mut self) {
+        self.prefix = HeldOutPrefix::default();
     }
 
     /// Held-out samples of a dataset of `len`: none unless the rule reads a
@@ -80,14 +107,14 @@ impl<I: Clone, T: Clone> HeldOut<I, T> {
 
     /// The batch to score: the validation batch, else the carved samples
     /// `carved` of `dataset`, batched by `batcher` on `device` once and kept;
-    /// `None` when there is neither.
+    /// `None` when there is neither. With it, its kept activation.
     pub(super) fn batch<B, Item, D, Bt>(
         &mut self,
         dataset: &D,
         batcher: &Bt,
         carved: &[usize],
         device: &Device<B>,
-    ) -> Result<Option<(I, T)>, TrainerError>
+    ) -> Result<Option<(I, T, &mut HeldOutPrefix<F>)>, TrainerError>
     where
         B: Backend,
         D: Dataset<Item>,
@@ -96,16 +123,22 @@ impl<I: Clone, T: Clone> HeldOut<I, T> {
         if self.batch.is_none() && !carved.is_empty() {
             self.batch = Some(super::fetch(dataset, batcher, carved, device)?);
         }
-        Ok(self.batch.clone())
+        let prefix = &mut self.prefix;
+        Ok(self
+            .batch
+            .clone()
+            .map(|(input, targets)| (input, targets, prefix)))
     }
 }
 
 /// `loss` on a held-out batch with `group`'s current weights, forward only
-/// (no graph); the same on every rank of a job (each rank's value replaced
-/// by the largest).
+/// (no graph), the frozen units run only once per front (`prefix` keeps the
+/// batch's activation at the front; the same batch at every call); the same
+/// on every rank of a job (each rank's value replaced by the largest).
 pub(super) fn held_out_loss<S, O, T>(
     group: &ReplicaGroup<S, O>,
     loss: &SharedLoss<S, T>,
+    prefix: &mut HeldOutPrefix<InnerFlow<S>>,
     input: S::Input,
     targets: T,
 ) -> Result<f64, TrainerError>
@@ -115,7 +148,14 @@ where
     T: Activation<S::Backend>,
 {
     let started = std::time::Instant::now();
-    let output = group.forward_inner(input.inner())?;
+    let front = group.cached_prefix();
+    let (from, flow) = match prefix.kept.take() {
+        Some((entry, kept)) if entry <= front => (entry, kept),
+        _ => (0, Flow::Input(input.inner())),
+    };
+    let flow = group.forward_frozen_inner(flow, from, front)?;
+    prefix.kept = Some((front, flow.clone()));
+    let output = group.forward_inner_from(flow, front)?;
     let output = <S::Output as AutodiffActivation<_>>::from_inner(output);
     let loss: f64 = (**loss)(output, targets).into_scalar().elem();
     let loss = if group.spans_processes() {
@@ -125,6 +165,8 @@ where
     };
     tracing::debug!(
         loss,
+        from,
+        front,
         millis = started.elapsed().as_secs_f64() * 1e3,
         "held-out loss"
     );

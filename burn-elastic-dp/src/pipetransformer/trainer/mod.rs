@@ -26,6 +26,7 @@ use std::sync::Arc;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
 use burn::prelude::*;
+use burn_freeze::plumbing::InnerFlow;
 use burn_freeze::{AutoFreeze, FreezePolicy};
 use burn_pipe::MicroBatchLoss;
 
@@ -148,7 +149,7 @@ pub struct Trainer<TT: TrainerTypes> {
     /// The sampler, the epoch and the steps (`cursor.rs`).
     cursor: EpochCursor,
     /// The freeze rule's held-out batch (`held_out.rs`).
-    held_out: HeldOut<TrainerInput<TT>, TT::Targets>,
+    held_out: HeldOut<TrainerInput<TT>, TT::Targets, InnerFlow<TT::Stack>>,
     log: Option<JsonLog>,
 }
 
@@ -397,12 +398,12 @@ impl<TT: TrainerTypes> Trainer<TT> {
         }
         let checking = std::time::Instant::now();
         let carved = self.cursor.held_out();
-        let Some((input, targets)) =
+        let Some((input, targets, prefix)) =
             (self.held_out).batch(dataset, batcher, carved, &self.devices[0])?
         else {
             return Ok(false);
         };
-        let loss = held_out::held_out_loss(&self.group, &self.loss, input, targets)?;
+        let loss = held_out::held_out_loss(&self.group, &self.loss, prefix, input, targets)?;
         let front = self.group.front();
         self.auto.held_out_loss(&mut self.group, loss)?;
         tally.rule(checking.elapsed());
@@ -419,6 +420,10 @@ impl<TT: TrainerTypes> Trainer<TT> {
     ) -> Result<bool, TrainerError> {
         if self.group.front() == front_before {
             return Ok(false);
+        }
+        if self.group.front() < front_before {
+            // Thawed units train again: the held-out activation past them is stale.
+            self.held_out.forget_prefix();
         }
         tally.add_transition(self.reshape_after_move(front_before)?);
         Ok(true)

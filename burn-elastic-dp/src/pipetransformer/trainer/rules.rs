@@ -97,17 +97,19 @@ pub enum FreezeRule {
         /// threshold, in [0, 100].
         percentile: f64,
     },
-    /// The default: each layer of the bottom block still training freezes
-    /// once its own gradient has turned to noise (the signal share of its
-    /// gradient over a check's window under a bound, checks in a row), or
-    /// a prefix once the held-out loss has stopped improving; nothing
-    /// before that loss has learned, and a freeze after which it rises is
-    /// thawed (burn-freeze's [`Evidence`](burn_freeze::Evidence)). Checks
-    /// run a few times an epoch, scaled to the run. The held-out loss is
-    /// measured on [`TrainerConfig::held_out`](crate::TrainerConfig::held_out)
-    /// samples carved out of the training data; the gradient sums it reads
-    /// are one more copy of the trainable parameters, counted in the memory
-    /// budget.
+    /// The default: the bottom block of layers still training freezes once
+    /// training no longer gains from updating it (its share of the loss's
+    /// first-order decrease, measured each step on a batch its last move
+    /// never saw, stays under a bound for checks in a row), or a prefix once
+    /// the held-out loss has stopped improving; nothing before that loss
+    /// has learned, and a freeze after which it rises is thawed
+    /// (burn-freeze's [`Evidence`](burn_freeze::Evidence)). Checks run a
+    /// few times an epoch, scaled to the run. The held-out loss is measured
+    /// on [`TrainerConfig::held_out`](crate::TrainerConfig::held_out)
+    /// samples carved out of the training data (the frozen units run once
+    /// per front on them, the rest shared among the replicas); the weight
+    /// snapshot the gains read is one more copy of the trainable
+    /// parameters, counted in the memory budget.
     ///
     /// ```
     /// use burn_elastic_dp::{FreezeRule, TrainerConfig};

@@ -12,7 +12,7 @@ use burn_pipe::PipelineConfig;
 use clap::{Parser, ValueEnum};
 use pipetransformer_jobs::backend;
 use pipetransformer_jobs::cli::{learning_rate, parse_accepted};
-use pipetransformer_jobs::job::{FinetuneTask, JobSpec, ModelKind, PretrainSettings};
+use pipetransformer_jobs::job::{FinetuneTask, JobSpec, ModelKind, PretrainSettings, SstLabels};
 
 use crate::Failure;
 
@@ -83,6 +83,33 @@ impl Signal {
             Signal::EnergyShare => Some(LayerSignal::EnergyShare),
             Signal::SignConsistency => Some(LayerSignal::SignConsistency),
             Signal::Plateau => None,
+        }
+    }
+}
+
+/// `--sst`: which of SST's tasks the real path fine-tunes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum SstTask {
+    /// Binary sentiment, neutral sentences dropped.
+    Sst2,
+    /// The five root labels, every sentence.
+    Sst5,
+}
+
+impl SstTask {
+    /// The labels the loader reads.
+    pub(crate) fn labels(self) -> SstLabels {
+        match self {
+            SstTask::Sst2 => SstLabels::Binary,
+            SstTask::Sst5 => SstLabels::FineGrained,
+        }
+    }
+
+    /// The task's name, as the output prints it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            SstTask::Sst2 => "SST-2",
+            SstTask::Sst5 => "SST-5",
         }
     }
 }
@@ -228,9 +255,14 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) weights: Option<PathBuf>,
     /// The real path: a directory with SST's train.txt and dev.txt (PTB
-    /// trees); needs --weights. Fine-tunes SST-2 (neutral sentences dropped).
+    /// trees); needs --weights. Fine-tunes SST-2 (neutral sentences dropped)
+    /// or, with --sst sst5, SST-5.
     #[arg(long)]
     pub(crate) data: Option<PathBuf>,
+    /// With --data: the task, sst2 (binary, neutral sentences dropped) or
+    /// sst5 (the five root labels, every sentence) [default: sst2].
+    #[arg(long, value_enum)]
+    pub(crate) sst: Option<SstTask>,
     /// With --data: tokens per sentence, [CLS] and [SEP] included, 8 to 512.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(8..=512))]
     pub(crate) max_length: u32,
@@ -351,7 +383,12 @@ impl Args {
         }
         if self.weights.is_some() && self.task != FinetuneTask::Same {
             return Err(Failure::usage(
-                "--task chooses the generated fine-tuning task; with --weights the task is SST-2 (drop --task)",
+                "--task chooses the generated fine-tuning task; with --weights the task is SST-2 or, with --sst sst5, SST-5 (drop --task)",
+            ));
+        }
+        if self.sst.is_some() && self.data.is_none() {
+            return Err(Failure::usage(
+                "--sst chooses SST-2 or SST-5 for the real path: it needs --weights and --data",
             ));
         }
         if self.eval_file.is_some() && self.weights.is_none() {
@@ -366,6 +403,11 @@ impl Args {
     /// together).
     pub(crate) fn real(&self) -> Option<(&Path, &Path)> {
         self.weights.as_deref().zip(self.data.as_deref())
+    }
+
+    /// The real path's SST task: `--sst`, else SST-2.
+    pub(crate) fn sst_task(&self) -> SstTask {
+        self.sst.unwrap_or(SstTask::Sst2)
     }
 
     /// `--model`, or BERT with `--weights`, ViT without.

@@ -224,6 +224,7 @@ impl<TT: TrainerTypes> Trainer<TT> {
         self.measured.restore(state.measured);
         self.rate.restore(state.rate);
         self.auto.load_state(state.freeze, state.policy);
+        self.held_out.forget_prefix();
         let (held_out, config) = (&self.held_out, &self.config);
         self.cursor = EpochCursor::restore(state.cursor, |len| held_out.sampler(config, len))?;
         Ok(())
