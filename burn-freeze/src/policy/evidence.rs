@@ -26,6 +26,13 @@ pub enum LayerSignal {
     /// rate at which the loss falls. Costs a snapshot of the trainable
     /// weights and one product-sum per parameter a step.
     LossShare,
+    /// [`LossShare`](Self::LossShare), and where the model's total gain
+    /// over the window is within its noise (a model near convergence, or
+    /// one whose batches disagree), each bottom block's gain is read
+    /// against the total's upper confidence bound rather than not at all:
+    /// a block whose own upper bound stays a small share of the most the
+    /// model plausibly gained has stopped gaining, whatever the rest does.
+    LossShareBounded,
     /// Update consistency on the gradients: the share of each layer's
     /// gradient energy that persists from step to step, `(||sum_t g_t||^2 -
     /// sum_t ||g_t||^2) / ((n - 1) sum_t ||g_t||^2)`, near 1 while every
@@ -43,7 +50,7 @@ impl LayerSignal {
     /// The gradient-consistency measure behind the signal, if it is one.
     fn consistency(self) -> Option<ConsistencyMeasure> {
         match self {
-            LayerSignal::LossShare => None,
+            LayerSignal::LossShare | LayerSignal::LossShareBounded => None,
             LayerSignal::EnergyShare => Some(ConsistencyMeasure::EnergyShare),
             LayerSignal::SignConsistency => Some(ConsistencyMeasure::SignConsistency),
         }
@@ -417,7 +424,8 @@ impl Evidence {
                 // whole clearly did not gain (on batches its updates never
                 // saw) is one in which no layer did.
                 let active = state.num_layers.saturating_sub(state.frozen_layers);
-                let (block, shares) = match self.state.gains.read(state) {
+                let bound_uncertain = signal == LayerSignal::LossShareBounded;
+                let (block, shares) = match self.state.gains.read(state, bound_uncertain) {
                     GainReading::Unread => return Vec::new(),
                     GainReading::Uncertain => (0, Vec::new()),
                     GainReading::NoGain => (active, vec![Some(0.0); active]),
@@ -583,7 +591,10 @@ impl FreezePolicy for Evidence {
     }
 
     fn needs_update_gains(&self) -> bool {
-        self.config.signal == Some(LayerSignal::LossShare)
+        matches!(
+            self.config.signal,
+            Some(LayerSignal::LossShare | LayerSignal::LossShareBounded)
+        )
     }
 
     fn update_gains(&mut self, _state: FreezeState, layers: &[Option<f64>], total: Option<f64>) {

@@ -78,7 +78,13 @@ impl GainWindow {
 
     /// What the window says of each bottom block of `state`'s active
     /// layers.
-    pub(crate) fn read(&self, state: FreezeState) -> GainReading {
+    ///
+    /// Where the model's total gain is within its noise, the reading is
+    /// [`GainReading::Uncertain`], unless `bound_uncertain`: then each
+    /// block's gain is read against the most the model plausibly gained,
+    /// the total's upper confidence bound (a block whose own upper bound
+    /// is a small share of that gains little, whatever the model does).
+    pub(crate) fn read(&self, state: FreezeState, bound_uncertain: bool) -> GainReading {
         let n = self.steps.len();
         if n < MIN_STEPS {
             return GainReading::Unread;
@@ -89,7 +95,10 @@ impl GainWindow {
             return GainReading::NoGain;
         }
         if mean - Z * error <= 0.0 {
-            return GainReading::Uncertain;
+            return match bound_uncertain {
+                true => GainReading::Shares(self.block_bounds(state, mean + Z * error)),
+                false => GainReading::Uncertain,
+            };
         }
         let sum_total: f64 = totals.sum();
         // Per step, the gain of the block from the front up to each layer.
@@ -112,6 +121,21 @@ impl GainWindow {
         GainReading::Shares(shares)
     }
 
+    /// Each bottom block's mean gain a step over `scale` (a positive gain
+    /// a step), and the same of its upper confidence bound.
+    fn block_bounds(&self, state: FreezeState, scale: f64) -> Vec<(f64, f64)> {
+        let mut blocks = vec![0.0; self.steps.len()];
+        (state.frozen_layers..state.num_layers)
+            .map(|layer| {
+                for (block, step) in blocks.iter_mut().zip(&self.steps) {
+                    *block += step.layers.get(layer).copied().flatten().unwrap_or(0.0);
+                }
+                let (mean, error) = mean_and_error(blocks.iter().copied());
+                (mean / scale, (mean + Z * error) / scale)
+            })
+            .collect()
+    }
+
     /// Forgets every step (after the front moved: the allocation among
     /// the layers left is another).
     pub(crate) fn clear(&mut self) {
@@ -122,6 +146,12 @@ impl GainWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl GainWindow {
+        fn read_plain(&self, state: FreezeState) -> GainReading {
+            self.read(state, false)
+        }
+    }
 
     fn state(frozen: usize, layers: usize) -> FreezeState {
         FreezeState {
@@ -145,13 +175,13 @@ mod tests {
         for _ in 0..4 {
             window.add_step(&[Some(0.0), Some(1.0), Some(3.0)], Some(10.0), 8);
         }
-        let read = shares(window.read(state(0, 3)));
+        let read = shares(window.read_plain(state(0, 3)));
         let expected = [0.0, 0.1, 0.4];
         for ((share, upper), want) in read.iter().zip(expected) {
             assert!((share - want).abs() < 1e-12 && (upper - want).abs() < 1e-12);
         }
         // From a front of 1: layer 1, then layers 1 and 2.
-        let read = shares(window.read(state(1, 3)));
+        let read = shares(window.read_plain(state(1, 3)));
         assert!((read[0].0 - 0.1).abs() < 1e-12 && (read[1].0 - 0.4).abs() < 1e-12);
     }
 
@@ -162,7 +192,7 @@ mod tests {
             let sign = if step % 2 == 0 { 1.0 } else { -1.0 };
             window.add_step(&[Some(sign * 5.0), Some(1.0)], Some(10.0 + sign), 8);
         }
-        let read = shares(window.read(state(0, 2)));
+        let read = shares(window.read_plain(state(0, 2)));
         // Its mean share is near 0, but the noise keeps the bound high.
         assert!(read[0].0.abs() < 0.05, "{read:?}");
         assert!(read[0].1 > 0.3, "{read:?}");
@@ -171,21 +201,38 @@ mod tests {
     #[test]
     fn a_window_says_no_gain_only_when_it_is_clear() {
         let mut window = GainWindow::default();
-        assert_eq!(window.read(state(0, 2)), GainReading::Unread);
+        assert_eq!(window.read_plain(state(0, 2)), GainReading::Unread);
         for total in [1.0, -1.5, 0.5, -1.0] {
             window.add_step(&[Some(0.0), Some(0.0)], Some(total), 8);
         }
-        assert_eq!(window.read(state(0, 2)), GainReading::Uncertain);
+        assert_eq!(window.read_plain(state(0, 2)), GainReading::Uncertain);
         window.clear();
         for total in [-1.0, -1.2, -0.9, -1.1] {
             window.add_step(&[Some(0.0), Some(0.0)], Some(total), 8);
         }
-        assert_eq!(window.read(state(0, 2)), GainReading::NoGain);
+        assert_eq!(window.read_plain(state(0, 2)), GainReading::NoGain);
         // A step without a reading adds nothing; the window slides.
         window.add_step(&[None, None], None, 4);
         for _ in 0..4 {
             window.add_step(&[Some(1.0), Some(1.0)], Some(4.0), 4);
         }
-        assert!((shares(window.read(state(0, 2)))[0].0 - 0.25).abs() < 1e-12);
+        assert!((shares(window.read_plain(state(0, 2)))[0].0 - 0.25).abs() < 1e-12);
+    }
+
+    #[test]
+    fn an_uncertain_total_bounds_each_block_by_its_upper_bound() {
+        // The model's gain is within its noise; layer 0 gains nothing a
+        // step (a little noise), layer 1 carries the rest.
+        let mut window = GainWindow::default();
+        for (step, total) in [1.0, -1.5, 0.5, -1.0, 1.2, -0.8].into_iter().enumerate() {
+            let wobble = if step % 2 == 0 { 0.01 } else { -0.01 };
+            window.add_step(&[Some(wobble), Some(total - wobble)], Some(total), 8);
+        }
+        assert_eq!(window.read(state(0, 2), false), GainReading::Uncertain);
+        let read = shares(window.read(state(0, 2), true));
+        // Layer 0's bound is a small share of the most the model gained;
+        // layers 0 and 1 together are the whole of it.
+        assert!(read[0].1 < 0.05, "{read:?}");
+        assert!((read[1].1 - 1.0).abs() < 1e-9, "{read:?}");
     }
 }

@@ -67,6 +67,9 @@ pub(crate) enum Signal {
     /// Loss-change allocation: the bottom block's share of the loss's
     /// first-order decrease, from each step's update gains (the default).
     LossShare,
+    /// Loss share, and where the model's total gain is within its noise,
+    /// each bottom block's gain against the total's upper bound.
+    LossShareBounded,
     /// The share of each layer's gradient energy that persists from step
     /// to step (update consistency).
     EnergyShare,
@@ -80,6 +83,7 @@ impl Signal {
     fn layer_signal(self) -> Option<LayerSignal> {
         match self {
             Signal::LossShare => Some(LayerSignal::LossShare),
+            Signal::LossShareBounded => Some(LayerSignal::LossShareBounded),
             Signal::EnergyShare => Some(LayerSignal::EnergyShare),
             Signal::SignConsistency => Some(LayerSignal::SignConsistency),
             Signal::Plateau => None,

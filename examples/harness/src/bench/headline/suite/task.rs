@@ -28,6 +28,9 @@ pub enum SuiteTask {
 /// --signals`), for the comparison of signals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 pub enum OtherSignal {
+    /// Loss share, each block read against the total's upper bound where
+    /// the model's gain is within its noise.
+    LossShareBounded,
     /// The gradient's energy share that persists from step to step.
     EnergyShare,
     /// APF's per-parameter sign consistency of the gradients.
@@ -41,6 +44,7 @@ impl OtherSignal {
     /// The configuration's key in `tasks.json`.
     pub fn key(self) -> &'static str {
         match self {
+            OtherSignal::LossShareBounded => "signal-loss-share-bounded",
             OtherSignal::EnergyShare => "signal-energy-share",
             OtherSignal::SignConsistency => "signal-sign-consistency",
             OtherSignal::Plateau => "signal-plateau",
@@ -50,6 +54,7 @@ impl OtherSignal {
     /// The row's name in the table.
     pub fn name(self) -> &'static str {
         match self {
+            OtherSignal::LossShareBounded => "default, loss share bounded",
             OtherSignal::EnergyShare => "default, energy share",
             OtherSignal::SignConsistency => "default, sign consistency",
             OtherSignal::Plateau => "default, plateau only",
@@ -60,6 +65,7 @@ impl OtherSignal {
     pub fn rule(self) -> burn_elastic_dp::FreezeRule {
         use burn_freeze::{EvidenceConfig, LayerSignal};
         let signal = match self {
+            OtherSignal::LossShareBounded => Some(LayerSignal::LossShareBounded),
             OtherSignal::EnergyShare => Some(LayerSignal::EnergyShare),
             OtherSignal::SignConsistency => Some(LayerSignal::SignConsistency),
             OtherSignal::Plateau => None,
