@@ -260,49 +260,52 @@ fn a_kept_activation_enters_after_the_frozen_units() {
         .unwrap();
     pipeline.freeze_to(1).unwrap();
     let input = Flow::Input(images.clone().inner());
-    let kept = pipeline.forward_frozen_inner(input, 0, 1).unwrap();
+    let kept = pipeline
+        .evaluation_copy()
+        .forward_frozen_inner(input, 0, 1)
+        .unwrap();
     // The front moves on: only units 1..3 run on the kept activation.
     pipeline.freeze_to(3).unwrap();
     assert_eq!(pipeline.cached_prefix(), 3);
-    let kept = pipeline.forward_frozen_inner(kept, 1, 3).unwrap();
+    let kept = pipeline
+        .evaluation_copy()
+        .forward_frozen_inner(kept, 1, 3)
+        .unwrap();
     let expected = pipeline.forward_inner(images.clone().inner());
-    for copy in [false, true] {
-        let output = if copy {
-            let evaluation = pipeline.evaluation_copy();
-            std::thread::scope(|s| {
-                s.spawn(|| evaluation.forward_inner_from(kept.clone(), 3))
-                    .join()
-                    .unwrap()
-            })
-        } else {
-            pipeline.forward_inner_from(kept.clone(), 3)
-        };
-        output
+    let evaluation = pipeline.evaluation_copy();
+    // On this thread, and on another.
+    let here = evaluation.forward_inner_from(kept.clone(), 3).unwrap();
+    let there = std::thread::scope(|s| {
+        s.spawn(|| evaluation.forward_inner_from(kept.clone(), 3))
+            .join()
             .unwrap()
+    })
+    .unwrap();
+    for output in [here, there] {
+        output
             .into_data()
             .assert_approx_eq::<f32>(&expected.clone().into_data(), Default::default());
     }
     // Past stage 0's frozen units (3 of its 4), or past them on the way.
-    assert!(matches!(
-        pipeline.forward_inner_from(kept.clone(), 4),
-        Err(PipeError::BadEntry {
-            entry: 4,
-            frozen_on_first: 3
-        })
-    ));
-    assert!(matches!(
-        pipeline.forward_frozen_inner(Flow::Input(images.clone().inner()), 0, 4),
-        Err(PipeError::BadEntry {
-            entry: 4,
-            frozen_on_first: 3
-        })
-    ));
+    let past = [
+        evaluation.forward_inner_from(kept.clone(), 4).map(|_| ()),
+        (evaluation.forward_frozen_inner(Flow::Input(images.clone().inner()), 0, 4)).map(|_| ()),
+    ];
+    for result in past {
+        assert!(matches!(
+            result,
+            Err(PipeError::BadEntry {
+                entry: 4,
+                frozen_on_first: 3
+            })
+        ));
+    }
     // The input where an activation enters, and an activation at unit 0.
     assert!(matches!(
-        pipeline.forward_inner_from(Flow::Input(images.inner()), 2),
+        evaluation.forward_inner_from(Flow::Input(images.inner()), 2),
         Err(PipeError::FlowMismatch { entry: 2, .. })
     ));
-    let error = pipeline.forward_inner_from(kept, 0).unwrap_err();
+    let error = evaluation.forward_inner_from(kept, 0).unwrap_err();
     assert!(
         matches!(error, PipeError::FlowMismatch { entry: 0, .. }),
         "{error}"

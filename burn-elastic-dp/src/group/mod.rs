@@ -398,7 +398,7 @@ where
         Ok(self.live()?.forward_inner(input))
     }
 
-    /// [`Pipeline::forward_inner_from`] shared among the replicas: the
+    /// [`EvaluationCopy::forward_inner_from`] shared among the replicas: the
     /// output of a batch that enters at unit `entry` (at most
     /// [`cached_prefix`](Self::cached_prefix)), its activation there kept
     /// by the caller. The batch is split among the replicas (every one
@@ -416,7 +416,7 @@ where
         let samples = flow_batch_size::<InnerBackendOf<S>, _, _, _>(&flow);
         let parts = self.replicas.len().min(samples);
         if parts <= 1 {
-            return Ok(first.forward_inner_from(flow, entry)?);
+            return Ok(first.evaluation_copy().forward_inner_from(flow, entry)?);
         }
         let sizes = burn_pipe::micro::micro_batch_sizes(samples, parts)?;
         let flows = split_flow::<InnerBackendOf<S>, _, _, _>(flow, &sizes);
@@ -434,7 +434,7 @@ where
         Ok(Activation::<InnerBackendOf<S>>::cat_batch(outputs))
     }
 
-    /// [`Pipeline::forward_frozen_inner`] through replica 0: frozen units
+    /// [`EvaluationCopy::forward_frozen_inner`] through replica 0: frozen units
     /// `from..to` of stage 0 run on `flow`.
     pub fn forward_frozen_inner(
         &self,
@@ -442,7 +442,7 @@ where
         from: usize,
         to: usize,
     ) -> Result<InnerFlow<S>, ElasticError> {
-        Ok(self.live()?.forward_frozen_inner(flow, from, to)?)
+        Ok((self.live()?.evaluation_copy()).forward_frozen_inner(flow, from, to)?)
     }
 
     /// The frozen units at the start of stage 0, the most a batch's kept

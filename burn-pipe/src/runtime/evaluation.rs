@@ -145,27 +145,4 @@ where
             ),
         }
     }
-
-    /// [`EvaluationCopy::forward_inner_from`] on this pipeline's stages,
-    /// on the calling thread.
-    pub fn forward_inner_from(
-        &self,
-        flow: InnerFlow<S>,
-        entry: usize,
-    ) -> Result<InnerOutput<S>, PipeError> {
-        self.evaluation_copy().forward_inner_from(flow, entry)
-    }
-
-    /// [`EvaluationCopy::forward_frozen_inner`] on this pipeline's stage 0,
-    /// on the calling thread: the activation a caller scoring the same batch
-    /// again keeps (a later call starts from it once the front has moved
-    /// on).
-    pub fn forward_frozen_inner(
-        &self,
-        flow: InnerFlow<S>,
-        from: usize,
-        to: usize,
-    ) -> Result<InnerFlow<S>, PipeError> {
-        self.evaluation_copy().forward_frozen_inner(flow, from, to)
-    }
 }
