@@ -59,6 +59,15 @@ impl ReplicaThread {
     }
 }
 
+/// Replica `replica`'s caught `panic` (a joined thread's, or one caught
+/// around its work) as the error that names it.
+pub(crate) fn panicked(replica: usize, panic: Box<dyn std::any::Any + Send>) -> ElasticError {
+    ElasticError::ReplicaPanicked {
+        replica,
+        message: burn_pipe::plumbing::panic_message(panic.as_ref()),
+    }
+}
+
 /// `body`, its panic not printed (the joiner reports it).
 fn quiet<T>(body: impl FnOnce() -> T) -> impl FnOnce() -> T {
     move || {

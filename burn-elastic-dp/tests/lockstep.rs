@@ -47,7 +47,7 @@ mod common;
 
 use common::{
     B, Rows, Types, block_stack, difference, finish, flat_weights, from_bytes, loss, mpirun,
-    to_bytes,
+    to_bytes, two_micro_batch_config,
 };
 
 const WIDTH: usize = 8;
@@ -442,18 +442,7 @@ const TAIL_SIZES: [usize; 3] = [3, 6, 9];
 /// One stage on every device (no budget), 2 micro-batches, batches of
 /// `batch`, nothing frozen, parameter costs.
 fn one_stage_config(batch: BatchPolicy) -> TrainerConfig {
-    TrainerConfig::new()
-        .with_freeze(FreezeRule::Fronts { layers: vec![0] })
-        .with_batch(batch)
-        .with_lr(1e-2)
-        .with_costs(CostModel::Parameters {
-            frozen_factor: 1.0 / 3.0,
-        })
-        .with_replicas(
-            ReplicaConfig::new()
-                .with_timeout_ms(60_000)
-                .with_pipeline(PipelineConfig::new().with_micro_batches(Some(2))),
-        )
+    two_micro_batch_config(batch).with_freeze(FreezeRule::Fronts { layers: vec![0] })
 }
 
 /// One stage on every device (no budget), 2 micro-batches, a global batch

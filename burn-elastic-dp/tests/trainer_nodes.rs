@@ -21,15 +21,15 @@ use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn_elastic_dp::{
     BatchPolicy, CheckpointConfig, CostModel, EpochReport, FreezeRule, Mpi, NodeConfig, Parts,
-    ReplicaConfig, TrainerConfig,
+    TrainerConfig,
 };
 use burn_freeze::LayerStack;
-use burn_pipe::PipelineConfig;
 
 mod common;
 
 use common::{
     B, Types, block, difference, finish, flat_weights, from_bytes, loss, mpirun, to_bytes,
+    two_micro_batch_config,
 };
 
 const WIDTH: usize = 8;
@@ -74,22 +74,12 @@ impl Batcher<B, Item, (Tensor<B, 2>, Tensor<B, 1, Int>)> for Rows {
 /// shortens to 2, then 1), parameter-count costs, AutoDP off, a fixed
 /// global batch of 16, 2 micro-batches per replica.
 fn config() -> TrainerConfig {
-    TrainerConfig::new()
+    two_micro_batch_config(BatchPolicy::FixedGlobal { batch: 16 })
         .with_parts(Parts::new().with_dp(false))
         .with_freeze(FreezeRule::Fronts {
             layers: vec![0, 4, 6],
         })
         .with_stages(Some(4))
-        .with_batch(BatchPolicy::FixedGlobal { batch: 16 })
-        .with_lr(1e-2)
-        .with_costs(CostModel::Parameters {
-            frozen_factor: 1.0 / 3.0,
-        })
-        .with_replicas(
-            ReplicaConfig::new()
-                .with_timeout_ms(60_000)
-                .with_pipeline(PipelineConfig::new().with_micro_batches(Some(2))),
-        )
         .with_seed(3)
 }
 

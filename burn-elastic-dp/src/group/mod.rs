@@ -27,7 +27,7 @@ use burn_pipe::{MicroBatchLoss, Pipeline, StepReport};
 
 use crate::collective::{self, GroupToken};
 use crate::error::ElasticError;
-use crate::spawn::ReplicaThread;
+use crate::spawn::{ReplicaThread, panicked};
 use crate::stop::StopSignal;
 use config::ReplicaConfig;
 use nodes::OtherNodes;
@@ -519,10 +519,7 @@ where
                     replica,
                     message: "its step thread got no pipeline".into(),
                 }),
-                Err(panic) => Err(ElasticError::ReplicaPanicked {
-                    replica,
-                    message: burn_pipe::plumbing::panic_message(panic.as_ref()),
-                }),
+                Err(panic) => Err(panicked(replica, panic)),
             })
             .collect())
     })
@@ -550,10 +547,7 @@ fn forward_parts<S: StackTypes>(
             .enumerate()
             .map(|(replica, handle)| match handle.join() {
                 Ok(output) => output.map_err(|source| ElasticError::Replica { replica, source }),
-                Err(panic) => Err(ElasticError::ReplicaPanicked {
-                    replica,
-                    message: burn_pipe::plumbing::panic_message(panic.as_ref()),
-                }),
+                Err(panic) => Err(panicked(replica, panic)),
             })
             .collect()
     })

@@ -6,9 +6,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::spawn::panicked;
 use burn_freeze::plumbing::{BatchStart, CachedStart};
 use burn_freeze::{Activation, InnerHidden, StackOptimizer, StackTypes, TrainableUnits};
-use burn_pipe::plumbing::panic_message;
 use burn_pipe::{MicroBatchLoss, PipeError, Pipeline, StepOptions};
 use crossbeam_channel::Sender;
 
@@ -138,12 +138,8 @@ pub(super) fn replica_share<S, O, T, L>(
             Err(source) => Err(ElasticError::Replica { replica, source }),
         }
     };
-    let result = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|panic| {
-        Err(ElasticError::ReplicaPanicked {
-            replica,
-            message: panic_message(panic.as_ref()),
-        })
-    });
+    let result =
+        catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|panic| Err(panicked(replica, panic)));
     let _ = tx.send(Progress::Done(replica, Box::new(pipeline), result));
 }
 

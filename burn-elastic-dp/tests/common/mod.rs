@@ -6,8 +6,10 @@
 use burn::nn::Linear;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;
+use burn_elastic_dp::{BatchPolicy, CostModel, ReplicaConfig, TrainerConfig};
 use burn_freeze::testing::weights;
 use burn_freeze::{LayerStack, StackMarker, StackTypes};
+use burn_pipe::PipelineConfig;
 
 pub mod thaw;
 
@@ -258,4 +260,21 @@ pub fn mpirun(
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawning mpirun")
+}
+
+/// The base of the jobs that run as ranks: batches of `batch`, Adam's
+/// learning rate 1e-2, parameter costs (frozen units a third), 2
+/// micro-batches per replica, each step bounded at a minute.
+pub fn two_micro_batch_config(batch: BatchPolicy) -> TrainerConfig {
+    TrainerConfig::new()
+        .with_batch(batch)
+        .with_lr(1e-2)
+        .with_costs(CostModel::Parameters {
+            frozen_factor: 1.0 / 3.0,
+        })
+        .with_replicas(
+            ReplicaConfig::new()
+                .with_timeout_ms(60_000)
+                .with_pipeline(PipelineConfig::new().with_micro_batches(Some(2))),
+        )
 }

@@ -95,43 +95,44 @@ impl GainWindow {
             return GainReading::NoGain;
         }
         if mean - Z * error <= 0.0 {
-            return match bound_uncertain {
-                true => GainReading::Shares(self.block_bounds(state, mean + Z * error)),
-                false => GainReading::Uncertain,
-            };
+            if !bound_uncertain {
+                return GainReading::Uncertain;
+            }
+            // Each block's mean gain a step and its upper bound, over the
+            // most the model plausibly gained a step.
+            let scale = mean + Z * error;
+            return GainReading::Shares(self.per_block(state, |blocks| {
+                let (mean, error) = mean_and_error(blocks.iter().copied());
+                (mean / scale, (mean + Z * error) / scale)
+            }));
         }
         let sum_total: f64 = totals.sum();
-        // Per step, the gain of the block from the front up to each layer.
-        let mut blocks = vec![0.0; n];
-        let shares = (state.frozen_layers..state.num_layers)
-            .map(|layer| {
-                for (block, step) in blocks.iter_mut().zip(&self.steps) {
-                    *block += step.layers.get(layer).copied().flatten().unwrap_or(0.0);
-                }
-                let share = blocks.iter().sum::<f64>() / sum_total;
-                let residual: f64 = blocks
-                    .iter()
-                    .zip(&self.steps)
-                    .map(|(b, s)| (b - share * s.total).powi(2))
-                    .sum();
-                let error = (residual * n as f64 / (n as f64 - 1.0)).sqrt() / sum_total;
-                (share, share + Z * error)
-            })
-            .collect();
-        GainReading::Shares(shares)
+        GainReading::Shares(self.per_block(state, |blocks| {
+            let share = blocks.iter().sum::<f64>() / sum_total;
+            let residual: f64 = blocks
+                .iter()
+                .zip(&self.steps)
+                .map(|(b, s)| (b - share * s.total).powi(2))
+                .sum();
+            let error = (residual * n as f64 / (n as f64 - 1.0)).sqrt() / sum_total;
+            (share, share + Z * error)
+        }))
     }
 
-    /// Each bottom block's mean gain a step over `scale` (a positive gain
-    /// a step), and the same of its upper confidence bound.
-    fn block_bounds(&self, state: FreezeState, scale: f64) -> Vec<(f64, f64)> {
+    /// `read` of each bottom block of `state`'s active layers, from one
+    /// layer up: it gets the block's gain at each step of the window.
+    fn per_block(
+        &self,
+        state: FreezeState,
+        read: impl Fn(&[f64]) -> (f64, f64),
+    ) -> Vec<(f64, f64)> {
         let mut blocks = vec![0.0; self.steps.len()];
         (state.frozen_layers..state.num_layers)
             .map(|layer| {
                 for (block, step) in blocks.iter_mut().zip(&self.steps) {
                     *block += step.layers.get(layer).copied().flatten().unwrap_or(0.0);
                 }
-                let (mean, error) = mean_and_error(blocks.iter().copied());
-                (mean / scale, (mean + Z * error) / scale)
+                read(&blocks)
             })
             .collect()
     }
@@ -146,12 +147,6 @@ impl GainWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    impl GainWindow {
-        fn read_plain(&self, state: FreezeState) -> GainReading {
-            self.read(state, false)
-        }
-    }
 
     fn state(frozen: usize, layers: usize) -> FreezeState {
         FreezeState {
@@ -175,13 +170,13 @@ mod tests {
         for _ in 0..4 {
             window.add_step(&[Some(0.0), Some(1.0), Some(3.0)], Some(10.0), 8);
         }
-        let read = shares(window.read_plain(state(0, 3)));
+        let read = shares(window.read(state(0, 3), false));
         let expected = [0.0, 0.1, 0.4];
         for ((share, upper), want) in read.iter().zip(expected) {
             assert!((share - want).abs() < 1e-12 && (upper - want).abs() < 1e-12);
         }
         // From a front of 1: layer 1, then layers 1 and 2.
-        let read = shares(window.read_plain(state(1, 3)));
+        let read = shares(window.read(state(1, 3), false));
         assert!((read[0].0 - 0.1).abs() < 1e-12 && (read[1].0 - 0.4).abs() < 1e-12);
     }
 
@@ -192,7 +187,7 @@ mod tests {
             let sign = if step % 2 == 0 { 1.0 } else { -1.0 };
             window.add_step(&[Some(sign * 5.0), Some(1.0)], Some(10.0 + sign), 8);
         }
-        let read = shares(window.read_plain(state(0, 2)));
+        let read = shares(window.read(state(0, 2), false));
         // Its mean share is near 0, but the noise keeps the bound high.
         assert!(read[0].0.abs() < 0.05, "{read:?}");
         assert!(read[0].1 > 0.3, "{read:?}");
@@ -201,22 +196,22 @@ mod tests {
     #[test]
     fn a_window_says_no_gain_only_when_it_is_clear() {
         let mut window = GainWindow::default();
-        assert_eq!(window.read_plain(state(0, 2)), GainReading::Unread);
+        assert_eq!(window.read(state(0, 2), false), GainReading::Unread);
         for total in [1.0, -1.5, 0.5, -1.0] {
             window.add_step(&[Some(0.0), Some(0.0)], Some(total), 8);
         }
-        assert_eq!(window.read_plain(state(0, 2)), GainReading::Uncertain);
+        assert_eq!(window.read(state(0, 2), false), GainReading::Uncertain);
         window.clear();
         for total in [-1.0, -1.2, -0.9, -1.1] {
             window.add_step(&[Some(0.0), Some(0.0)], Some(total), 8);
         }
-        assert_eq!(window.read_plain(state(0, 2)), GainReading::NoGain);
+        assert_eq!(window.read(state(0, 2), false), GainReading::NoGain);
         // A step without a reading adds nothing; the window slides.
         window.add_step(&[None, None], None, 4);
         for _ in 0..4 {
             window.add_step(&[Some(1.0), Some(1.0)], Some(4.0), 4);
         }
-        assert!((shares(window.read_plain(state(0, 2)))[0].0 - 0.25).abs() < 1e-12);
+        assert!((shares(window.read(state(0, 2), false))[0].0 - 0.25).abs() < 1e-12);
     }
 
     #[test]

@@ -44,21 +44,8 @@ impl<S: StackTypes> EvaluationCopy<S> {
         entry: usize,
     ) -> Result<InnerOutput<S>, PipeError> {
         check_entry::<S>(&flow, entry, entry, self.cached_prefix())?;
-        let mut flow = flow;
-        for (index, (units, device)) in self.stages.iter().enumerate() {
-            let moved = flow_to_device::<InnerBackendOf<S>, _, _, _>(flow, device);
-            flow = match index {
-                0 => units.forward_inner_from(moved, entry),
-                _ => units.forward_inner(moved),
-            };
-        }
-        match flow {
-            Flow::Output(output) => Ok(output),
-            other => unreachable!(
-                "the last stage returns the model output, not {}",
-                other.kind()
-            ),
-        }
+        let stages = self.stages.iter().map(|(units, device)| (units, device));
+        Ok(run_stages(stages, flow, entry))
     }
 
     /// Runs frozen units `from..to` of stage 0 on `flow` (the input for
@@ -132,17 +119,35 @@ where
     /// inner backend (no graph, dropout off), stage after stage on the
     /// calling thread, the activation moving to each stage's device.
     pub fn forward_inner(&self, input: InnerInput<S>) -> InnerOutput<S> {
-        let mut flow = Flow::Input(input);
-        for stage in &self.stages {
-            let moved = flow_to_device::<InnerBackendOf<S>, _, _, _>(flow, &stage.device);
-            flow = stage.units().forward_inner(moved);
-        }
-        match flow {
-            Flow::Output(output) => output,
-            other => unreachable!(
-                "the last stage returns the model output, not {}",
-                other.kind()
-            ),
-        }
+        let stages = self
+            .stages
+            .iter()
+            .map(|stage| (stage.units(), &stage.device));
+        run_stages(stages, Flow::Input(input), 0)
+    }
+}
+
+/// Runs `stages` in order on `flow`, which enters stage 0 at stack unit
+/// `entry` (checked by the caller), each stage on its device: the model's
+/// output.
+fn run_stages<'a, S: StackTypes>(
+    stages: impl Iterator<Item = (&'a UnitRange<S>, &'a Device<S::Backend>)>,
+    flow: InnerFlow<S>,
+    entry: usize,
+) -> InnerOutput<S> {
+    let mut flow = flow;
+    for (index, (units, device)) in stages.enumerate() {
+        let moved = flow_to_device::<InnerBackendOf<S>, _, _, _>(flow, device);
+        flow = match index {
+            0 => units.forward_inner_from(moved, entry),
+            _ => units.forward_inner(moved),
+        };
+    }
+    match flow {
+        Flow::Output(output) => output,
+        other => unreachable!(
+            "the last stage returns the model output, not {}",
+            other.kind()
+        ),
     }
 }

@@ -27,24 +27,12 @@ pub(super) struct HeldOut<I, T, F> {
     /// The configured count of carved samples.
     configured: Option<usize>,
     batch: Option<(I, T)>,
-    /// The batch's activation after the frozen units it last ran through.
-    prefix: HeldOutPrefix<F>,
-}
-
-/// The held-out batch's activation at the front of the frozen units it
-/// last ran through (stage 0's, [`ReplicaGroup::cached_prefix`]): the
-/// batch never changes and frozen units never do, so the next check runs
-/// only the units frozen since and the ones still training. A thaw below
-/// it starts again from the input.
-pub(super) struct HeldOutPrefix<F> {
-    /// The unit the activation enters at, and the activation.
-    kept: Option<(usize, F)>,
-}
-
-impl<F> Default for HeldOutPrefix<F> {
-    fn default() -> Self {
-        Self { kept: None }
-    }
+    /// The batch's activation after the frozen units it last ran through
+    /// (stage 0's, [`ReplicaGroup::cached_prefix`]), with the unit it
+    /// enters at: the batch never changes and frozen units never do, so the
+    /// next check runs only the units frozen since and the ones still
+    /// training. A thaw below it starts again from the input.
+    prefix: Option<(usize, F)>,
 }
 
 impl<I: Clone, T: Clone, F> HeldOut<I, T, F> {
@@ -55,7 +43,7 @@ impl<I: Clone, T: Clone, F> HeldOut<I, T, F> {
             read: config.parts.freeze && rule_reads,
             configured: config.held_out,
             batch: None,
-            prefix: HeldOutPrefix::default(),
+            prefix: None,
         }
     }
 
@@ -77,7 +65,7 @@ impl<I: Clone, T: Clone, F> HeldOut<I, T, F> {
     /// Drops the batch's kept activation (frozen units thawed, or weights
     /// restored from a checkpoint): the next check starts from the input.
     pub(super) fn forget_prefix(&mut self) {
-        self.prefix = HeldOutPrefix::default();
+        self.prefix = None;
     }
 
     /// Held-out samples of a dataset of `len`: none unless the rule reads a
@@ -114,7 +102,7 @@ impl<I: Clone, T: Clone, F> HeldOut<I, T, F> {
         batcher: &Bt,
         carved: &[usize],
         device: &Device<B>,
-    ) -> Result<Option<(I, T, &mut HeldOutPrefix<F>)>, TrainerError>
+    ) -> Result<Option<(I, T, &mut Option<(usize, F)>)>, TrainerError>
     where
         B: Backend,
         D: Dataset<Item>,
@@ -138,7 +126,7 @@ impl<I: Clone, T: Clone, F> HeldOut<I, T, F> {
 pub(super) fn held_out_loss<S, O, T>(
     group: &ReplicaGroup<S, O>,
     loss: &SharedLoss<S, T>,
-    prefix: &mut HeldOutPrefix<InnerFlow<S>>,
+    prefix: &mut Option<(usize, InnerFlow<S>)>,
     input: S::Input,
     targets: T,
 ) -> Result<f64, TrainerError>
@@ -149,12 +137,12 @@ where
 {
     let started = std::time::Instant::now();
     let front = group.cached_prefix();
-    let (from, flow) = match prefix.kept.take() {
+    let (from, flow) = match prefix.take() {
         Some((entry, kept)) if entry <= front => (entry, kept),
         _ => (0, Flow::Input(input.inner())),
     };
     let flow = group.forward_frozen_inner(flow, from, front)?;
-    prefix.kept = Some((front, flow.clone()));
+    *prefix = Some((front, flow.clone()));
     let output = group.forward_inner_from(flow, front)?;
     let output = <S::Output as AutodiffActivation<_>>::from_inner(output);
     let loss: f64 = (**loss)(output, targets).into_scalar().elem();
