@@ -68,10 +68,12 @@ pub struct FreezableStack<S: StackTypes> {
     norms: Vec<Option<GradNorm>>,
     /// Running sums of the trainable parameters' gradients, when kept.
     sums: Option<GradientSums<InnerBackendOf<S>>>,
-    /// Whether update gains are measured, the weights the last step's
-    /// gradients were taken at, and the gains of the last step.
+    /// Whether update gains are measured, the weights they are measured
+    /// against, whether the next step takes new ones, and the gains of the
+    /// last step.
     gains_from: Option<usize>,
     snapshot: Option<WeightSnapshot<InnerBackendOf<S>>>,
+    retake_snapshot: bool,
     gains: Vec<Option<f64>>,
 }
 
@@ -86,6 +88,7 @@ impl<S: StackTypes> FreezableStack<S> {
             sums: None,
             gains_from: None,
             snapshot: None,
+            retake_snapshot: false,
             gains: vec![None; len],
         }
     }
@@ -125,7 +128,9 @@ impl<S: StackTypes> FreezableStack<S> {
     /// gradient sums are kept ([`set_gradient_sums`](FreezeFront::set_gradient_sums)),
     /// adds the gradients to them; when update gains are measured
     /// ([`set_update_gains`](FreezeFront::set_update_gains)), reads them
-    /// against the weights of the last call and keeps these weights: pass
+    /// against the weights snapshot, taken at the first call and again at
+    /// the first call after each
+    /// [`restart_update_gains`](FreezeFront::restart_update_gains): pass
     /// each step's gradients here once, before its optimizer step.
     pub fn gradients(
         &mut self,
@@ -141,7 +146,10 @@ impl<S: StackTypes> FreezableStack<S> {
                 Some(before) => self.units.unit_update_gains(&params, before),
                 None => vec![None; self.num_units()],
             };
-            self.snapshot = Some(self.units.weight_snapshot(from));
+            if self.snapshot.is_none() || self.retake_snapshot {
+                self.snapshot = Some(self.units.weight_snapshot(from));
+                self.retake_snapshot = false;
+            }
         }
         params
     }
@@ -352,11 +360,16 @@ impl<S: StackTypes> FreezeFront for FreezableStack<S> {
     }
 
     /// Measured in [`gradients`](FreezableStack::gradients), against a
-    /// snapshot of the trainable weights kept from its last call.
+    /// snapshot of the trainable weights taken at its first call and at the
+    /// first after each restart.
     fn set_update_gains(&mut self, from: Option<usize>) {
         if set_gains_from(&mut self.gains_from, &mut self.gains, from) {
             self.snapshot = None;
         }
+    }
+
+    fn restart_update_gains(&mut self) {
+        self.retake_snapshot = true;
     }
 
     fn last_update_gains(&self) -> Vec<Option<f64>> {
@@ -374,6 +387,7 @@ impl<S: StackTypes> Clone for FreezableStack<S> {
             sums: self.sums.clone(),
             gains_from: self.gains_from,
             snapshot: self.snapshot.clone(),
+            retake_snapshot: self.retake_snapshot,
             gains: self.gains.clone(),
         }
     }

@@ -108,8 +108,10 @@ pub trait FreezeFront {
     /// Starts (`Some(from)`: units `from..` on) or stops (`None`)
     /// measuring each unit's update gain,
     /// [`last_update_gains`](Self::last_update_gains): a snapshot of those
-    /// trainable units' weights before each optimizer step (one more copy of
-    /// them); asking for what is measured already changes nothing. A
+    /// trainable units' weights, taken before the first optimizer step and
+    /// again after each [`restart_update_gains`](Self::restart_update_gains)
+    /// (one more copy of them); asking for what is measured already changes
+    /// nothing. A
     /// policy whose
     /// [`needs_update_gains`](crate::FreezePolicy::needs_update_gains) is
     /// true needs them; [`AutoFreeze::prepare`](crate::AutoFreeze::prepare)
@@ -119,11 +121,20 @@ pub trait FreezeFront {
         let _ = from;
     }
 
+    /// Starts a new span of update gains: the next step reads its gain
+    /// against the snapshot as it is, then takes a new one (its weights
+    /// before its optimizer step), which the steps after read against. A
+    /// policy calls it at each of its checks, so that a gain measures the
+    /// move since the last check. The default ignores it.
+    fn restart_update_gains(&mut self) {}
+
     /// Per-unit update gains of the last training step, one entry per
     /// unit: minus the dot product of the step's gradient with the unit's
-    /// move in the step before (`-<g_t, W_t - W_(t-1)>`: how much, to first
-    /// order, the previous update lowered the loss on this step's batch;
-    /// see [`plumbing::WeightSnapshot`](crate::plumbing::WeightSnapshot)).
+    /// move since the snapshot (`-<g_t, W_t - W_s>`, `s` the step of the
+    /// last [`restart_update_gains`](Self::restart_update_gains): how much,
+    /// to first order, the moves since then lowered the loss on this step's
+    /// batch, which none of them saw; see
+    /// [`plumbing::WeightSnapshot`](crate::plumbing::WeightSnapshot)).
     /// `None` for frozen units, units without a gradient or a snapshot, and
     /// every unit when gains are not measured (the default).
     fn last_update_gains(&self) -> Vec<Option<f64>> {

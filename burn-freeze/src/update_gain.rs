@@ -1,17 +1,23 @@
-//! Loss-change allocation per unit: how much each unit's last update lowered the loss, read
-//! from the next step's gradient.
+//! Loss-change allocation per unit: how much each unit's moves since a snapshot lowered the
+//! loss, read from a later step's gradient.
 //!
-//! At step `t` a unit with weights `W_t` (the update of step `t - 1` applied) gets the gradient
-//! `g_t` of a fresh batch. To first order the loss on that batch went down by
-//! `-<g_t, W_t - W_{t-1}>` because the unit moved: the unit's **update gain**. Summed over a
-//! window it is the unit's share of the loss's decrease (Lan et al.'s loss-change allocation,
-//! the Taylor importance of ElasticTrainer and GreenTrainer). The gradient comes from a batch
-//! the update never saw, so a unit whose updates are noise gains nothing on average, however
-//! large its gradients; and a unit that still descends gains in proportion to what it adds.
+//! A snapshot `W_s` of the trainable weights is taken before the first step and again at the
+//! step after each restart (a policy restarts at each of its checks). At step `t` a unit with
+//! weights `W_t` gets the gradient `g_t` of a fresh batch. To first order the loss on that batch
+//! went down by `-<g_t, W_t - W_s>` because the unit moved since the snapshot: the unit's
+//! **update gain**. Summed over a window it is the unit's share of the loss's decrease (Lan et
+//! al.'s loss-change allocation, the Taylor importance of ElasticTrainer and GreenTrainer). The
+//! gradient comes from a batch none of the moves saw, so a unit whose updates are noise gains
+//! nothing on average, however large its gradients; and a unit that still descends gains in
+//! proportion to what it adds.
 //!
-//! The cost: a snapshot of the trainable weights before each optimizer step (one more copy of
-//! them, in the storage the step leaves behind) and one product-sum per parameter tensor a step,
-//! read from the device once per stage.
+//! Why a span of steps and not each step's own move: an optimizer that oscillates across a
+//! sharp valley moves back and forth, and the gradient at the end of each single move points
+//! back against it, so step by step the moves read as losses while the loss falls; over a span
+//! the oscillations cancel in the displacement and the descent adds up.
+//!
+//! The cost: a snapshot of the trainable weights per span (one more copy of them) and one
+//! product-sum per parameter tensor a step, read from the device once per stage.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -171,7 +177,7 @@ impl<B: AutodiffBackend> UnitReader<B> for GainCollector<'_, B> {
 
 impl<B: AutodiffBackend> GainCollector<'_, B> {
     /// The gain of every unit, in order: minus the dot product of its
-    /// gradient with its last move.
+    /// gradient with its move since the snapshot.
     pub(crate) fn finish(self) -> Vec<Option<f64>> {
         if self.dots.is_empty() {
             return self.units.iter().map(|_| None).collect();

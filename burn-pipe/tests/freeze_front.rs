@@ -215,3 +215,62 @@ fn gradient_sums_follow_units_through_repartition_and_replication() {
     pipeline.reset_gradient_sums();
     assert!(pipeline.gradient_sum_norms().iter().all(Option::is_none));
 }
+
+/// Per step, per unit: both `None`, or gains within 1e-3 of the larger.
+fn assert_gains_close(a: &[Vec<Option<f64>>], b: &[Vec<Option<f64>>]) {
+    assert_eq!(a.len(), b.len());
+    for (step, (a, b)) in a.iter().zip(b).enumerate() {
+        for (unit, (a, b)) in a.iter().zip(b).enumerate() {
+            match (a, b) {
+                (Some(a), Some(b)) => assert!(
+                    (a - b).abs() <= 1e-3 * a.abs().max(b.abs()).max(1e-9),
+                    "step {step}, unit {unit}: {a} vs {b}"
+                ),
+                (None, None) => {}
+                _ => panic!("step {step}, unit {unit}: {a:?} vs {b:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_pipeline_measures_update_gains_as_a_stack_does_across_restarts() {
+    let device = Default::default();
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let stack = user_stack(6, 16, 4, 3);
+    let mut plain = FreezableStack::new(stack.clone().fork(&device));
+    let mut pipeline = PipelineConfig::new()
+        .with_micro_batches(Some(4))
+        .with_balance(Some(vec![3, 2, 2]))
+        .init(stack, vec![device; 3], sgd)
+        .unwrap();
+    plain.set_update_gains(Some(1));
+    pipeline.set_update_gains(Some(1));
+    let mut optim = sgd();
+    let (mut of_plain, mut of_pipeline) = (Vec::new(), Vec::new());
+    for step in 0..7u64 {
+        // A restart after steps 2 and 4: steps 3 and 5 read the moves
+        // since the first and the second snapshot, then take new ones.
+        if step == 3 || step == 5 {
+            plain.restart_update_gains();
+            pipeline.restart_update_gains();
+        }
+        let (x, y) = user_batch(step, 24, 6, 3);
+        let loss = loss_fn.forward(plain.forward(x.clone()), y.clone());
+        let grads: GradientsParams = plain.gradients(loss.backward());
+        plain.map_trainable(|units| optim.step(LR, units, grads));
+        pipeline
+            .train_step(x, y, |l, t| loss_fn.forward(l, t), StepOptions::new(), LR)
+            .unwrap();
+        of_plain.push(plain.last_update_gains());
+        of_pipeline.push(pipeline.last_update_gains());
+    }
+    assert!(of_plain[0].iter().all(Option::is_none), "no move yet");
+    // Every unit with weights from 1 on has a gain (unit 2, a tanh, has none).
+    for gains in &of_plain[1..] {
+        assert_eq!(gains[0], None, "unit 0 is not measured");
+        assert!(gains[1].is_some() && gains[2].is_none(), "{gains:?}");
+        assert!(gains[3..].iter().all(Option::is_some), "{gains:?}");
+    }
+    assert_gains_close(&of_plain, &of_pipeline);
+}

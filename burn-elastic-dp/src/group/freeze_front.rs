@@ -156,6 +156,12 @@ where
         }
     }
 
+    fn restart_update_gains(&mut self) {
+        for replica in &mut self.replicas {
+            replica.restart_update_gains();
+        }
+    }
+
     /// Replica 0's: every replica moved alike and stepped with the same
     /// all-reduced gradients (none once a step lost every replica).
     fn last_update_gains(&self) -> Vec<Option<f64>> {

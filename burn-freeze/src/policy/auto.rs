@@ -140,6 +140,10 @@ impl<P: FreezePolicy> AutoFreeze<P> {
         self.held_out_due = self.policy.held_out_every().is_some_and(|every| {
             self.state.step > 0 && self.state.step.is_multiple_of(every.max(1))
         });
+        if self.held_out_due && self.policy.needs_update_gains() {
+            // The gains from here on measure the moves since this check.
+            target.restart_update_gains();
+        }
         self.apply(target, decision)
     }
 

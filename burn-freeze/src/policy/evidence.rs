@@ -18,13 +18,14 @@ use crate::PolicyConfigError;
 pub enum LayerSignal {
     /// Loss-change allocation, the default: the bottom block's share of the
     /// loss's first-order decrease over the check's window, from each
-    /// step's update gains (`-<g_t, W_t - W_(t-1)>` per layer, the gradient
-    /// of a batch the update never saw; see
+    /// step's update gains (`-<g_t, W_t - W_s>` per layer: the move since
+    /// the last check, against the gradient of a batch none of its updates
+    /// saw; see
     /// [`FreezeFront::last_update_gains`](crate::FreezeFront::last_update_gains)).
     /// The longest bottom block whose share stays under the bound has
     /// stopped gaining: freezing it gives up at most that share of the
     /// rate at which the loss falls. Costs a snapshot of the trainable
-    /// weights and one product-sum per parameter a step.
+    /// weights a check and one product-sum per parameter a step.
     LossShare,
     /// [`LossShare`](Self::LossShare), and where the model's total gain
     /// over the window is within its noise (a model near convergence, or
@@ -76,7 +77,8 @@ pub struct EvidenceConfig {
     pub checks_per_epoch: usize,
     /// Held-out losses per block of the whole-model plateau test (at least
     /// 1): the rule compares the mean of the last block with the mean of
-    /// the block before it.
+    /// the block before it (two fresh blocks at the start and after a
+    /// thaw, one after a freeze).
     #[config(default = 3)]
     pub patience: usize,
     /// Nothing freezes until the held-out loss has fallen below its first
@@ -216,6 +218,11 @@ struct EvidenceState {
     losses: Vec<f64>,
     /// Index in `losses` of the first loss after the last move of the front.
     since_move: usize,
+    /// Whether that move was a freeze (not a thaw): a freeze leaves the
+    /// loss where it was, so the losses before it still compare with the
+    /// ones after, and one fresh block decides the next plateau.
+    #[serde(default)]
+    froze_last: bool,
     /// Losses per plateau block now (patience, doubled by each thaw).
     block: usize,
     watching: Option<Watch>,
@@ -242,9 +249,11 @@ struct EvidenceState {
 ///
 /// - **Per layer: its share of the loss's decrease** (the default,
 ///   [`LayerSignal::LossShare`]). Every step measures each layer's update
-///   gain `-<g_t, W_t - W_(t-1)>`: the first-order decrease of the loss on
-///   the step's batch, one its last move never saw, owed to that layer's
-///   move. Over the steps of the last two checks, the bottom block's share
+///   gain `-<g_t, W_t - W_s>`: the first-order decrease of the loss on
+///   the step's batch, one none of its moves saw, owed to that layer's
+///   moves since the last check (over a span of steps an optimizer's
+///   oscillations cancel, where a single move's gain reads them as
+///   losses). Over the steps of the last two checks, the bottom block's share
 ///   of the whole model's decrease is read with its uncertainty (the upper
 ///   bound of two standard errors over the steps). The test is absolute
 ///   and scale-free, never a rank among the layers: the longest bottom
@@ -252,10 +261,14 @@ struct EvidenceState {
 ///   [`signal_below`](EvidenceConfig::signal_below) for
 ///   [`converged_checks`](EvidenceConfig::converged_checks) checks in a row
 ///   has stopped gaining, and freezes (freezing it gives up at most that
-///   share of the rate at which the loss falls). A window in which the
-///   model as a whole clearly gained nothing counts for every active layer.
-///   The gains cost one snapshot of the trainable weights and a product-sum
-///   per parameter a step; the snapshot is counted in the memory budget.
+///   share of the rate at which the loss falls). A window whose total gain
+///   is not clearly positive says nothing of a layer: a gain is read at the
+///   end of the moves, where the climb up the curvature that noisy moves
+///   made counts against it, so a model still learning under noisy batches
+///   can read a total under zero (the held-out loss decides then).
+///   The gains cost one snapshot of the trainable weights a check and a
+///   product-sum per parameter a step; the snapshot is counted in the
+///   memory budget.
 ///   [`EvidenceConfig::signal`] picks the evidence: the gradients' own
 ///   consistency ([`LayerSignal::EnergyShare`],
 ///   [`LayerSignal::SignConsistency`]) is the alternative, and `None` turns
@@ -274,6 +287,11 @@ struct EvidenceState {
 ///     mean of the ones before: an improvement under
 ///     [`plateau_below`](EvidenceConfig::plateau_below) of all the
 ///     improvement so far is a plateau, and the bottom layers freeze too.
+///     The first test waits for two blocks of fresh losses; after a
+///     freeze one fresh block is compared with the block before the
+///     freeze (a freeze leaves the loss where it was), so a model that has
+///     stopped improving freezes its next block a block later, while one
+///     whose loss falls again waits; after a thaw both blocks are fresh.
 ///   - *Guard.* For four blocks after a freeze, a loss above its trend
 ///     before the freeze (the last block's level, rising as it rose, never
 ///     falling) by more than
@@ -364,8 +382,16 @@ impl Evidence {
     fn reading(&self) -> Reading {
         let block = self.state.block;
         let losses = &self.state.losses;
-        let fresh = &losses[self.state.since_move.min(losses.len())..];
-        if fresh.len() < 2 * block {
+        let fresh = losses.len() - self.state.since_move.min(losses.len());
+        // After a freeze, the last block is fresh and the one before it may
+        // come from before the move; at the start and after a thaw (the
+        // model changed) both must be fresh.
+        let needed = if self.state.froze_last {
+            block
+        } else {
+            2 * block
+        };
+        if fresh < needed || losses.len() < 2 * block {
             return Reading::Gathering;
         }
         if !self.learned() {
@@ -374,8 +400,9 @@ impl Evidence {
         let first = losses[0];
         let best = losses.iter().copied().fold(f64::INFINITY, f64::min);
         let gained = first - best;
-        let last = mean(&fresh[fresh.len() - block..]);
-        let before = mean(&fresh[fresh.len() - 2 * block..fresh.len() - block]);
+        let n = losses.len();
+        let last = mean(&losses[n - block..]);
+        let before = mean(&losses[n - 2 * block..n - block]);
         let progress = (before - last) / gained;
         if progress < self.config.plateau_below {
             Reading::Plateau(progress)
@@ -420,15 +447,15 @@ impl Evidence {
             }
             None => {
                 // Each bottom block's share of the window's decrease, read
-                // with its uncertainty; a window in which the model as a
-                // whole clearly did not gain (on batches its updates never
-                // saw) is one in which no layer did.
-                let active = state.num_layers.saturating_sub(state.frozen_layers);
+                // with its uncertainty. A window whose total is not clearly
+                // positive says nothing of a layer: a gain is read at the
+                // end of the move, where the curvature climbed by moves
+                // that noise made counts against it, so a model still
+                // learning under noisy batches can read a total under zero.
                 let bound_uncertain = signal == LayerSignal::LossShareBounded;
                 let (block, shares) = match self.state.gains.read(state, bound_uncertain) {
                     GainReading::Unread => return Vec::new(),
-                    GainReading::Uncertain => (0, Vec::new()),
-                    GainReading::NoGain => (active, vec![Some(0.0); active]),
+                    GainReading::Uncertain | GainReading::NoGain => (0, Vec::new()),
                     GainReading::Shares(shares) => (
                         shares
                             .iter()
@@ -525,13 +552,15 @@ impl Evidence {
         );
         self.state.watching = None;
         self.state.block = block.saturating_mul(2);
-        self.moved();
+        self.moved(false);
         Some(watch.from)
     }
 
-    /// After the front moved: fresh evidence for the next decision.
-    fn moved(&mut self) {
+    /// After the front moved (`froze`: by a freeze, not a thaw): fresh
+    /// evidence for the next decision.
+    fn moved(&mut self, froze: bool) {
         self.state.since_move = self.state.losses.len();
+        self.state.froze_last = froze;
         self.state.quiet_checks.iter_mut().for_each(|q| *q = 0);
         self.state.gains.clear();
     }
@@ -561,7 +590,7 @@ impl Evidence {
             noise,
             seen: 0,
         });
-        self.moved();
+        self.moved(true);
         Some(front)
     }
 }
@@ -722,12 +751,20 @@ mod tests {
         let mut losses = vec![1.0, 0.5, 0.3, 0.2];
         losses.extend([0.2; 12]);
         let fronts = run(&mut rule(), &losses);
-        // Two blocks of two after each move: 6 (half of 12), 9, 11.
+        // Two blocks of two to the first freeze, 6 (half of 12); then one
+        // fresh block after each freeze: 9, 11, 12.
         assert_eq!(fronts[..6].iter().max(), Some(&0));
-        assert_eq!(fronts[6], 6);
-        assert_eq!(fronts[10], 9);
-        assert_eq!(fronts[14], 11);
-        assert_eq!(fronts.last(), Some(&11));
+        assert_eq!(fronts[6..], [6, 6, 9, 9, 11, 11, 12, 12, 12, 12]);
+    }
+
+    #[test]
+    fn after_a_freeze_the_loss_decides_again_once_it_is_still_falling() {
+        // Frozen on a plateau at check 6; the loss then falls again: the
+        // block after the freeze improves on the one before, no freeze.
+        let mut losses = vec![1.0, 0.5, 0.3, 0.2, 0.2, 0.2, 0.2];
+        losses.extend([0.15, 0.1, 0.05, 0.05, 0.05, 0.05]);
+        let fronts = run(&mut rule(), &losses);
+        assert_eq!(fronts[6..], [6, 6, 6, 6, 6, 9, 9]);
     }
 
     #[test]
@@ -950,6 +987,14 @@ mod tests {
         let fronts = loss_share((2, 5, 0.0), 6, |check| 1.0 / (1.0 + check as f64));
         assert_eq!(fronts[..2], [0, 2]);
         assert_eq!(fronts.last(), Some(&2));
+    }
+
+    #[test]
+    fn a_total_gain_under_zero_freezes_nothing_while_the_held_out_loss_falls() {
+        // The moves read as losses (the curvature noisy moves climbed),
+        // clearly: no layer is read, and the falling loss is no plateau.
+        let fronts = loss_share((0, 3, -10.0), 12, |check| 0.9f64.powi(check as i32));
+        assert!(fronts.iter().all(|&f| f == 0), "{fronts:?}");
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! keeps each step's gains, so a share is read with its standard error (the ratio estimator's,
 //! over the window's steps), and a block has stopped gaining only when the share's upper
 //! confidence bound is under the rule's bound. A window whose total gain is not clearly
-//! positive says nothing of a layer, unless it is clearly not positive: then no layer gained.
+//! positive says nothing of a layer ([`GainReading::NoGain`] is told apart for the log only:
+//! a gain read at the end of noisy moves counts the curvature they climbed against it).
 
 use std::collections::VecDeque;
 

@@ -92,6 +92,7 @@ where
             keep_sums: false,
             gains: vec![None; units],
             gains_from: None,
+            retake_snapshot: false,
             gain_time: std::time::Duration::ZERO,
         })
     }

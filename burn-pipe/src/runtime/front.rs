@@ -178,14 +178,19 @@ impl<S: StackTypes, O: StackOptimizer<S>> FreezeFront for Pipeline<S, O> {
     }
 
     /// Every stage keeps a snapshot of its trainable weights (of units
-    /// `from..`) before each step (one more copy of them); a repartition
-    /// drops the snapshots, so the first step after it reads no gain.
+    /// `from..`), taken before its first step and again after each
+    /// restart (one more copy of them); a repartition drops the
+    /// snapshots, so the first step after it reads no gain.
     fn set_update_gains(&mut self, from: Option<usize>) {
         if set_gains_from(&mut self.gains_from, &mut self.gains, from) {
             for stage in &mut self.stages {
                 stage.snapshot = None;
             }
         }
+    }
+
+    fn restart_update_gains(&mut self) {
+        self.retake_snapshot = true;
     }
 
     fn last_update_gains(&self) -> Vec<Option<f64>> {

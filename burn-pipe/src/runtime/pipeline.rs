@@ -107,10 +107,13 @@ pub struct Pipeline<S: StackTypes, O> {
     /// Per-unit update gains of the last optimizer step
     /// ([`burn_freeze::FreezeFront::last_update_gains`]).
     pub(crate) gains: Vec<Option<f64>>,
-    /// From which unit every stage keeps a snapshot of its weights before
-    /// each step, to measure update gains
+    /// From which unit every stage keeps a snapshot of its weights, to
+    /// measure update gains
     /// ([`burn_freeze::FreezeFront::set_update_gains`]); `None`: no gains.
     pub(crate) gains_from: Option<usize>,
+    /// Whether the next step takes new snapshots after reading its gains
+    /// ([`burn_freeze::FreezeFront::restart_update_gains`]).
+    pub(crate) retake_snapshot: bool,
     /// Time the last step's slowest stage spent on its update gains and
     /// weight snapshot.
     pub(crate) gain_time: std::time::Duration,
@@ -261,8 +264,9 @@ where
             });
         }
         let gains_from = self.gains_from;
+        let retake = self.retake_snapshot;
         let stepped = on_each_stage(&mut self.stages, |_, stage| {
-            step_stage(stage, lr, gains_from)
+            step_stage(stage, lr, gains_from, retake)
         })?;
         let panicked = stepped
             .iter()
@@ -298,6 +302,7 @@ where
         }
         self.norms = norms.into_iter().flatten().collect();
         self.gains = gains;
+        self.retake_snapshot = false;
         Ok(())
     }
 
@@ -343,7 +348,12 @@ struct Stepped<S: StackTypes, O> {
 /// Applies `stage`'s optimizer to its pending gradients with learning rate
 /// `lr`, catching a panic (the stage's units are then left incomplete: the
 /// caller puts back [`Stepped::before`]).
-fn step_stage<S, O>(stage: &mut Stage<S, O>, lr: f64, gains_from: Option<usize>) -> Stepped<S, O>
+fn step_stage<S, O>(
+    stage: &mut Stage<S, O>,
+    lr: f64,
+    gains_from: Option<usize>,
+    retake: bool,
+) -> Stepped<S, O>
 where
     S: StackTypes,
     O: Optimizer<TrainableUnits<S>, S::Backend>,
@@ -371,8 +381,9 @@ where
             units.add_gradient_sums(&mut sums, &grads);
             sums
         });
-        // The gain of the last step's move on this step's batch, then the
-        // weights this step moves from.
+        // The gain of the move since the snapshot on this step's batch,
+        // then (the first time, or after a restart) the weights this step
+        // moves from as the next snapshot.
         let measuring = std::time::Instant::now();
         let (gains, snapshot) = match gains_from {
             Some(from) => {
@@ -380,7 +391,8 @@ where
                     Some(before) => units.unit_update_gains(&grads, before),
                     None => vec![None; units.units().len()],
                 };
-                (gains, Some(units.weight_snapshot(from)))
+                let retake = retake || last_snapshot.is_none();
+                (gains, retake.then(|| units.weight_snapshot(from)))
             }
             None => (Vec::new(), None),
         };

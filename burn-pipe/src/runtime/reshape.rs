@@ -137,6 +137,7 @@ where
             keep_sums: self.keep_sums,
             gains: self.gains.clone(),
             gains_from: self.gains_from,
+            retake_snapshot: false,
             gain_time: std::time::Duration::ZERO,
         })
     }

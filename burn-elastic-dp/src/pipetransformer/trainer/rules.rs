@@ -99,8 +99,8 @@ pub enum FreezeRule {
     },
     /// The default: the bottom block of layers still training freezes once
     /// training no longer gains from updating it (its share of the loss's
-    /// first-order decrease, measured each step on a batch its last move
-    /// never saw, stays under a bound for checks in a row), or a prefix once
+    /// first-order decrease, measured each step on a batch none of its moves
+    /// since the last check saw, stays under a bound for checks in a row), or a prefix once
     /// the held-out loss has stopped improving; nothing before that loss
     /// has learned, and a freeze after which it rises is thawed
     /// (burn-freeze's [`Evidence`](burn_freeze::Evidence)). Checks run a
