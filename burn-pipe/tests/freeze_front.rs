@@ -10,8 +10,8 @@ use burn_freeze::{
     AlphaArgmin, AlphaArgminConfig, ArgminStatistic, AutoFreeze, ChangeRate, ChangeRateConfig,
     FreezableStack, FreezeFront, FreezePolicy, GradNorm, LayerMap, ParamStates, TrainableUnits,
 };
-use burn_pipe::PipelineConfig;
 use burn_pipe::StepOptions;
+use burn_pipe::{Pipeline, PipelineConfig};
 use common::{B, UserStack, UserTypes, user_batch, user_stack};
 
 const STEPS_PER_EPOCH: usize = 6;
@@ -112,23 +112,54 @@ fn assert_same_run(stack: &Trace, pipeline: &Trace, policy: &str) {
     assert_close(&stack.sums, &pipeline.sums, policy);
 }
 
-/// Per record, per unit: both `None`, or norms within 1e-4.
-fn assert_close(a: &[Vec<Option<GradNorm>>], b: &[Vec<Option<GradNorm>>], policy: &str) {
+/// Per record, per unit: both `None`, or both values with `close(a, b)`.
+fn assert_each_close<T: std::fmt::Debug>(
+    a: &[Vec<Option<T>>],
+    b: &[Vec<Option<T>>],
+    what: &str,
+    close: impl Fn(&T, &T) -> bool,
+) {
     assert_eq!(a.len(), b.len());
     for (step, (a, b)) in a.iter().zip(b).enumerate() {
         assert_eq!(a.len(), b.len());
         for (unit, (a, b)) in a.iter().zip(b).enumerate() {
             match (a, b) {
-                (Some(a), Some(b)) => assert!(
-                    (a.l2 - b.l2).abs() <= 1e-4 * a.l2.max(1e-6)
-                        && (a.l1 - b.l1).abs() <= 1e-4 * a.l1.max(1e-6),
-                    "{policy}: record {step}, unit {unit}: {a:?} vs {b:?}"
+                (Some(x), Some(y)) => assert!(
+                    close(x, y),
+                    "{what}: record {step}, unit {unit}: {a:?} vs {b:?}"
                 ),
                 (None, None) => {}
-                _ => panic!("{policy}: record {step}, unit {unit}: {a:?} vs {b:?}"),
+                _ => panic!("{what}: record {step}, unit {unit}: {a:?} vs {b:?}"),
             }
         }
     }
+}
+
+/// Per record, per unit: both `None`, or norms within 1e-4.
+fn assert_close(a: &[Vec<Option<GradNorm>>], b: &[Vec<Option<GradNorm>>], policy: &str) {
+    assert_each_close(a, b, policy, |a, b| {
+        (a.l2 - b.l2).abs() <= 1e-4 * a.l2.max(1e-6) && (a.l1 - b.l1).abs() <= 1e-4 * a.l1.max(1e-6)
+    });
+}
+
+/// One training step of batch `step` (24 samples) on `stack`, with
+/// `optim`, and on `pipeline` alike.
+fn step_both<O>(
+    stack: &mut FreezableStack<UserTypes>,
+    optim: &mut impl Optimizer<TrainableUnits<UserTypes>, B>,
+    pipeline: &mut Pipeline<UserTypes, O>,
+    step: u64,
+) where
+    O: Optimizer<TrainableUnits<UserTypes>, B>,
+{
+    let loss_fn = CrossEntropyLossConfig::new().init::<B>(&Default::default());
+    let (x, y) = user_batch(step, 24, 6, 3);
+    let loss = loss_fn.forward(stack.forward(x.clone()), y.clone());
+    let grads: GradientsParams = stack.gradients(loss.backward());
+    stack.map_trainable(|units| optim.step(LR, units, grads));
+    pipeline
+        .train_step(x, y, |l, t| loss_fn.forward(l, t), StepOptions::new(), LR)
+        .unwrap();
 }
 
 #[test]
@@ -174,7 +205,6 @@ fn the_papers_rule_on_summed_step_norms_moves_a_pipeline_as_it_moves_a_stack() {
 #[test]
 fn gradient_sums_follow_units_through_repartition_and_replication() {
     let device = Default::default();
-    let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let model = user_stack(6, 16, 4, 3);
     let mut stack = FreezableStack::new(model.clone().fork(&device));
     stack.set_gradient_sums(true);
@@ -194,13 +224,7 @@ fn gradient_sums_follow_units_through_repartition_and_replication() {
             optim = burn_freeze::plumbing::retain_optimizer_state(optim, stack.trainable());
             pipeline.freeze_to(1).unwrap();
         }
-        let (x, y) = user_batch(step, 24, 6, 3);
-        let loss = loss_fn.forward(stack.forward(x.clone()), y.clone());
-        let grads: GradientsParams = stack.gradients(loss.backward());
-        stack.map_trainable(|units| optim.step(LR, units, grads));
-        pipeline
-            .train_step(x, y, |l, t| loss_fn.forward(l, t), StepOptions::new(), LR)
-            .unwrap();
+        step_both(&mut stack, &mut optim, &mut pipeline, step);
     }
     let expected = stack.gradient_sum_norms();
     // Unit 0 froze; the tanh unit (2) has no parameters.
@@ -216,27 +240,9 @@ fn gradient_sums_follow_units_through_repartition_and_replication() {
     assert!(pipeline.gradient_sum_norms().iter().all(Option::is_none));
 }
 
-/// Per step, per unit: both `None`, or gains within 1e-3 of the larger.
-fn assert_gains_close(a: &[Vec<Option<f64>>], b: &[Vec<Option<f64>>]) {
-    assert_eq!(a.len(), b.len());
-    for (step, (a, b)) in a.iter().zip(b).enumerate() {
-        for (unit, (a, b)) in a.iter().zip(b).enumerate() {
-            match (a, b) {
-                (Some(a), Some(b)) => assert!(
-                    (a - b).abs() <= 1e-3 * a.abs().max(b.abs()).max(1e-9),
-                    "step {step}, unit {unit}: {a} vs {b}"
-                ),
-                (None, None) => {}
-                _ => panic!("step {step}, unit {unit}: {a:?} vs {b:?}"),
-            }
-        }
-    }
-}
-
 #[test]
 fn a_pipeline_measures_update_gains_as_a_stack_does_across_restarts() {
     let device = Default::default();
-    let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let stack = user_stack(6, 16, 4, 3);
     let mut plain = FreezableStack::new(stack.clone().fork(&device));
     let mut pipeline = PipelineConfig::new()
@@ -255,13 +261,7 @@ fn a_pipeline_measures_update_gains_as_a_stack_does_across_restarts() {
             plain.restart_update_gains();
             pipeline.restart_update_gains();
         }
-        let (x, y) = user_batch(step, 24, 6, 3);
-        let loss = loss_fn.forward(plain.forward(x.clone()), y.clone());
-        let grads: GradientsParams = plain.gradients(loss.backward());
-        plain.map_trainable(|units| optim.step(LR, units, grads));
-        pipeline
-            .train_step(x, y, |l, t| loss_fn.forward(l, t), StepOptions::new(), LR)
-            .unwrap();
+        step_both(&mut plain, &mut optim, &mut pipeline, step);
         of_plain.push(plain.last_update_gains());
         of_pipeline.push(pipeline.last_update_gains());
     }
@@ -272,5 +272,8 @@ fn a_pipeline_measures_update_gains_as_a_stack_does_across_restarts() {
         assert!(gains[1].is_some() && gains[2].is_none(), "{gains:?}");
         assert!(gains[3..].iter().all(Option::is_some), "{gains:?}");
     }
-    assert_gains_close(&of_plain, &of_pipeline);
+    // Within 1e-3 of the larger.
+    assert_each_close(&of_plain, &of_pipeline, "update gains", |a, b| {
+        (a - b).abs() <= 1e-3 * a.abs().max(b.abs()).max(1e-9)
+    });
 }

@@ -427,7 +427,7 @@ impl Evidence {
         let bound = self.config.signal_below;
         let quiet = &mut self.state.quiet_checks;
         quiet.resize(state.num_layers, 0);
-        let shares = match signal.consistency() {
+        match signal.consistency() {
             Some(measure) => {
                 let shares = self.state.window.shares(state.num_layers, measure);
                 if self.state.window.is_empty() {
@@ -471,8 +471,7 @@ impl Evidence {
                 }
                 shares
             }
-        };
-        shares
+        }
     }
 
     /// Steps of the sliding window of update gains: two checks' worth, at
