@@ -238,6 +238,21 @@ fn profiled_costs_measure_micro_batch_times_on_the_first_batch() {
     measured_on_the_first_batch(config().with_costs(CostModel::Profiled { repeats: 1 }));
 }
 
+#[test]
+fn profiled_costs_are_the_micro_batch_tables_row_at_the_whole_batch() {
+    // One profile of the first batch, not two: the costs the pipeline is
+    // balanced on are the table's times at the batch's size.
+    let mut trainer = trainer(config().with_costs(CostModel::Profiled { repeats: 1 }));
+    trainer.fit_epoch(&dataset(2 * BATCH), &Rows).unwrap();
+    let table = trainer
+        .shape_rule()
+        .micro_batch_times()
+        .expect("measured on the first batch");
+    assert_eq!(table.sizes().last(), Some(&BATCH));
+    let row = table.profiles().last().unwrap();
+    assert_eq!(trainer.unit_costs(), &burn_pipe::UnitCosts::from_profile(row));
+}
+
 fn measured_on_the_first_batch(config: TrainerConfig) {
     let mut trainer = trainer(config);
     assert!(

@@ -11,7 +11,7 @@ use burn_pipe::balance::{HeapCounter, measure_unit_memory};
 use burn_pipe::micro::{
     MicroBatchChoice, MicroBatchTimes, micro_batch_profile_sizes, profile_micro_batches,
 };
-use burn_pipe::{UnitCosts, UnitMemory, profile_units};
+use burn_pipe::{UnitCosts, UnitMemory, UnitProfile, profile_units};
 use serde::{Deserialize, Serialize};
 
 use super::config::TrainerConfig;
@@ -175,10 +175,17 @@ impl Measurements {
             if stages.stages() == 1 {
                 tracing::info!("one stage throughout: unit costs not profiled");
             } else {
-                let profile =
-                    profile_units(&group.to_layer_stack()?, input.clone(), device, repeats)?;
-                // Every process balances on the same times: the slowest's.
-                let profile = super::agree::unit_profiles(group, profile)?;
+                let from_table =
+                    self.profile_with_micro_table(group, config, device, input, stages.stages())?;
+                let profile = match from_table {
+                    Some(profile) => profile,
+                    None => {
+                        let profile =
+                            profile_units(&group.to_layer_stack()?, input.clone(), device, repeats)?;
+                        // Every process balances on the same times: the slowest's.
+                        super::agree::unit_profiles(group, profile)?
+                    }
+                };
                 self.rule.set_costs(UnitCosts::from_profile(&profile));
                 changed = true;
                 tracing::info!("unit costs profiled; the pipeline is balanced on them");
@@ -210,24 +217,44 @@ impl Measurements {
         }
         self.micro_pending = false;
         if self.rule.wants_micro_batch_times(shape_of(group).stages()) {
-            let repeats = match config.costs {
-                CostModel::Profiled { repeats } => repeats,
-                CostModel::Parameters { .. } => MICRO_BATCH_REPEATS,
-            };
-            // The largest batch a replica can get: the global batch of one.
-            let largest = config.batch.global_batch(1).min(input.batch_size());
-            let sizes = micro_batch_profile_sizes(largest);
-            let stack = group.to_layer_stack()?;
-            let measured = profile_micro_batches(&stack, input.clone(), device, &sizes, repeats)
-                .map_err(|error| {
-                    tracing::warn!(%error, "micro-batch sizes not profiled; the paper's micro-batch count holds")
-                })
-                .ok();
-            // Every process chooses from the same table: the slowest's.
-            let agreed = super::agree::micro_batch_times(group, measured)?;
+            let agreed = micro_batch_table(group, config, device, input)?;
             self.rule.set_micro_batch_times(agreed);
         }
         self.apply_micro_batches(group)
+    }
+
+    /// Where the run also wants the micro-batch table (see
+    /// [`measure_micro_batches`](Self::measure_micro_batches)) for a start
+    /// of `stages`: the table measured now and kept, and its row at the
+    /// first batch's size, which is the unit profile of that batch (the
+    /// table's largest size is the whole batch, timed as
+    /// [`profile_units`] times it, with the same repeats): one profile of
+    /// the batch, not two (on MiniLM the second cost seconds of the first
+    /// epoch). `None` where no table is wanted or it could not be
+    /// measured: the caller profiles the units itself.
+    fn profile_with_micro_table<S, O>(
+        &mut self,
+        group: &ReplicaGroup<S, O>,
+        config: &TrainerConfig,
+        device: &Device<S::Backend>,
+        input: &S::Input,
+        stages: usize,
+    ) -> Result<Option<Vec<UnitProfile>>, TrainerError>
+    where
+        S: StackTypes<Output: Differentiable<S::Backend>>,
+        O: StackOptimizer<S>,
+    {
+        if !self.micro_pending || !self.rule.wants_micro_batch_times(stages) {
+            return Ok(None);
+        }
+        let Some(table) = micro_batch_table(group, config, device, input)? else {
+            return Ok(None);
+        };
+        let row = (table.sizes().last() == Some(&input.batch_size()))
+            .then(|| table.profiles().last().cloned())
+            .flatten();
+        self.rule.set_micro_batch_times(Some(table));
+        Ok(row)
     }
 
     /// Takes `times` (which must time every unit of `group`'s model) and
@@ -308,4 +335,37 @@ impl Measurements {
             self.rule.set_micro_batch_times(Some(times));
         }
     }
+}
+
+/// The micro-batch table of `group`'s model, measured on `input` (a copy
+/// of the model on `device`) at sizes up to the largest batch a replica
+/// can get, each size timed `repeats` times (the profiled costs' count,
+/// else [`MICRO_BATCH_REPEATS`]); agreed across processes (every process
+/// chooses from the slowest's). `None`, with a warning, where profiling
+/// failed on any process: the paper's micro-batch count holds.
+fn micro_batch_table<S, O>(
+    group: &ReplicaGroup<S, O>,
+    config: &TrainerConfig,
+    device: &Device<S::Backend>,
+    input: &S::Input,
+) -> Result<Option<MicroBatchTimes>, TrainerError>
+where
+    S: StackTypes<Output: Differentiable<S::Backend>>,
+    O: StackOptimizer<S>,
+{
+    let repeats = match config.costs {
+        CostModel::Profiled { repeats } => repeats,
+        CostModel::Parameters { .. } => MICRO_BATCH_REPEATS,
+    };
+    // The largest batch a replica can get: the global batch of one.
+    let largest = config.batch.global_batch(1).min(input.batch_size());
+    let sizes = micro_batch_profile_sizes(largest);
+    let stack = group.to_layer_stack()?;
+    let measured = profile_micro_batches(&stack, input.clone(), device, &sizes, repeats)
+        .map_err(|error| {
+            tracing::warn!(%error, "micro-batch sizes not profiled; the paper's micro-batch count holds")
+        })
+        .ok();
+    // Every process chooses from the same table: the slowest's.
+    super::agree::micro_batch_times(group, measured)
 }
