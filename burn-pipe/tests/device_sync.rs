@@ -62,12 +62,13 @@ fn a_failing_device_sync_is_an_error_naming_the_unit() {
         units
     );
 
-    // The micro-batch table: the size whose profile failed, named.
+    // The micro-batch table: the size whose profile failed, named (the
+    // largest is timed first).
     sync_fails_at(0);
     let error = profile_micro_batches(&stack, x.clone(), &device, &[1, 2], 1).unwrap_err();
     assert!(!fault::disarm(), "the fault fired");
     assert!(
-        matches!(&error, MicroSearchError::Profile { size: 1, error } if error.contains("unit 0")),
+        matches!(&error, MicroSearchError::Profile { size: 2, error } if error.contains("unit 0")),
         "{error}"
     );
 
