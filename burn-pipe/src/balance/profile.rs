@@ -75,10 +75,11 @@ where
 /// pipeline splits a batch): the table [`choose_micro_batches`](crate::choose_micro_batches)
 /// reads. The largest size is timed first, the fastest of `repeats` runs
 /// (its row is that batch's unit profile, and its first run warms the
-/// model); each smaller size then once, warm: the table costs the largest
-/// size's `repeats` runs and one run of the rest (about a third less than
-/// every size `repeats` times, on MiniLM seconds of a first epoch). Fails, before timing anything, on a size beyond the batch or
-/// sizes that are not strictly increasing from 1, and with
+/// model); each smaller size then once, warm: the largest size's
+/// `repeats` runs and one run of the rest (at sizes 1 to 32 and 3
+/// repeats, a third less than every size 3 times). Fails, before timing
+/// anything, on a size beyond the batch or sizes that are not strictly
+/// increasing from 1, and with
 /// [`MicroSearchError::Profile`] when profiling fails (a device that does
 /// not synchronise).
 pub fn profile_micro_batches<S>(

@@ -21,8 +21,9 @@ use super::transition::shape_of;
 use crate::group::ReplicaGroup;
 use crate::pipetransformer::shape::{MicroBatches, ShapeRule, ShapeSettings};
 
-/// Timed runs per micro-batch size when the unit costs are parameter
-/// counts (profiled costs use their own `repeats`): the fastest counts.
+/// Timed runs of the micro-batch table's largest size when the unit costs
+/// are parameter counts (profiled costs use their own `repeats`): the
+/// fastest counts.
 pub(super) const MICRO_BATCH_REPEATS: usize = 3;
 
 /// The cores `devices` share when they are threads of one machine: more
@@ -339,8 +340,9 @@ impl Measurements {
 
 /// The micro-batch table of `group`'s model, measured on `input` (a copy
 /// of the model on `device`) at sizes up to the largest batch a replica
-/// can get, each size timed `repeats` times (the profiled costs' count,
-/// else [`MICRO_BATCH_REPEATS`]); agreed across processes (every process
+/// can get, the largest timed `repeats` times (the profiled costs' count,
+/// else [`MICRO_BATCH_REPEATS`]) and the rest once
+/// ([`profile_micro_batches`]); agreed across processes (every process
 /// chooses from the slowest's). `None`, with a warning, where profiling
 /// failed on any process: the paper's micro-batch count holds.
 fn micro_batch_table<S, O>(
