@@ -96,7 +96,10 @@ pub struct EvidenceConfig {
     #[config(default = 0.5)]
     pub alpha: f64,
     /// The guard: a held-out loss more than this many of its measured
-    /// noise above its level before a freeze thaws that freeze (at least 0).
+    /// noise above its level before a freeze thaws that freeze (at least
+    /// 0), where the rise is also more than
+    /// [`plateau_below`](Self::plateau_below) of all the improvement so far
+    /// (a smaller change is what the plateau test calls no change).
     #[config(default = 3.0)]
     pub rise_tolerance: f64,
     /// The per-layer evidence ([`LayerSignal`]); `None`: the whole-model
@@ -298,7 +301,12 @@ struct EvidenceState {
 ///     [`rise_tolerance`](EvidenceConfig::rise_tolerance) times the loss's
 ///     noise (the spread of its steps, at least 1% of the level) thaws the
 ///     freeze, and the rule then asks for twice the evidence before it
-///     freezes again.
+///     freezes again. A rise under
+///     [`plateau_below`](EvidenceConfig::plateau_below) of all the
+///     improvement so far thaws nothing: the plateau test reads a change
+///     that small as none, and a loss near its floor creeps up that much
+///     as the layers still training (a head) fit the training samples,
+///     which a thaw would not undo.
 ///
 /// One decision freezes at most [`alpha`](EvidenceConfig::alpha) of the
 /// active layers (the paper's bound, at least one layer), and the next
@@ -370,12 +378,18 @@ impl Evidence {
 
     /// Whether the held-out loss has fallen enough below its first value.
     fn learned(&self) -> bool {
+        let first = self.state.losses.first().copied().unwrap_or(0.0);
+        self.improvement() > self.config.learned_drop * first.abs()
+    }
+
+    /// All the improvement so far: the held-out loss's first value less its
+    /// best (0 before any).
+    fn improvement(&self) -> f64 {
         let losses = &self.state.losses;
         let Some(&first) = losses.first() else {
-            return false;
+            return 0.0;
         };
-        let best = losses.iter().copied().fold(f64::INFINITY, f64::min);
-        first - best > self.config.learned_drop * first.abs()
+        first - losses.iter().copied().fold(f64::INFINITY, f64::min)
     }
 
     /// What the losses so far say.
@@ -397,9 +411,7 @@ impl Evidence {
         if !self.learned() {
             return Reading::NotLearned;
         }
-        let first = losses[0];
-        let best = losses.iter().copied().fold(f64::INFINITY, f64::min);
-        let gained = first - best;
+        let gained = self.improvement();
         let n = losses.len();
         let last = mean(&losses[n - block..]);
         let before = mean(&losses[n - 2 * block..n - block]);
@@ -537,7 +549,10 @@ impl Evidence {
         // freeze's.
         self.state.watching = (seen < WATCH_BLOCKS * block).then_some(Watch { seen, ..watch });
         let expected = watch.level + watch.rise * (seen as f64 + (block as f64 - 1.0) / 2.0);
-        let limit = expected + self.config.rise_tolerance * watch.noise;
+        // Above the loss's noise, and a change the plateau test would see.
+        let margin = (self.config.rise_tolerance * watch.noise)
+            .max(self.config.plateau_below * self.improvement());
+        let limit = expected + margin;
         if loss <= limit {
             return None;
         }
@@ -785,6 +800,20 @@ mod tests {
         }
         // Eight fresh losses (two blocks of four) before the next freeze.
         assert_eq!(moved.first(), Some(&17));
+    }
+
+    #[test]
+    fn a_rise_the_plateau_test_would_not_see_thaws_nothing() {
+        // Frozen on the plateau at 0.2 after an improvement of 0.8: the
+        // loss's noise floor (1% of 0.2, three times) allows 0.206, but a
+        // rise under 5% of the improvement (0.04) is no change.
+        let mut rule = rule();
+        let losses = [1.0, 0.5, 0.3, 0.2, 0.2, 0.2, 0.2];
+        assert_eq!(run(&mut rule, &losses).last(), Some(&6));
+        assert!(0.23 > 0.2 + rule.config.rise_tolerance * 0.2 * NOISE_FLOOR);
+        assert_eq!(rule.held_out_loss(state(6, 16), 0.23), None);
+        // Past it: thawed.
+        assert_eq!(rule.held_out_loss(state(6, 18), 0.25), Some(0));
     }
 
     #[test]
